@@ -1,0 +1,113 @@
+"""The ``recipetune`` command line. Bad input exits with code 2 and a message naming the problem."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from recipetune.config import ConfigError, load_campaign
+from recipetune.measure import RunResult
+from recipetune.recipe import Recipe
+from recipetune.workloads.base import Workload
+
+app = typer.Typer(
+    help="Search LLM training recipes, run them for real, approve a new one only on evidence.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return ""
+
+
+def run_with_progress(
+    workload: Workload, recipe: Recipe, steps: int, out_dir: Path, timeout_s: float, label: str
+) -> RunResult:
+    """One run in a subprocess, with a progress bar fed by its metrics stream."""
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("steps"), TimeElapsedColumn(), console=console, transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=steps)
+        return workload.run(
+            recipe, steps, out_dir, timeout_s=timeout_s,
+            progress=lambda done: bar.update(task, completed=min(done, steps)),
+        )
+
+
+def summary_table(result: RunResult, title: str) -> Table:
+    s = result.summary()
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("status", result.status + (f" ({result.cause})" if result.cause else ""))
+    table.add_row("steps", f"{len(result.steps)} ({s.warmup_steps} warm-up, {s.warmup_time_s:.2f}s, excluded)")
+    table.add_row("tokens/s", f"{s.tokens_per_s:,.0f}")
+    table.add_row("tokens/s per device", f"{s.tokens_per_s_per_device:,.0f}  ({result.n_devices} device(s))")
+    table.add_row("MFU", f"{100 * s.mfu:.2f}%" if s.mfu is not None else "n/a")
+    table.add_row("step time", f"{1000 * s.mean_step_time_s:.1f} ms"
+                  + "".join(f"  {k[:-2]} {1000 * v:.1f}" for k, v in s.breakdown_s.items()))
+    table.add_row("peak memory", fmt_bytes(s.peak_mem_bytes))
+    if s.loss_first is not None:
+        table.add_row("loss", f"{s.loss_first:.4f} -> {s.loss_last:.4f}")
+    if s.val_loss_last is not None:
+        table.add_row("validation loss", f"{s.val_loss_last:.4f}")
+    table.add_row("output", result.out_dir)
+    return table
+
+
+@app.command()
+def run(
+    campaign_file: Path = typer.Argument(..., help="campaign or recipe YAML"),
+    overrides: list[str] = typer.Argument(None, help="key=value: a knob of the recipe, or a dotted field"),
+    out: Path | None = typer.Option(None, help="output folder (default: runs/run-TIME-RECIPEID)"),
+    steps: int | None = typer.Option(None, help="training steps (default: the file's run.steps)"),
+) -> None:
+    """Run one recipe for real and report tokens/s, MFU, memory and loss."""
+    try:
+        campaign = load_campaign(campaign_file, overrides or [])
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    recipe = campaign.baseline
+    n_steps = steps or campaign.config.run.steps
+    out_dir = out or Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{recipe.id}"
+    console.print(f"[bold]{campaign.workload.kind}[/] recipe {recipe.id}: {n_steps} steps -> {out_dir}")
+    result = run_with_progress(
+        campaign.workload, recipe, n_steps, out_dir, campaign.config.run.timeout_s, "training"
+    )
+    console.print(summary_table(result, f"run {recipe.id}"))
+    if not result.ok:
+        if result.stderr_tail:
+            console.print(result.stderr_tail[-2000:], style="dim", markup=False, highlight=False)
+        raise typer.Exit(2 if result.status == "invalid" else 1)
+
+
+def _mount_subcommands() -> None:
+    from recipetune.cbs.cli import cbs_app
+
+    app.add_typer(cbs_app, name="cbs")
+
+
+_mount_subcommands()
+
+
+def main() -> None:  # pragma: no cover
+    app()

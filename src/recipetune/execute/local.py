@@ -1,0 +1,85 @@
+"""Runs on this machine: one at a time, each in a fresh subprocess with a timeout.
+
+A throughput measurement needs the hardware to itself, so a process-wide lock keeps local runs
+exclusive. A run that outlives its timeout is killed with its whole process group (torchrun
+children included).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_EXCLUSIVE = threading.Lock()
+
+
+@dataclass
+class ProcessOutcome:
+    returncode: int | None  # None when killed for its timeout
+    timed_out: bool
+    wall_s: float
+    stderr_tail: str
+
+
+def tail(path: Path, n_bytes: int = 4000) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - n_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    log_dir: Path,
+    timeout_s: float | None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    on_poll: Callable[[], None] | None = None,
+    poll_interval_s: float = 0.25,
+) -> ProcessOutcome:
+    """Run ``argv`` (no shell) to completion or timeout; stdout/stderr go to files in ``log_dir``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stdout_path, stderr_path = log_dir / "stdout.log", log_dir / "stderr.log"
+    full_env = {**os.environ, **(env or {})}
+    with _EXCLUSIVE, stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            list(argv), stdout=out, stderr=err, env=full_env, cwd=cwd, start_new_session=True
+        )
+        timed_out = False
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=poll_interval_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    if on_poll:
+                        on_poll()
+                    if timeout_s is not None and time.perf_counter() - start > timeout_s:
+                        timed_out = True
+                        _kill_group(proc)
+                        break
+        except BaseException:
+            _kill_group(proc)  # Ctrl-C in the parent must not leave a trainer running
+            raise
+        wall = time.perf_counter() - start
+    if on_poll:
+        on_poll()
+    return ProcessOutcome(None if timed_out else proc.returncode, timed_out, wall, tail(stderr_path))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

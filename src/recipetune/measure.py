@@ -1,0 +1,257 @@
+"""What a run produced, and the numbers derived from it.
+
+Every run ends as a ``RunResult``: its status and cause, the per-step records of the metrics
+stream, and a fingerprint of the environment, so every figure can be traced to what produced it.
+Throughput excludes warm-up steps (allocator warm-up, compilation), which are reported apart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Status = Literal["ok", "oom", "crash", "nan", "timeout", "invalid"]
+
+# Exit codes of the reference trainer (and of any trainer that wants its failures classified).
+EXIT_CODES: dict[int, Status] = {0: "ok", 2: "invalid", 3: "oom", 4: "nan"}
+
+
+class StepRecord(BaseModel):
+    """One training step of the metrics stream."""
+
+    step: int
+    loss: float
+    tokens: int
+    step_time_s: float
+    peak_mem_bytes: int | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    data_s: float | None = None  # waiting for the batch
+    compute_s: float | None = None  # forward + backward
+    optim_s: float | None = None  # optimizer step, incl. gradient sync where it is not overlapped
+    noise_scale: float | None = None  # B_simple, when the trainer estimates it
+
+
+class EvalRecord(BaseModel):
+    step: int
+    val_loss: float
+
+
+class RunSummary(BaseModel):
+    measured_steps: int
+    warmup_steps: int
+    warmup_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_device: float
+    mean_step_time_s: float
+    mfu: float | None
+    peak_mem_bytes: int | None
+    loss_first: float | None
+    loss_last: float | None
+    val_loss_last: float | None
+    breakdown_s: dict[str, float]
+
+
+class RunResult(BaseModel):
+    recipe: dict[str, bool | int | float | str]
+    recipe_id: str
+    status: Status
+    cause: str = ""
+    steps: list[StepRecord] = Field(default_factory=list)
+    evals: list[EvalRecord] = Field(default_factory=list)
+    warmup_steps: int = 0
+    n_devices: int = 1
+    flops_per_token: float | None = None
+    peak_flops_per_device: float | None = None
+    wall_s: float = 0.0
+    stderr_tail: str = ""
+    out_dir: str = ""
+    environment: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def losses(self) -> list[float]:
+        return [s.loss for s in self.steps]
+
+    def measured(self) -> list[StepRecord]:
+        return self.steps[self.warmup_steps :]
+
+    def summary(self) -> RunSummary:
+        measured, warm = self.measured(), self.steps[: self.warmup_steps]
+        time_s = sum(s.step_time_s for s in measured)
+        tokens = sum(s.tokens for s in measured)
+        tps = tokens / time_s if time_s > 0 else 0.0
+        per_device = tps / max(self.n_devices, 1)
+        mfu = None
+        if self.flops_per_token and self.peak_flops_per_device and per_device > 0:
+            mfu = per_device * self.flops_per_token / self.peak_flops_per_device
+        mems = [s.peak_mem_bytes for s in self.steps if s.peak_mem_bytes is not None]
+        breakdown = {}
+        for part in ("data_s", "compute_s", "optim_s"):
+            vals = [getattr(s, part) for s in measured if getattr(s, part) is not None]
+            if vals:
+                breakdown[part] = sum(vals) / len(vals)
+        return RunSummary(
+            measured_steps=len(measured),
+            warmup_steps=len(warm),
+            warmup_time_s=sum(s.step_time_s for s in warm),
+            tokens_per_s=tps,
+            tokens_per_s_per_device=per_device,
+            mean_step_time_s=time_s / len(measured) if measured else 0.0,
+            mfu=mfu,
+            peak_mem_bytes=max(mems) if mems else None,
+            loss_first=self.steps[0].loss if self.steps else None,
+            loss_last=self.steps[-1].loss if self.steps else None,
+            val_loss_last=self.evals[-1].val_loss if self.evals else None,
+            breakdown_s=breakdown,
+        )
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.model_dump_json(indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> RunResult:
+        return cls.model_validate_json(path.read_text())
+
+
+def default_warmup_steps(n_steps: int) -> int:
+    """Steps excluded from throughput: the first 10%, at least 2, always leaving half the run."""
+    return min(max(2, n_steps // 10), n_steps // 2)
+
+
+def read_metrics_stream(path: Path) -> tuple[list[StepRecord], list[EvalRecord]]:
+    """Parse a JSONL metrics stream; validation lines carry ``val_loss``. Torn last lines are skipped."""
+    steps: list[StepRecord] = []
+    evals: list[EvalRecord] = []
+    if not path.exists():
+        return steps, evals
+    for line in path.read_text().splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a run killed mid-write leaves a partial line
+        if not isinstance(obj, dict):
+            continue
+        if "val_loss" in obj:
+            evals.append(EvalRecord.model_validate(obj))
+        elif {"step", "loss", "tokens", "step_time_s"} <= obj.keys():
+            steps.append(StepRecord.model_validate(obj))
+    return steps, evals
+
+
+def first_nonfinite_step(steps: list[StepRecord]) -> int | None:
+    for s in steps:
+        if not math.isfinite(s.loss):
+            return s.step
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak FLOPs: vendor figures for common accelerators (dense, no sparsity), a measured probe on CPU.
+
+GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "B200": {"bf16": 2.25e15, "fp16": 2.25e15, "fp32": 80e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+}
+
+
+def gpu_peak_flops(device_name: str, dtype: str) -> float | None:
+    for key, table in GPU_PEAK_FLOPS.items():
+        if key in device_name.upper():
+            return table.get(dtype)
+    return None
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("RECIPETUNE_CACHE", Path.home() / ".cache" / "recipetune"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_cpu_peak_flops(dtype: str = "fp32", threads: int | None = None, size: int = 1024) -> float:
+    """Best-of-N matmul rate at the current thread count: the most this CPU delivers to PyTorch."""
+    import torch
+
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    a = torch.randn(size, size, dtype=torch_dtype)
+    b = torch.randn(size, size, dtype=torch_dtype)
+    for _ in range(2):
+        a @ b
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        best = min(best, (time.perf_counter() - t0) / 4)
+    return 2 * size**3 / best
+
+
+def peak_flops(device_type: str, device_name: str, dtype: str, threads: int) -> float | None:
+    """Peak FLOP/s of one device for ``dtype``: the vendor table on GPUs, a cached probe on CPU."""
+    if device_type == "cuda":
+        return gpu_peak_flops(device_name, dtype)
+    if device_type != "cpu":
+        return None
+    import torch
+
+    key = f"{cpu_model()}|torch {torch.__version__}|{dtype}|threads {threads}"
+    path = cache_dir() / "peak_flops.json"
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        cached = {}
+    if key not in cached:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            cached[key] = measure_cpu_peak_flops(dtype)
+        finally:
+            torch.set_num_threads(previous)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cached, indent=2))
+        tmp.replace(path)
+    return cached[key]
+
+
+def environment_fingerprint() -> dict[str, str]:
+    """Versions and hardware, stored with every run so its numbers can be traced."""
+    import torch
+
+    from recipetune import __version__
+
+    env = {
+        "recipetune": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "host": socket.gethostname(),
+        "cpu": cpu_model(),
+        "cpu_count": str(os.cpu_count()),
+    }
+    if torch.cuda.is_available():
+        env["cuda"] = str(torch.version.cuda)
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpu_count"] = str(torch.cuda.device_count())
+    return env

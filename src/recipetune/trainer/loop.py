@@ -1,0 +1,314 @@
+"""The training loop of the reference trainer, every knob applied for real.
+
+Runs alone (``python -m recipetune.trainer``) or under torchrun for data parallelism. Writes one
+JSON line per step to ``metrics.jsonl`` and says how it ended in ``status.json``, because a
+launcher like torchrun folds every child failure into exit code 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from recipetune.cbs.noise_scale import NoiseScaleTracker
+from recipetune.measure import environment_fingerprint, peak_flops
+from recipetune.trainer.data import (
+    GlobalBatchSampler,
+    StepBatches,
+    eval_batches,
+    load_corpus,
+    make_loader,
+    split_micro_batches,
+)
+from recipetune.trainer.ewa import EWA
+from recipetune.trainer.model import Transformer, flops_per_token, get_model_config
+from recipetune.trainer.parallel import apply_activation_checkpointing, apply_compile, wrap_ddp
+
+EVAL_BATCH_SIZE = 8
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(recipe: dict[str, Any]) -> Dist:
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    want = recipe["device"]
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ValueError("knob 'device': 'cuda' requested but no CUDA device is available")
+    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    if recipe["num_threads"] > 0:
+        torch.set_num_threads(recipe["num_threads"])
+    torch.set_float32_matmul_precision(recipe["matmul_precision"])
+    return Dist(rank, world, local_rank, device)
+
+
+def lr_at(step: int, r: dict[str, Any]) -> float:
+    """Linear warm-up, then constant or cosine down to ``min_lr_ratio * lr`` at ``lr_decay_steps``."""
+    if step < r["warmup_steps"]:
+        return r["lr"] * (step + 1) / r["warmup_steps"]
+    if r["lr_schedule"] == "constant":
+        return r["lr"]
+    progress = min(1.0, (step - r["warmup_steps"]) / max(1, r["lr_decay_steps"] - r["warmup_steps"]))
+    return r["lr"] * (r["min_lr_ratio"] + (1 - r["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model: torch.nn.Module, r: dict[str, Any]) -> torch.optim.AdamW:
+    # No weight decay on norms (the only 1-D parameters), as in nanoGPT and Llama.
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": r["weight_decay"]},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    impl = r["optimizer_impl"]
+    return torch.optim.AdamW(
+        groups, lr=r["lr"], betas=(r["beta1"], r["beta2"]),
+        foreach=impl == "foreach", fused=True if impl == "fused" else None,
+    )
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def grads_sq_norm(params: list[torch.Tensor], minus: list[torch.Tensor] | None = None) -> float:
+    grads = [p.grad.float() for p in params]
+    if minus is not None:
+        grads = torch._foreach_sub(grads, minus)
+    return float(sum(g.pow(2).sum() for g in grads))
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list, device: torch.device, autocast) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        with autocast:
+            logits, _ = model(x)
+        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
+        count += y.numel()
+    model.train()
+    return total / count
+
+
+def train(
+    recipe: dict[str, Any],
+    steps: int,
+    out_dir: Path,
+    init_from: Path | None = None,
+    save_checkpoint: Path | None = None,
+) -> None:
+    r = recipe
+    d = setup(r)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    corpus = load_corpus(str(r["data"]))
+    cfg = dataclasses.replace(get_model_config(r["model"], vocab_size=corpus.vocab_size), max_seq_len=r["seq_len"])
+    torch.manual_seed(r["seed"])  # same init on every rank; DDP also broadcasts rank 0's weights
+    raw_model = Transformer(cfg, attention=r["attention"]).to(d.device)
+    apply_activation_checkpointing(raw_model, r["activation_checkpointing"])
+    optimizer = make_optimizer(raw_model, r)
+    scaler = torch.amp.GradScaler(d.device.type, enabled=r["dtype"] == "fp16")
+    ewa = EWA(raw_model, r["ewa_decay"]) if r["ewa_decay"] > 0 else None
+    noise = NoiseScaleTracker() if r["noise_scale"] else None
+
+    start_step = 0
+    if init_from is not None:
+        ckpt = torch.load(init_from, map_location=d.device, weights_only=False)
+        raw_model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scaler.load_state_dict(ckpt["scaler"])
+        if ewa and ckpt.get("ewa"):
+            ewa.load_state_dict(ckpt["ewa"])
+        start_step = ckpt["step"]
+        for g in optimizer.param_groups:  # a branch may change these (CBS: scaled LR, new beta2)
+            g["betas"] = (r["beta1"], r["beta2"])
+
+    ddp_model = wrap_ddp(raw_model, d.device, r["ddp_bucket_cap_mb"], r["gradient_as_bucket_view"])
+    model = apply_compile(ddp_model, r["compile"])
+    params = [p for p in raw_model.parameters() if p.requires_grad]
+
+    per_rank = r["global_batch_size"] // d.world
+    tokens_per_rank = per_rank * r["seq_len"]
+    n_micro = per_rank // r["micro_batch_size"]
+    sampler = GlobalBatchSampler(len(corpus.train), r["seq_len"], r["global_batch_size"], r["seed"])
+    loader = make_loader(
+        StepBatches(corpus.train, sampler, d.rank, d.world, start_step, steps),
+        r["dataloader_workers"], r["pin_memory"],
+    )
+    val_batches = eval_batches(corpus.val, r["seq_len"], EVAL_BATCH_SIZE, r["eval_batches"])
+    autocast = (
+        torch.autocast(d.device.type, dtype=DTYPES[r["dtype"]]) if r["dtype"] != "fp32" else nullcontext()
+    )
+
+    metrics = (out_dir / "metrics.jsonl").open("a") if d.main else None
+    if d.main:
+        (out_dir / "run.json").write_text(json.dumps({
+            "n_devices": d.world,
+            "device": str(d.device),
+            "device_name": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu",
+            "flops_per_token": flops_per_token(cfg, r["seq_len"]),
+            "peak_flops_per_device": peak_flops(
+                d.device.type,
+                torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu",
+                r["dtype"], torch.get_num_threads(),
+            ),
+            "params": raw_model.num_params(),
+            "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint, "vocab_size": corpus.vocab_size},
+            "accumulation_steps": n_micro,
+            "start_step": start_step,
+            "environment": environment_fingerprint(),
+        }, indent=2))
+
+    def log(record: dict[str, Any]) -> None:
+        if metrics:
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+
+    def validate(step: int) -> None:
+        if not d.main:
+            return
+        with ewa.swapped_in() if ewa else nullcontext():
+            val = evaluate(raw_model, val_batches, d.device, autocast)
+        log({"step": step, "val_loss": val, "kind": "val"})
+        if not math.isfinite(val):
+            raise NonFiniteLoss(f"non-finite validation loss at step {step}")
+
+    if d.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(d.device)
+    batches = iter(loader)
+    for step in range(start_step, start_step + steps):
+        t0 = time.perf_counter()
+        batch = next(batches).to(d.device, non_blocking=True)
+        sync(d.device)
+        t_data = time.perf_counter()
+
+        lr = lr_at(step, r)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        # With noise_scale across processes, every micro-batch runs without DDP's sync so each
+        # rank's own gradient can be measured before the manual all-reduce below.
+        manual_sync = noise is not None and d.world > 1
+        loss_sum = torch.zeros((), device=d.device)
+        micro_sq: list[float] = []
+        previous: list[torch.Tensor] | None = None
+        for i, (x, y) in enumerate(split_micro_batches(batch, r["micro_batch_size"])):
+            skip_sync = d.world > 1 and (manual_sync or i < n_micro - 1)
+            with ddp_model.no_sync() if skip_sync else nullcontext():
+                with autocast:
+                    logits, aux = model(x)
+                ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
+                # Normalised over the whole per-rank batch: any micro-batch split gives one update.
+                loss = ce / tokens_per_rank + aux * (x.shape[0] / per_rank)
+                scaler.scale(loss).backward()
+            loss_sum += ce.detach()
+            if noise is not None and d.world == 1 and n_micro > 1:
+                scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+                micro_sq.append(grads_sq_norm(params, previous) * (n_micro / scale) ** 2)
+                previous = [p.grad.detach().float().clone() for p in params]
+        sync(d.device)
+        t_compute = time.perf_counter()
+
+        noise_value = None
+        if noise is not None:
+            scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+            if d.world > 1:
+                local_sq = grads_sq_norm(params) / scale**2
+                for p in params:
+                    dist.all_reduce(p.grad)
+                    p.grad.div_(d.world)
+                small = torch.tensor(local_sq, device=d.device)
+                dist.all_reduce(small)
+                noise_value = noise.update(small.item() / d.world, grads_sq_norm(params) / scale**2,
+                                           per_rank, r["global_batch_size"])
+            elif micro_sq:
+                noise_value = noise.update(sum(micro_sq) / len(micro_sq), grads_sq_norm(params) / scale**2,
+                                           r["micro_batch_size"], per_rank)
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, r["grad_clip"] if r["grad_clip"] > 0 else math.inf)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if ewa:
+            ewa.update()
+        sync(d.device)
+        t_end = time.perf_counter()
+
+        # Outside the timed region: the loss is averaged over ranks for the log only.
+        mean_loss = loss_sum / tokens_per_rank
+        if d.world > 1:
+            dist.all_reduce(mean_loss)
+            mean_loss /= d.world
+        loss_value = mean_loss.item()
+        record = {
+            "step": step + 1,
+            "loss": loss_value,
+            "tokens": r["global_batch_size"] * r["seq_len"],
+            "step_time_s": t_end - t0,
+            "data_s": t_data - t0,
+            "compute_s": t_compute - t_data,
+            "optim_s": t_end - t_compute,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "peak_mem_bytes": peak_memory_bytes(d.device),
+        }
+        if noise_value is not None:
+            record["noise_scale"] = noise_value
+        log(record)
+        if not math.isfinite(loss_value):
+            raise NonFiniteLoss(f"non-finite training loss at step {step + 1}")
+        if r["eval_interval"] and (step + 1) % r["eval_interval"] == 0 and step + 1 < start_step + steps:
+            validate(step + 1)
+
+    validate(start_step + steps)
+    if save_checkpoint is not None and d.main:
+        torch.save({
+            "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(), "ewa": ewa.state_dict() if ewa else None,
+            "step": start_step + steps, "recipe": r,
+        }, save_checkpoint)
+    if metrics:
+        metrics.close()
+    if d.world > 1:
+        dist.destroy_process_group()
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated memory on a GPU; on CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

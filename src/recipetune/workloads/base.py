@@ -1,0 +1,145 @@
+"""The Workload contract: how to run one recipe of some trainer and read what it measured."""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipetune.execute.local import ProcessOutcome
+from recipetune.measure import (
+    EXIT_CODES,
+    RunResult,
+    default_warmup_steps,
+    environment_fingerprint,
+    first_nonfinite_step,
+    read_metrics_stream,
+)
+from recipetune.recipe import KnobSet, Recipe
+
+ProgressFn = Callable[[int], None]  # called with the number of steps finished so far
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """A rule every candidate must keep relative to the baseline.
+
+    ``unchanged``: the expression must evaluate to the same value as for the baseline
+    (e.g. ``global_batch_size * seq_len``: the global batch in tokens).
+    ``holds``: the expression is a relation that must be true for the candidate itself
+    (e.g. ``micro_batch * grad_accum * nproc == 480``).
+    """
+
+    name: str
+    expr: str
+    kind: str = "unchanged"
+
+
+class Workload(ABC):
+    """One trainer, seen from recipetune. Every run is a fresh subprocess."""
+
+    kind: str
+
+    @abstractmethod
+    def knobs(self) -> KnobSet: ...
+
+    def invariants(self) -> list[Invariant]:
+        return []
+
+    def check(self, recipe: Recipe) -> list[str]:
+        """Problems with a recipe on its own (e.g. a micro-batch that does not divide the batch)."""
+        return []
+
+    def flops_per_token(self, recipe: Recipe) -> float | None:
+        return None
+
+    def n_devices(self, recipe: Recipe) -> int:
+        return 1
+
+    @abstractmethod
+    def command(self, recipe: Recipe, steps: int, out_dir: Path) -> list[str]:
+        """The argv that launches this recipe: also what a user runs to reproduce it."""
+
+    @abstractmethod
+    def run(
+        self,
+        recipe: Recipe,
+        steps: int,
+        out_dir: Path,
+        timeout_s: float | None = None,
+        progress: ProgressFn | None = None,
+    ) -> RunResult: ...
+
+    def resolve(self, values: dict) -> Recipe:
+        return self.knobs().resolve(values)
+
+
+def classify(outcome: ProcessOutcome, out_dir: Path, steps_expected: int) -> tuple[str, str]:
+    """Status and cause of a finished process: its status file first, then its exit code."""
+    status_file = out_dir / "status.json"
+    if outcome.timed_out:
+        return "timeout", f"killed after exceeding the timeout ({outcome.wall_s:.0f}s)"
+    if status_file.exists():
+        try:
+            info = json.loads(status_file.read_text())
+            return info["status"], info.get("cause", "")
+        except (json.JSONDecodeError, KeyError):
+            pass
+    status = EXIT_CODES.get(outcome.returncode or 0, "crash")
+    if status == "ok":
+        return "ok", ""
+    lines = [ln for ln in outcome.stderr_tail.strip().splitlines() if ln.strip()]
+    return status, f"exit code {outcome.returncode}: {lines[-1] if lines else 'no output'}"
+
+
+def build_result(
+    recipe: Recipe,
+    outcome: ProcessOutcome,
+    out_dir: Path,
+    steps_expected: int,
+    metrics_path: Path,
+    run_info: dict,
+) -> RunResult:
+    """Turn a finished process and its metrics stream into a RunResult (saved as result.json).
+
+    ``run_info`` is what the trainer said about where it ran: ``n_devices``, ``flops_per_token``,
+    ``peak_flops_per_device``, ``environment`` (all optional).
+    """
+    status, cause = classify(outcome, out_dir, steps_expected)
+    records, evals = read_metrics_stream(metrics_path)
+    bad_step = first_nonfinite_step(records)
+    if status == "ok" and bad_step is not None:
+        status, cause = "nan", f"non-finite loss at step {bad_step}"
+    if status == "ok" and len(records) < steps_expected:
+        status, cause = "crash", f"exited cleanly after {len(records)} of {steps_expected} steps"
+    if status == "ok" and any(not math.isfinite(e.val_loss) for e in evals):
+        status, cause = "nan", "non-finite validation loss"
+    result = RunResult(
+        recipe=dict(recipe),
+        recipe_id=recipe.id,
+        status=status,  # type: ignore[arg-type]
+        cause=cause,
+        steps=records,
+        evals=evals,
+        warmup_steps=default_warmup_steps(len(records)),
+        n_devices=run_info.get("n_devices", 1),
+        flops_per_token=run_info.get("flops_per_token"),
+        peak_flops_per_device=run_info.get("peak_flops_per_device"),
+        wall_s=outcome.wall_s,
+        stderr_tail=outcome.stderr_tail if status != "ok" else "",
+        out_dir=str(out_dir),
+        environment=run_info.get("environment") or environment_fingerprint(),
+    )
+    result.save(out_dir / "result.json")
+    return result
+
+
+def count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for line in f if b'"val_loss"' not in line)
+    except OSError:
+        return 0

@@ -1,0 +1,82 @@
+"""The built-in reference trainer as a workload."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from recipetune.execute.local import run_process
+from recipetune.measure import RunResult
+from recipetune.recipe import KnobSet, Recipe
+from recipetune.trainer.knobs import check_recipe, reference_knobs
+from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
+
+
+class ReferenceWorkload(Workload):
+    kind = "reference"
+
+    def __init__(self) -> None:
+        self._knobs = reference_knobs()
+
+    def knobs(self) -> KnobSet:
+        return self._knobs
+
+    def invariants(self) -> list[Invariant]:
+        # Sample order depends only on (seed, step, data, seq_len, global batch): keeping these
+        # keeps it. Every semantic and invariant knob is also held fixed by its role.
+        return [
+            Invariant("global batch in tokens", "global_batch_size * seq_len"),
+            Invariant("sequence length", "seq_len"),
+            Invariant("sample order", "seed"),
+            Invariant("model", "model"),
+            Invariant("data", "data"),
+        ]
+
+    def check(self, recipe: Recipe) -> list[str]:
+        return check_recipe(dict(recipe))
+
+    def n_devices(self, recipe: Recipe) -> int:
+        return int(recipe["nproc"])
+
+    def flops_per_token(self, recipe: Recipe) -> float | None:
+        from recipetune.trainer.model import flops_per_token, get_model_config
+
+        return flops_per_token(get_model_config(str(recipe["model"])), int(recipe["seq_len"]))
+
+    def command(self, recipe: Recipe, steps: int, out_dir: Path) -> list[str]:
+        trainer = ["-m", "recipetune.trainer", "--recipe", str(out_dir / "recipe.json"),
+                   "--steps", str(steps), "--out", str(out_dir)]
+        nproc = int(recipe["nproc"])
+        if nproc == 1:
+            return [sys.executable, *trainer]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}", *trainer]
+
+    def run(
+        self,
+        recipe: Recipe,
+        steps: int,
+        out_dir: Path,
+        timeout_s: float | None = None,
+        progress: ProgressFn | None = None,
+        extra_args: list[str] | None = None,
+    ) -> RunResult:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "recipe.json").write_text(json.dumps(dict(recipe), indent=2, sort_keys=True))
+        metrics = out_dir / "metrics.jsonl"
+        for stale in (metrics, out_dir / "status.json", out_dir / "run.json"):
+            stale.unlink(missing_ok=True)
+        on_poll = (lambda: progress(count_lines(metrics))) if progress else None
+        outcome = run_process(
+            self.command(recipe, steps, out_dir) + (extra_args or []),
+            log_dir=out_dir,
+            timeout_s=timeout_s,
+            env={"PYTHONUNBUFFERED": "1"},
+            on_poll=on_poll,
+        )
+        try:
+            run_info = json.loads((out_dir / "run.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            run_info = {"n_devices": self.n_devices(recipe), "flops_per_token": self.flops_per_token(recipe)}
+        return build_result(recipe, outcome, out_dir, steps, metrics, run_info)
