@@ -3,6 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.optimize import curve_fit
 from typer.testing import CliRunner
 
 from recipetune.cbs.cli import cbs_app
@@ -44,11 +45,15 @@ def test_noisy_fit_recovers_parameters_within_covariance() -> None:
     assert lo < critical_batch_size(A, B, 8.0) < hi
 
 
-def test_explicit_weights_are_used() -> None:
+def test_weighted_fit_matches_curve_fit() -> None:
     steps = _steps(0.02)
+    weights = 1.0 / steps**2
+    fit = fit_steps_vs_batch(GRID, steps, weights=weights)
+    params, cov = curve_fit(lambda b, a, bb: a + bb / b, GRID, steps, p0=[100, 1e5], sigma=weights**-0.5)
+    assert (fit.a, fit.b) == pytest.approx(tuple(params), rel=1e-6)
+    np.testing.assert_allclose(fit.cov, cov, rtol=1e-5)
     uniform = fit_steps_vs_batch(GRID, steps, weights=np.ones_like(steps))
-    relative = fit_steps_vs_batch(GRID, steps)
-    assert uniform.a != pytest.approx(relative.a, rel=1e-6)
+    assert uniform.a != pytest.approx(fit.a, rel=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -66,9 +71,7 @@ def test_fit_rejects_bad_input(batch: list[float], steps: list[float], match: st
         fit_steps_vs_batch(batch, steps)
 
 
-@pytest.mark.parametrize(
-    ("a", "b", "b_opt"), [(200, 3.2e5, 8), (1.0, 1.0, 1.0), (5e3, 1e4, 256), (50, 1e8, 64)]
-)
+@pytest.mark.parametrize(("a", "b", "b_opt"), [(200, 3.2e5, 8), (1.0, 1.0, 1.0), (5e3, 1e4, 256), (50, 1e8, 64)])
 def test_closed_form_matches_brentq(a: float, b: float, b_opt: float) -> None:
     closed = critical_batch_size(a, b, b_opt)
     assert closed == pytest.approx(b / (5 * a) + 1.2 * b_opt)
@@ -134,6 +137,16 @@ def test_cli_fit_single_group_with_b_opt(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["groups"][0]["b_opt"] == 16 and not (tmp_path / "o" / "scaling.png").exists()
+
+
+def test_cli_fit_reports_unbounded_cbs(tmp_path: Path) -> None:
+    # Pure b/B (a slightly negative): no saturation in range, so B* is unbounded, not an error.
+    csv = tmp_path / "sat.csv"
+    csv.write_text("batch_size,steps\n8,1000\n16,498\n32,247\n64,122\n")
+    result = CliRunner().invoke(cbs_app, ["fit", str(csv)])
+    assert result.exit_code == 0, result.output
+    group = json.loads((tmp_path / "sat-cbs" / "summary.json").read_text())["groups"][0]
+    assert group["b_star"] is None and group["b_star_unbounded"] and "unbounded" in result.output
 
 
 @pytest.mark.parametrize(

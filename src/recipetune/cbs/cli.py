@@ -43,7 +43,7 @@ def _print_summary(summary: Summary) -> None:
             _with_rel_se(g.fit.b, g.fit.b_se),
             f"{g.fit.r2:.4f}",
             fmt(g.b_opt),
-            fmt(g.b_star, 3),
+            g.b_star_text,
             escape(fmt_ci(g.b_star_ci, 3)),  # "[lo, hi]" would otherwise parse as markup
         )
     console.print(table)
@@ -76,11 +76,9 @@ def _print_summary(summary: Summary) -> None:
 def fit_command(
     table: Path = typer.Argument(..., help="CSV with columns batch_size,steps[,model_size,data_size]."),
     b_opt: float | None = typer.Option(
-        None, "--b-opt", help="Reference batch size in the linear regime [default: smallest measured]."
+        None, "--b-opt", help="Reference batch size in the linear regime (default: the smallest measured)."
     ),
-    out: Path | None = typer.Option(
-        None, "--out", help="Output folder [default: <stem>-cbs/ beside the CSV]."
-    ),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (default: <csv stem>-cbs/ beside the CSV)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap for the B* interval."),
 ) -> None:
     """Fit S(B) = a + b/B per group, report the critical batch size B* and its scaling with D and N."""

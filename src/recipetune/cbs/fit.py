@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 from scipy import optimize, stats
 
 PAPER_DATA_EXPONENT = 0.47  # B* ~ D^0.47 at fixed model size
@@ -27,7 +28,7 @@ def paper_chinchilla_cbs(n_params_millions: float | np.ndarray) -> float | np.nd
     return PAPER_CHINCHILLA_COEF * np.asarray(n_params_millions, dtype=float) ** PAPER_CHINCHILLA_EXPONENT
 
 
-def _as_positive_1d(name: str, values: object) -> np.ndarray:
+def _as_positive_1d(name: str, values: npt.ArrayLike) -> np.ndarray:
     arr = np.asarray(values, dtype=float)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
@@ -69,7 +70,9 @@ def _wls(batch_sizes: np.ndarray, steps: np.ndarray, weights: np.ndarray) -> tup
     return coef, design
 
 
-def fit_steps_vs_batch(batch_sizes: object, steps: object, weights: object | None = None) -> StepsFit:
+def fit_steps_vs_batch(
+    batch_sizes: npt.ArrayLike, steps: npt.ArrayLike, weights: npt.ArrayLike | None = None
+) -> StepsFit:
     """Fit S(B) = a + b/B, which is linear in (1, 1/B), by weighted linear least squares.
 
     weights multiply the squared residuals. By default they are 1/S(B)^2 (relative residuals),
@@ -96,11 +99,9 @@ def fit_steps_vs_batch(batch_sizes: object, steps: object, weights: object | Non
             raise ValueError(f"weights has {len(w)} values for {len(bs)} batch sizes")
     coef, design = _wls(bs, st, w)
     resid = st - design @ coef
-    n = len(bs)
-    dof = n - 2
+    n = len(bs)  # >= 3, so the n - 2 degrees of freedom are never zero
     chi2 = float(np.sum(w * resid**2))
-    xtwx_inv = np.linalg.inv(design.T @ (design * w[:, None]))
-    cov = xtwx_inv * (chi2 / dof) if dof > 0 else np.full((2, 2), np.inf)
+    cov = np.linalg.inv(design.T @ (design * w[:, None])) * (chi2 / (n - 2))
     mean = np.sum(w * st) / np.sum(w)
     ss_tot = float(np.sum(w * (st - mean) ** 2))
     r2 = 1.0 - chi2 / ss_tot if ss_tot > 0 else 1.0
@@ -147,7 +148,7 @@ def solve_critical_batch_size(a: float, b: float, b_opt: float) -> float:
     return float(optimize.brentq(excess, b_opt, hi, xtol=1e-12, rtol=1e-14, maxiter=500))
 
 
-def default_b_opt(batch_sizes: object) -> float:
+def default_b_opt(batch_sizes: npt.ArrayLike) -> float:
     """The documented reference B_opt: the smallest measured batch size, taken to be in the linear regime."""
     return float(np.min(_as_positive_1d("batch_sizes", batch_sizes)))
 
@@ -187,7 +188,7 @@ class PowerLawFit:
         return self.coef * np.asarray(x, dtype=float) ** self.exponent
 
 
-def fit_power_law(x: object, y: object, level: float = 0.95) -> PowerLawFit:
+def fit_power_law(x: npt.ArrayLike, y: npt.ArrayLike, level: float = 0.95) -> PowerLawFit:
     """Least squares of log y = log c + alpha log x.
 
     Needs >= 3 points for an interval; with exactly 2 points the line is exact and the intervals are NaN

@@ -9,7 +9,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from recipetune.cbs.table import PAPER_EXPONENTS, GroupResult, ScalingResult, fmt
+from recipetune.cbs.table import PAPER_EXPONENTS, GroupResult, ScalingResult
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -29,8 +29,7 @@ def plot_steps_vs_batch(groups: list[GroupResult], path: Path) -> Path:
         hi = max(bs.max(), g.b_star or 0.0) * 1.5
         grid = np.geomspace(min(bs.min(), g.b_opt), hi, 200)
         # B* goes in the legend: text labels at the vertical lines collide when groups are close.
-        b_star = "unbounded" if g.b_star is None else fmt(g.b_star, 3)
-        label = f"{g.label}: B*={b_star}, r2={g.fit.r2:.3f}"
+        label = f"{g.label}: B*={g.b_star_text}, r2={g.fit.r2:.3f}"
         ax.scatter(bs, g.fit.steps, color=color, zorder=3, label=label)
         ax.plot(grid, g.fit.predict(grid), color=color)
         lin = grid[grid >= g.b_opt]

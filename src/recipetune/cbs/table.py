@@ -119,6 +119,14 @@ class GroupResult:
     def label(self) -> str:
         return _label(self.key) or "all"
 
+    @property
+    def unbounded(self) -> bool:
+        return self.fit.a <= 0
+
+    @property
+    def b_star_text(self) -> str:
+        return "unbounded" if self.unbounded else fmt(self.b_star, 3)
+
 
 @dataclass
 class ScalingResult:
@@ -148,9 +156,7 @@ class Summary:
     notes: list[str] = field(default_factory=list)
 
 
-def _fit_group(
-    path: Path, key: dict[str, float], rows: list[Row], b_opt: float | None, seed: int
-) -> GroupResult:
+def _fit_group(path: Path, key: dict[str, float], rows: list[Row], b_opt: float | None, seed: int) -> GroupResult:
     label = _label(key) or "all rows"
     batch = [r.batch_size for r in rows]
     if len(set(batch)) < 3:
@@ -241,6 +247,7 @@ def to_dict(summary: Summary) -> dict:
                 "r2": g.fit.r2,
                 "b_opt": g.b_opt,
                 "b_star": _finite(g.b_star),
+                "b_star_unbounded": g.unbounded,
                 "b_star_ci95": [_finite(v) for v in g.b_star_ci],
                 "note": g.note,
             }
@@ -306,7 +313,7 @@ def to_markdown(summary: Summary) -> str:
     for g in summary.groups:
         lines.append(
             f"| {g.label} | {g.fit.n} | {fmt(g.fit.a)} ± {fmt(g.fit.a_se, 2)} | {fmt(g.fit.b)} ± "
-            f"{fmt(g.fit.b_se, 2)} | {g.fit.r2:.4f} | {fmt(g.b_opt)} | {fmt(g.b_star)} "
+            f"{fmt(g.fit.b_se, 2)} | {g.fit.r2:.4f} | {fmt(g.b_opt)} | {g.b_star_text} "
             f"| {fmt_ci(g.b_star_ci)} |"
         )
     if summary.scaling:

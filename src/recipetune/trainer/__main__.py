@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--init-from", type=Path, help="checkpoint to continue from")
     parser.add_argument("--save-checkpoint", type=Path, help="where to save the final state")
+    parser.add_argument("--stop-at-val-loss", type=float, help="stop early once validation reaches this loss")
     args = parser.parse_args(argv)
 
     try:
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     try:
-        train(dict(recipe), args.steps, args.out, args.init_from, args.save_checkpoint)
+        trained = train(dict(recipe), args.steps, args.out, args.init_from, args.save_checkpoint, args.stop_at_val_loss)
     except torch.OutOfMemoryError as e:
         write_status(args.out, "oom", str(e).splitlines()[0])
         traceback.print_exc()
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         write_status(args.out, "crash", f"{type(e).__name__}: {e}".splitlines()[0][:500])
         traceback.print_exc()
         return 1
-    write_status(args.out, "ok")
+    early = trained < args.steps
+    write_status(args.out, "ok", f"reached validation loss {args.stop_at_val_loss} after {trained} steps" * early)
     return 0
 
 

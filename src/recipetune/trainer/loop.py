@@ -129,7 +129,9 @@ def train(
     out_dir: Path,
     init_from: Path | None = None,
     save_checkpoint: Path | None = None,
-) -> None:
+    stop_at_val_loss: float | None = None,
+) -> int:
+    """Train ``steps`` steps (fewer if ``stop_at_val_loss`` is reached); return the steps trained."""
     r = recipe
     d = setup(r)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -197,18 +199,24 @@ def train(
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
 
-    def validate(step: int) -> None:
-        if not d.main:
-            return
-        with ewa.swapped_in() if ewa else nullcontext():
-            val = evaluate(raw_model, val_batches, d.device, autocast)
-        log({"step": step, "val_loss": val, "kind": "val"})
-        if not math.isfinite(val):
-            raise NonFiniteLoss(f"non-finite validation loss at step {step}")
+    def validate(step: int) -> bool:
+        """Log the validation loss; True when the target is reached (agreed on by every rank)."""
+        reached = torch.zeros((), device=d.device)
+        if d.main:
+            with ewa.swapped_in() if ewa else nullcontext():
+                val = evaluate(raw_model, val_batches, d.device, autocast)
+            log({"step": step, "val_loss": val, "kind": "val"})
+            if not math.isfinite(val):
+                raise NonFiniteLoss(f"non-finite validation loss at step {step}")
+            reached.fill_(stop_at_val_loss is not None and val <= stop_at_val_loss)
+        if d.world > 1 and stop_at_val_loss is not None:
+            dist.broadcast(reached, src=0)
+        return bool(reached.item())
 
     if d.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(d.device)
     batches = iter(loader)
+    last_step = start_step
     for step in range(start_step, start_step + steps):
         t0 = time.perf_counter()
         batch = next(batches).to(d.device, non_blocking=True)
@@ -289,20 +297,23 @@ def train(
         log(record)
         if not math.isfinite(loss_value):
             raise NonFiniteLoss(f"non-finite training loss at step {step + 1}")
-        if r["eval_interval"] and (step + 1) % r["eval_interval"] == 0 and step + 1 < start_step + steps:
-            validate(step + 1)
-
-    validate(start_step + steps)
+        last_step = step + 1
+        due = r["eval_interval"] and last_step % r["eval_interval"] == 0 and last_step < start_step + steps
+        if due and validate(last_step):
+            break
+    else:
+        validate(start_step + steps)
     if save_checkpoint is not None and d.main:
         torch.save({
             "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(), "ewa": ewa.state_dict() if ewa else None,
-            "step": start_step + steps, "recipe": r,
+            "step": last_step, "recipe": r,
         }, save_checkpoint)
     if metrics:
         metrics.close()
     if d.world > 1:
         dist.destroy_process_group()
+    return last_step - start_step
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -113,7 +113,8 @@ def build_result(
     bad_step = first_nonfinite_step(records)
     if status == "ok" and bad_step is not None:
         status, cause = "nan", f"non-finite loss at step {bad_step}"
-    if status == "ok" and len(records) < steps_expected:
+    # A trainer that stopped early on purpose (a target loss reached) says so in its status file.
+    if status == "ok" and len(records) < steps_expected and not (out_dir / "status.json").exists():
         status, cause = "crash", f"exited cleanly after {len(records)} of {steps_expected} steps"
     if status == "ok" and any(not math.isfinite(e.val_loss) for e in evals):
         status, cause = "nan", "non-finite validation loss"
