@@ -17,7 +17,7 @@ def reference_knobs() -> KnobSet:
         # The maths of the update. Changing one changes what is learned.
         Knob("global_batch_size", 16, SEMANTIC, low=1, high=2**24, integer=True,
              help="sequences per optimizer step, across all processes"),
-        Knob("lr", 3e-3, SEMANTIC, low=0.0, high=10.0),
+        Knob("lr", 3e-3, SEMANTIC, low=0.0, high=1e9),
         Knob("lr_schedule", "cosine", SEMANTIC, choices=("cosine", "constant")),
         Knob("warmup_steps", 10, SEMANTIC, low=0, high=10**7, integer=True),
         Knob("lr_decay_steps", 1000, SEMANTIC, low=1, high=10**8, integer=True,

@@ -158,8 +158,9 @@ def train(
         for g in optimizer.param_groups:  # a branch may change these (CBS: scaled LR, new beta2)
             g["betas"] = (r["beta1"], r["beta2"])
 
-    ddp_model = wrap_ddp(raw_model, d.device, r["ddp_bucket_cap_mb"], r["gradient_as_bucket_view"])
-    model = apply_compile(ddp_model, r["compile"])
+    # Compile the inner module, then wrap it: DDP's bucketing then sees the compiled graph's grads.
+    model = wrap_ddp(apply_compile(raw_model, r["compile"]), d.device, r["ddp_bucket_cap_mb"],
+                     r["gradient_as_bucket_view"])
     params = [p for p in raw_model.parameters() if p.requires_grad]
 
     per_rank = r["global_batch_size"] // d.world
@@ -234,7 +235,7 @@ def train(
         previous: list[torch.Tensor] | None = None
         for i, (x, y) in enumerate(split_micro_batches(batch, r["micro_batch_size"])):
             skip_sync = d.world > 1 and (manual_sync or i < n_micro - 1)
-            with ddp_model.no_sync() if skip_sync else nullcontext():
+            with model.no_sync() if skip_sync else nullcontext():
                 with autocast:
                     logits, aux = model(x)
                 ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")

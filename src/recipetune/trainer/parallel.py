@@ -62,14 +62,14 @@ def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
 def apply_compile(model: nn.Module, mode: str) -> nn.Module:
     """torch.compile the whole model; "default" is torch's default mode (mode=None).
 
-    Compiles in place with nn.Module.compile (the form the PyTorch docs recommend), so the same object
-    comes back: state_dict keys get no "_orig_mod." prefix and isinstance checks still hold.
+    Returns a wrapper and leaves `model` eager: keep using the unwrapped model for state_dict (the
+    wrapper's keys carry an "_orig_mod." prefix) and wherever eager execution is wanted.
     """
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
-    if mode != "off":
-        model.compile(mode=None if mode == "default" else mode)
-    return model
+    if mode == "off":
+        return model
+    return torch.compile(model, mode=None if mode == "default" else mode)
 
 
 def wrap_ddp(

@@ -1,0 +1,67 @@
+"""`recipetune run`: a measured run, and bad input refused with exit code 2 and nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from recipetune.cli import app
+from recipetune.config import ConfigError, load_campaign
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+runner = CliRunner()
+FAST = ["model=nano", "seq_len=32", "num_threads=1", "eval_batches=1"]
+
+
+def test_run_prints_the_measurements(tmp_path):
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["run", str(EXAMPLES / "tiny.yaml"), "micro_batch_size=16", *FAST,
+                              "--steps", "5", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    for label in ("tokens/s", "tokens/s per device", "MFU", "peak memory", "loss"):
+        assert label in res.output
+    assert (out / "metrics.jsonl").exists() and (out / "recipe.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("bogus_knob=1", "valid knobs are"),
+        ("dtype=fp8", 'one of "fp32", "bf16", "fp16"'),
+        ("micro_batch_size=0", "outside the domain"),
+        ("data=/no/such/corpus", "baseline.data"),
+        ("micro_batch_size=5", "does not divide"),
+        ("run.steps=zero", "run.steps"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, override, expected):
+    out = tmp_path / "never"
+    res = runner.invoke(app, ["run", str(EXAMPLES / "tiny.yaml"), override, "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert expected in " ".join(res.output.split())
+    assert not out.exists()
+
+
+def test_malformed_yaml_names_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("baseline:\n  model: tiny\n   seq_len: [1\n")
+    with pytest.raises(ConfigError) as err:
+        load_campaign(bad)
+    assert str(bad) in str(err.value) and "line" in str(err.value)
+
+
+def test_unknown_section_is_named(tmp_path):
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("baseline: {model: tiny}\nserach: {}\n")
+    with pytest.raises(ConfigError) as err:
+        load_campaign(bad)
+    assert err.value.field == "serach"
+
+
+def test_relative_corpus_path_is_relative_to_the_file(tmp_path):
+    (tmp_path / "corpus.txt").write_text("hello world\n" * 2000)
+    f = tmp_path / "c.yaml"
+    f.write_text("baseline: {model: nano, data: corpus.txt, seq_len: 32}\n")
+    assert load_campaign(f).baseline["data"] == str(tmp_path / "corpus.txt")
