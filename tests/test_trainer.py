@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from recipetune.measure import RunResult
 from recipetune.workloads.reference import ReferenceWorkload
 
 # The smallest settings that still train: nano model, short sequences, a few steps.
@@ -74,6 +75,7 @@ def test_nan_is_classified(workload, tmp_path):
     assert result.status == "nan"
     assert "non-finite" in result.cause
     assert not math.isfinite(result.steps[-1].loss)
+    assert RunResult.load(tmp_path / "nan" / "result.json").status == "nan"  # NaN survives the round trip
 
 
 def test_timeout_is_classified(workload, tmp_path):

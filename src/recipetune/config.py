@@ -110,11 +110,15 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-def build_workload(spec: ReferenceSpec | CommandSpec, base_dir: Path) -> Workload:
+def build_workload(spec: ReferenceSpec | CommandSpec, base_dir: Path, file: str | Path = "campaign") -> Workload:
     if isinstance(spec, CommandSpec):
         from recipetune.workloads.command import CommandWorkload
 
-        return CommandWorkload(spec, base_dir)
+        try:
+            return CommandWorkload(spec, base_dir)
+        except ValueError as e:
+            field = getattr(e, "field", "")
+            raise ConfigError(file, f"workload.{field}" if field else "workload", str(e)) from None
     from recipetune.workloads.reference import ReferenceWorkload
 
     return ReferenceWorkload()
@@ -140,7 +144,7 @@ def load_campaign(path: str | Path, overrides: list[str] | None = None) -> Campa
         field = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
         raise ConfigError(path, field, err["msg"]) from None
     base_dir = path.resolve().parent
-    workload = build_workload(config.workload, base_dir)
+    workload = build_workload(config.workload, base_dir, path)
     baseline = check_recipe(workload, resolve_paths(workload, config.baseline, base_dir), path, "baseline")
     for name, values in config.search.knobs.items():
         try:

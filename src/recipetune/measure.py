@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 Status = Literal["ok", "oom", "crash", "nan", "timeout", "invalid"]
 
@@ -24,7 +24,12 @@ Status = Literal["ok", "oom", "crash", "nan", "timeout", "invalid"]
 EXIT_CODES: dict[int, Status] = {0: "ok", 2: "invalid", 3: "oom", 4: "nan"}
 
 
-class StepRecord(BaseModel):
+class Record(BaseModel):
+    # A diverged run's NaN losses must survive a JSON round trip (pydantic writes null by default).
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+
+class StepRecord(Record):
     """One training step of the metrics stream."""
 
     step: int
@@ -40,12 +45,12 @@ class StepRecord(BaseModel):
     noise_scale: float | None = None  # B_simple, when the trainer estimates it
 
 
-class EvalRecord(BaseModel):
+class EvalRecord(Record):
     step: int
     val_loss: float
 
 
-class RunSummary(BaseModel):
+class RunSummary(Record):
     measured_steps: int
     warmup_steps: int
     warmup_time_s: float
@@ -60,7 +65,7 @@ class RunSummary(BaseModel):
     breakdown_s: dict[str, float]
 
 
-class RunResult(BaseModel):
+class RunResult(Record):
     recipe: dict[str, bool | int | float | str]
     recipe_id: str
     status: Status

@@ -12,7 +12,9 @@ from pathlib import Path
 from recipetune.execute.local import ProcessOutcome
 from recipetune.measure import (
     EXIT_CODES,
+    EvalRecord,
     RunResult,
+    StepRecord,
     default_warmup_steps,
     environment_fingerprint,
     first_nonfinite_step,
@@ -100,22 +102,27 @@ def build_result(
     outcome: ProcessOutcome,
     out_dir: Path,
     steps_expected: int,
-    metrics_path: Path,
+    metrics_path: Path | None,
     run_info: dict,
+    parsed: tuple[list[StepRecord], list[EvalRecord]] | None = None,
+    steps_done: int | None = None,
 ) -> RunResult:
     """Turn a finished process and its metrics stream into a RunResult (saved as result.json).
 
     ``run_info`` is what the trainer said about where it ran: ``n_devices``, ``flops_per_token``,
-    ``peak_flops_per_device``, ``environment`` (all optional).
+    ``peak_flops_per_device``, ``environment`` (all optional). ``parsed`` replaces reading
+    ``metrics_path`` when the caller parsed them itself (e.g. from log lines); ``steps_done``
+    replaces their count when they sample the run (a trainer logging every 10th step).
     """
     status, cause = classify(outcome, out_dir, steps_expected)
-    records, evals = read_metrics_stream(metrics_path)
+    records, evals = parsed if parsed is not None else read_metrics_stream(metrics_path)
+    done = len(records) if steps_done is None else steps_done
     bad_step = first_nonfinite_step(records)
     if status == "ok" and bad_step is not None:
         status, cause = "nan", f"non-finite loss at step {bad_step}"
     # A trainer that stopped early on purpose (a target loss reached) says so in its status file.
-    if status == "ok" and len(records) < steps_expected and not (out_dir / "status.json").exists():
-        status, cause = "crash", f"exited cleanly after {len(records)} of {steps_expected} steps"
+    if status == "ok" and done < steps_expected and not (out_dir / "status.json").exists():
+        status, cause = "crash", f"exited cleanly after {done} of {steps_expected} steps"
     if status == "ok" and any(not math.isfinite(e.val_loss) for e in evals):
         status, cause = "nan", "non-finite validation loss"
     result = RunResult(

@@ -1,17 +1,44 @@
 """Any training command as a workload: knob values into its arguments or environment, metrics
-read back from a JSONL stream or from log lines through a named regex preset."""
+read back from a JSONL stream or from log lines through a named regex preset.
+
+Placeholders in ``argv``, ``env`` values and ``metrics.jsonl`` are plain ``{name}`` fields: a knob,
+or ``{steps}``, ``{out_dir}`` (absolute), ``{recipe_json}`` (the recipe written as JSON) and
+``{python}`` (the interpreter running recipetune). ``{{`` and ``}}`` are literal braces. Values are
+rendered as text (bools as ``true``/``false``) and each argv element stays one argument: the
+command never goes through a shell, so a value can never become code.
+"""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import json
+import math
+import shlex
+import string
+import sys
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from recipetune import expr
+from recipetune.execute.local import run_process
+from recipetune.measure import RunResult
+from recipetune.recipe import Knob, KnobError, KnobSet, Recipe
+from recipetune.workloads import presets
+from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
 
 Scalar = bool | int | float | str
 
 
 class KnobSpec(BaseModel):
-    """A knob of an outside trainer, declared in the campaign file."""
+    """A knob of an outside trainer, declared in the campaign file.
+
+    With neither ``choices`` nor bounds, the domain follows the default: any number for a number,
+    true/false for a bool, any string for a string. An integer default makes an integer knob
+    (write ``1.0`` for a real-valued knob).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -25,10 +52,16 @@ class KnobSpec(BaseModel):
 
 
 class MetricsSpec(BaseModel):
+    """Where the step metrics come from: exactly one of ``jsonl``, ``regex_preset``, ``step_regex``."""
+
     model_config = ConfigDict(extra="forbid")
 
     jsonl: str | None = Field(None, description="path template of a JSONL metrics stream, e.g. {out_dir}/m.jsonl")
     regex_preset: str | None = Field(None, description="name of a log-line preset")
+    step_regex: str | None = Field(
+        None, description="a custom step-line regex with named groups (see workloads/presets.py)"
+    )
+    val_regex: str | None = Field(None, description="with step_regex: a validation-line regex (step, val_loss)")
 
 
 class CommandSpec(BaseModel):
@@ -43,7 +76,294 @@ class CommandSpec(BaseModel):
     tokens_per_step: str | None = Field(None, description="expression over knobs, when the log lacks tokens")
     devices: str = Field("1", description="expression over knobs: devices one run uses")
     flops_per_token: float | None = None
+    peak_flops_per_device: float | None = Field(
+        None, description="FLOP/s of one device at the run's precision (e.g. 989e12 for H100 bf16), for MFU"
+    )
     invariants: list[str] = Field(
         default_factory=list,
         description="relations that must hold ('a * b == 32') or expressions that must not change ('model')",
     )
+
+
+RESERVED = ("steps", "out_dir", "recipe_json", "python")
+
+
+class SpecError(ValueError):
+    """A bad command-workload spec; ``field`` is its path under ``workload``."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def placeholders(template: str) -> list[str]:
+    """The ``{name}`` fields of a template. Format specs, conversions, indexing and attribute
+    access are refused: a template only ever receives a value, never reaches into one."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(f"{template!r}: {e} (write {{{{ and }}}} for literal braces)") from None
+    names = []
+    for _, field, spec, conversion in parts:
+        if field is None:
+            continue
+        if not field.isidentifier() or spec or conversion:
+            text = "{" + field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(f"{template!r}: placeholders must be plain {{name}} fields, not {text}")
+        names.append(field)
+    return names
+
+
+def substitute(template: str, values: dict[str, str]) -> str:
+    """Fill the ``{name}`` fields; the values themselves are never formatted again."""
+    out = []
+    for literal, field, _, _ in string.Formatter().parse(template):
+        out.append(literal)
+        if field is not None:
+            out.append(values[field])
+    return "".join(out)
+
+
+def render(value: Scalar) -> str:
+    """A knob value as command-line text: bools as true/false, floats as their shortest repr."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def to_knob(name: str, spec: KnobSpec) -> Knob:
+    if not name.isidentifier() or name in RESERVED:
+        raise SpecError(f"knobs.{name}", f"a knob name must be an identifier and not one of {', '.join(RESERVED)}")
+    if spec.choices is not None and (spec.low is not None or spec.high is not None):
+        raise SpecError(f"knobs.{name}", "give either choices or low/high bounds, not both")
+    choices = tuple(spec.choices) if spec.choices is not None else None
+    low, high = spec.low, spec.high
+    numeric = isinstance(spec.default, int | float) and not isinstance(spec.default, bool)
+    if choices is None and low is None and high is None:
+        if isinstance(spec.default, bool):
+            choices = (False, True)
+        elif numeric:
+            low, high = -math.inf, math.inf
+    # An integer default makes an integer knob, so "8" never reaches a command line as "8.0".
+    integer = spec.integer or (numeric and isinstance(spec.default, int))
+    knob = Knob(name, spec.default, spec.role, choices, low, high, integer, spec.help)
+    try:
+        knob = dataclasses.replace(knob, default=knob.validate(spec.default))
+    except KnobError as e:
+        raise SpecError(f"knobs.{name}.default", f"the default is outside the knob's own domain: {e}") from None
+    return knob
+
+
+class CommandWorkload(Workload):
+    kind = "command"
+
+    def __init__(self, spec: CommandSpec, base_dir: Path):
+        self.spec, self.base_dir = spec, base_dir
+        self.cwd = (base_dir / spec.cwd).resolve() if spec.cwd else base_dir
+        if not self.cwd.is_dir():
+            raise SpecError("cwd", f"{self.cwd} is not a directory")
+        self._knobs = KnobSet([to_knob(name, k) for name, k in spec.knobs.items()])
+        allowed = set(self._knobs) | set(RESERVED)
+        templates = {f"argv.{i}": a for i, a in enumerate(spec.argv)}
+        templates |= {f"env.{k}": v for k, v in spec.env.items()}
+        if spec.metrics.jsonl:
+            templates["metrics.jsonl"] = spec.metrics.jsonl
+        for field, template in templates.items():
+            try:
+                unknown = [n for n in placeholders(template) if n not in allowed]
+            except ValueError as e:
+                raise SpecError(field, str(e)) from None
+            if unknown:
+                raise SpecError(field, f"placeholder {{{unknown[0]}}} names no knob; knobs are: "
+                                f"{', '.join(sorted(self._knobs)) or '(none)'}; also {', '.join(RESERVED)}")
+        self.preset = self._metrics_source()
+        for field in ("tokens_per_step", "devices"):
+            text = getattr(spec, field)
+            if text is not None:
+                self._check_expr(field, text)
+                self._try_on_defaults(field, text)
+        if self.preset and not self.preset.reports_tokens and spec.tokens_per_step is None:
+            raise SpecError("tokens_per_step", f"the log preset '{self.preset.name}' does not report tokens; "
+                            "set workload.tokens_per_step (an expression over knobs, e.g. 'batch * seq_len')")
+        self._invariants = [self._invariant(i, text) for i, text in enumerate(spec.invariants)]
+
+    def _metrics_source(self) -> presets.LogPreset | None:
+        m = self.spec.metrics
+        given = [k for k in ("jsonl", "regex_preset", "step_regex") if getattr(m, k)]
+        if len(given) != 1:
+            raise SpecError("metrics", "give exactly one of jsonl, regex_preset, step_regex"
+                            + (f"; got {', '.join(given)}" if given else ""))
+        if m.val_regex and not m.step_regex:
+            raise SpecError("metrics.val_regex", "only used together with step_regex")
+        try:
+            if m.regex_preset:
+                return presets.get_preset(m.regex_preset)
+            if m.step_regex:
+                return presets.make_preset("custom", m.step_regex, m.val_regex)
+        except ValueError as e:
+            raise SpecError("metrics", str(e)) from None
+        return None
+
+    def _check_expr(self, field: str, text: str) -> None:
+        try:
+            unknown = expr.names(text) - set(self._knobs)
+        except expr.ExprError as e:
+            raise SpecError(field, str(e)) from None
+        if unknown:
+            raise SpecError(field, f"{text!r} names unknown knob(s) {', '.join(sorted(unknown))}; "
+                            f"knobs are: {', '.join(sorted(self._knobs)) or '(none)'}")
+
+    def _try_on_defaults(self, field: str, text: str) -> None:
+        try:
+            value = expr.evaluate(text, self._knobs.defaults())
+        except (expr.ExprError, TypeError) as e:
+            raise SpecError(field, f"{text!r} cannot be evaluated: {e}") from None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SpecError(field, f"{text!r} must give a number, got {value!r}")
+
+    def _invariant(self, i: int, text: str) -> Invariant:
+        self._check_expr(f"invariants.{i}", text)
+        body = expr.parse(text).body
+        holds = isinstance(body, ast.Compare | ast.BoolOp) or (
+            isinstance(body, ast.UnaryOp) and isinstance(body.op, ast.Not)
+        )
+        return Invariant(name=text, expr=text, kind="holds" if holds else "unchanged")
+
+    def knobs(self) -> KnobSet:
+        return self._knobs
+
+    def invariants(self) -> list[Invariant]:
+        return list(self._invariants)
+
+    def check(self, recipe: Recipe) -> list[str]:
+        problems = []
+        for inv in self._invariants:
+            if inv.kind != "holds":
+                continue
+            try:
+                ok = bool(expr.evaluate(inv.expr, recipe))
+            except (expr.ExprError, TypeError) as e:
+                problems.append(f"invariant '{inv.expr}' cannot be evaluated: {e}")
+                continue
+            if not ok:
+                used = ", ".join(f"{n}={json.dumps(recipe[n])}" for n in sorted(expr.names(inv.expr)))
+                problems.append(f"invariant '{inv.expr}' does not hold ({used})")
+        try:
+            if self.n_devices(recipe) < 1:
+                problems.append(f"devices '{self.spec.devices}' must be at least 1")
+        except (expr.ExprError, TypeError, ValueError) as e:
+            problems.append(f"devices '{self.spec.devices}' cannot be evaluated: {e}")
+        return problems
+
+    def n_devices(self, recipe: Recipe) -> int:
+        return int(expr.evaluate(self.spec.devices, recipe))
+
+    def tokens_per_step(self, recipe: Recipe) -> int | None:
+        text = self.spec.tokens_per_step
+        return None if text is None else int(expr.evaluate(text, recipe))
+
+    def flops_per_token(self, recipe: Recipe) -> float | None:
+        return self.spec.flops_per_token
+
+    def _values(self, recipe: Recipe, steps: int, out_dir: Path) -> dict[str, str]:
+        out_dir = out_dir.resolve()  # the command runs in its own cwd
+        reserved = {"steps": str(steps), "out_dir": str(out_dir),
+                    "recipe_json": str(out_dir / "recipe.json"), "python": sys.executable}
+        return {**{k: render(v) for k, v in recipe.items()}, **reserved}
+
+    def command(self, recipe: Recipe, steps: int, out_dir: Path) -> list[str]:
+        values = self._values(recipe, steps, out_dir)
+        return [substitute(a, values) for a in self.spec.argv]
+
+    def environment(self, recipe: Recipe, steps: int, out_dir: Path) -> dict[str, str]:
+        values = self._values(recipe, steps, out_dir)
+        return {k: substitute(v, values) for k, v in self.spec.env.items()}
+
+    def shell_command(self, recipe: Recipe, steps: int, out_dir: Path) -> str:
+        """The same launch as one shell line, every element quoted: for a human to copy."""
+        env = [f"{k}={shlex.quote(v)}" for k, v in self.environment(recipe, steps, out_dir).items()]
+        argv = [shlex.quote(a) for a in self.command(recipe, steps, out_dir)]
+        return " ".join(["cd", shlex.quote(str(self.cwd)), "&&", *env, *argv])
+
+    def metrics_path(self, recipe: Recipe, steps: int, out_dir: Path) -> Path | None:
+        if not self.spec.metrics.jsonl:
+            return None
+        return self.cwd / substitute(self.spec.metrics.jsonl, self._values(recipe, steps, out_dir))
+
+    def run(
+        self,
+        recipe: Recipe,
+        steps: int,
+        out_dir: Path,
+        timeout_s: float | None = None,
+        progress: ProgressFn | None = None,
+    ) -> RunResult:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "recipe.json").write_text(json.dumps(dict(recipe), indent=2, sort_keys=True))
+        metrics = self.metrics_path(recipe, steps, out_dir)
+        for stale in (metrics, out_dir / "status.json"):
+            if stale is not None:
+                stale.unlink(missing_ok=True)
+        logs = [out_dir / "stdout.log", out_dir / "stderr.log"]
+        on_poll = None
+        if progress and metrics is not None:
+            on_poll = lambda: progress(count_lines(metrics))  # noqa: E731
+        elif progress and self.preset is not None:
+            follower = LogFollower(logs, self.preset)
+            on_poll = lambda: progress(follower.poll())  # noqa: E731
+        outcome = run_process(
+            self.command(recipe, steps, out_dir),
+            log_dir=out_dir,
+            timeout_s=timeout_s,
+            env={"PYTHONUNBUFFERED": "1", **self.environment(recipe, steps, out_dir)},
+            cwd=self.cwd,
+            on_poll=on_poll,
+        )
+        n_devices = self.n_devices(recipe)
+        run_info = {"n_devices": n_devices, "flops_per_token": self.spec.flops_per_token,
+                    "peak_flops_per_device": self.spec.peak_flops_per_device}
+        problem = ""
+        try:
+            if metrics is not None:
+                parsed = presets.read_jsonl(metrics, self.tokens_per_step(recipe), n_devices)
+            else:
+                assert self.preset is not None
+                parsed = presets.read_logs(logs, self.preset, self.tokens_per_step(recipe), n_devices)
+        except presets.MetricsError as e:
+            parsed, problem = ([], []), f"metrics: {e}"
+        steps_done = max(len(parsed[0]), parsed[0][-1].step if parsed[0] else 0)
+        result = build_result(recipe, outcome, out_dir, steps, metrics, run_info, parsed, steps_done)
+        if not problem and not parsed[0] and result.status == "crash" and outcome.returncode == 0:
+            source = metrics if metrics is not None else f"stdout/stderr (log preset '{self.preset.name}')"
+            problem = f"{result.cause}: no step records found in {source}"
+        if problem and result.status in ("ok", "crash"):
+            # The run may have trained fine, but recipetune cannot measure it: say why.
+            update = {"status": "crash", "cause": problem, "stderr_tail": outcome.stderr_tail}
+            result = result.model_copy(update=update)
+            result.save(out_dir / "result.json")
+        return result
+
+
+class LogFollower:
+    """Reads what a running process appends to its logs; ``poll`` gives the last step printed."""
+
+    def __init__(self, paths: list[Path], preset: presets.LogPreset):
+        self.offsets = dict.fromkeys(paths, 0)
+        self.preset = preset
+        self.last_step = 0
+
+    def poll(self) -> int:
+        for path, offset in self.offsets.items():
+            try:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next poll
+            self.offsets[path] = offset + end
+            for line in chunk[:end].decode(errors="replace").splitlines():
+                hit = self.preset.match(line)
+                if hit and hit[0] == "step":
+                    self.last_step = max(self.last_step, int(hit[1]["step"]))
+        return self.last_step
