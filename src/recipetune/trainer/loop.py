@@ -178,16 +178,13 @@ def train(
 
     metrics = (out_dir / "metrics.jsonl").open("a") if d.main else None
     if d.main:
+        device_name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
         (out_dir / "run.json").write_text(json.dumps({
             "n_devices": d.world,
             "device": str(d.device),
-            "device_name": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu",
+            "device_name": device_name,
             "flops_per_token": flops_per_token(cfg, r["seq_len"]),
-            "peak_flops_per_device": peak_flops(
-                d.device.type,
-                torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu",
-                r["dtype"], torch.get_num_threads(),
-            ),
+            "peak_flops_per_device": peak_flops(d.device.type, device_name, r["dtype"], torch.get_num_threads()),
             "params": raw_model.num_params(),
             "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint, "vocab_size": corpus.vocab_size},
             "accumulation_steps": n_micro,
