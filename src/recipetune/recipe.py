@@ -105,6 +105,10 @@ class KnobSet(Mapping[str, Knob]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._knobs)
 
+    def __contains__(self, name: object) -> bool:
+        # Mapping's default catches KeyError only; __getitem__ raises KnobError for a friendly message.
+        return name in self._knobs
+
     def __len__(self) -> int:
         return len(self._knobs)
 

@@ -1,0 +1,1 @@
+"""The control system: static checks, loss parity, throughput significance, the final verdict."""

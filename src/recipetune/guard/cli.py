@@ -1,0 +1,168 @@
+"""`recipetune verify BASELINE.yaml CANDIDATE.yaml`: the guard's full decision on one candidate.
+
+Exit codes: 0 APPROVED or KEEP BASELINE (the command did its job: use the decision), 1 REJECTED
+after measurement (the candidate trains differently or failed to run), 2 bad input (a file, an
+override, mismatched workloads, or a candidate the static checks refuse: nothing runs, nothing is
+written), 3 the baseline itself failed to run (no verdict is possible).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from recipetune.config import Campaign, ConfigError, load_campaign, parse_override
+from recipetune.guard.baseline import GuardError
+from recipetune.guard.static import static_report
+from recipetune.guard.verdict import Verdict, final_verdict, static_verdict
+
+STYLE = {"APPROVED": "bold green", "KEEP BASELINE": "bold yellow", "REJECTED": "bold red"}
+EXIT = {"APPROVED": 0, "KEEP BASELINE": 0, "REJECTED": 1}
+
+
+def _split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """knob=value edits the candidate's recipe; section.field=value the settings (from the baseline file)."""
+    to_candidate, to_baseline = [], []
+    for text in overrides:
+        path, _ = parse_override(text)
+        (to_candidate if path[0] == "baseline" else to_baseline).append(text)
+    return to_candidate, to_baseline
+
+
+def _check_same_workload(base: Campaign, cand: Campaign) -> None:
+    a = base.config.workload.model_dump(mode="json")
+    b = cand.config.workload.model_dump(mode="json")
+    if a == b:
+        return
+    if a.get("kind") != b.get("kind"):
+        detail = f"workload kind {b.get('kind')!r}, the baseline's is {a.get('kind')!r}"
+    else:
+        fields = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        detail = "; ".join(f"workload.{k}: {json.dumps(b.get(k))}, the baseline's {json.dumps(a.get(k))}"
+                           for k in fields)
+    raise ConfigError(cand.path, "workload", f"describes another workload than {base.path} ({detail}); "
+                      "verify compares two recipes of the same workload")
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def render(verdict: Verdict) -> Panel:
+    parts: list = [Text(verdict.decision, style=STYLE[verdict.decision])]
+    if not verdict.violations:  # the table below says it knob by knob
+        parts += [Text(f"  - {r}") for r in verdict.reasons]
+
+    if verdict.violations:
+        table = Table(title="static check", title_justify="left")
+        for col in ("knob", "rule", "problem"):
+            table.add_column(col)
+        for v in verdict.violations:
+            table.add_row(v["knob"], v["rule"], escape(v["message"]))
+        parts.append(table)
+
+    if verdict.speedup is not None:
+        ci = f"{100 * (verdict.confidence or 0):.0f}% CI [{verdict.ci_low:.3f}, {verdict.ci_high:.3f}]"
+        parts.append(Text(f"\nspeed-up {verdict.speedup:.3f}x   {ci}   noise margin {_pct(verdict.noise_margin)}"
+                          f" (approved only above {1 + (verdict.noise_margin or 0):.3f})", style="bold"))
+        parts.append(Text(f"noise: {verdict.speed.get('noise_source', '')}", style="dim"))
+    if verdict.pairs:
+        table = Table(title="interleaved pairs (tokens/s per device, warm-up excluded)", title_justify="left")
+        for col in ("pair", "order", "baseline", "candidate", "ratio", "warm-up s (A / B)"):
+            table.add_column(col, justify="right")
+        for p in verdict.pairs:
+            table.add_row(str(p["index"]), p["order"], f"{p['baseline_tokens_per_s']:,.0f}",
+                          f"{p['candidate_tokens_per_s']:,.0f}", f"{p['ratio']:.3f}",
+                          f"{p['baseline_warmup_s']:.2f} / {p['candidate_warmup_s']:.2f}")
+        parts.append(table)
+
+    par = verdict.parity
+    if par:
+        table = Table(title=f"loss parity ({par['mode']}, smoothing window {par['window']})", title_justify="left",
+                      show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        gap = f"{par['gap']:.4f} nats"
+        if par["tolerance"] is not None:
+            gap += (f"  (tolerance {par['tolerance']:.4f} = {par['tolerance_fraction']:g} x baseline "
+                    f"{par['reference_kind']} spread {par['reference']:.4f})")
+        table.add_row("smoothed gap", gap)
+        table.add_row(par["final_metric"], "baseline " + ", ".join(f"{x:.4f}" for x in par["baseline_finals"])
+                      + "; candidate " + ", ".join(f"{x:.4f}" for x in par["candidate_finals"]))
+        p = "n/a (one seed)" if par["p_value"] is None else f"{par['p_value']:.3g}"
+        table.add_row("non-inferiority", f"mean diff {par['mean_diff']:+.4f} vs margin {par['margin']:.4f}; "
+                      f"one-sided p {p} (alpha {par['alpha']:g}); seeds {par['seeds']}")
+        table.add_row("verdict", "holds" if par["passed"] else "fails")
+        parts.append(table)
+
+    if verdict.invariants_checked:
+        parts.append(Text("\ninvariants checked", style="bold"))
+        parts += [Text(f"  - {line}") for line in verdict.invariants_checked]
+        if verdict.allowed_semantic:
+            parts.append(Text(f"  allowed semantic change: {', '.join(verdict.allowed_semantic)} "
+                              "(judged on loss at equal tokens)"))
+    return Panel(Group(*parts), title=f"verify: {escape(verdict.change)}", title_align="left",
+                 subtitle=verdict.out_dir and f"{verdict.out_dir}/verdict.json", subtitle_align="left")
+
+
+def verify(
+    baseline_file: Path = typer.Argument(..., help="campaign file of the baseline; its guard: section applies"),
+    candidate_file: Path = typer.Argument(..., help="campaign file of the candidate (same workload)"),
+    overrides: list[str] = typer.Argument(
+        None, help="knob=value edits the candidate's recipe; section.field=value (e.g. guard.speed.pairs=3) "
+        "edits the settings, which come from the baseline file"),
+    out: Path | None = typer.Option(None, help="output folder (default: runs/verify-TIME-CANDIDATEID)"),
+    json_output: bool = typer.Option(False, "--json", help="print the verdict as JSON on stdout"),
+) -> None:
+    """Decide whether CANDIDATE may replace BASELINE: APPROVED, REJECTED or KEEP BASELINE, with evidence.
+
+    Exit code 0: APPROVED or KEEP BASELINE; 1: REJECTED; 2: bad input; 3: the baseline failed to run.
+    """
+    console = Console(stderr=json_output)  # with --json, stdout carries the JSON alone
+    errors = Console(stderr=True, soft_wrap=True)
+
+    def fail(message: str, code: int) -> typer.Exit:
+        errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        return typer.Exit(code)
+
+    try:
+        to_candidate, to_baseline = _split_overrides(overrides or [])
+        base = load_campaign(baseline_file, to_baseline)
+        cand = load_campaign(candidate_file, to_candidate)
+        _check_same_workload(base, cand)
+    except ConfigError as e:
+        raise fail(str(e), 2) from None
+
+    settings = base.config.guard
+    allow = base.config.search.allow_semantic
+    report = static_report(base.workload, base.baseline, cand.baseline, allow)
+    if report.violations:
+        verdict = static_verdict(report, base.baseline, cand.baseline, settings, "")
+        if json_output:
+            print(verdict.model_dump_json(indent=2))
+        else:
+            console.print(render(verdict))
+        raise fail(f"{cand.path}: the candidate breaks {len(report.violations)} rule(s); nothing was run", 2)
+
+    out_dir = out or Path("runs") / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{cand.baseline.id}"
+    console.print(f"verifying {cand.baseline.describe_diff(base.baseline)} against baseline "
+                  f"{base.baseline.id} -> {out_dir}", highlight=False)
+    try:
+        with console.status("starting") as status:
+            verdict = final_verdict(base.workload, base.baseline, cand.baseline, settings, out_dir,
+                                    allow_semantic=allow, progress=lambda msg: status.update(msg))
+    except GuardError as e:
+        raise fail(str(e), 3) from None
+    if json_output:
+        print(verdict.model_dump_json(indent=2))
+    else:
+        console.print(render(verdict))
+    raise typer.Exit(EXIT[verdict.decision])

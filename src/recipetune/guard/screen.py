@@ -1,0 +1,47 @@
+"""The quick check of one search trial: one run, with the baseline's seed, against the profile.
+
+Cheap on purpose (the trial's own run is the only measurement): a candidate that already trains
+differently at the baseline's seed is dropped from the search; throughput is compared with the
+profile's median, and only the final verdict re-measures it interleaved.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from recipetune.guard.baseline import BaselineProfile
+from recipetune.guard.config import GuardConfig
+from recipetune.guard.parity import compare, semantic_edits
+from recipetune.measure import RunResult
+
+
+class Screening(BaseModel):
+    passed: bool
+    reasons: list[str]  # why it failed (empty when passed)
+    speedup: float | None  # candidate tokens/s per device / baseline's
+    loss_gap: float | None  # the parity statistic
+    loss_tolerance: float | None
+    mode: str = "same seed"  # or "equal tokens" when an allowed semantic knob changed
+
+
+def screen(profile: BaselineProfile, candidate: RunResult, settings: GuardConfig) -> Screening:
+    if not candidate.ok:
+        return Screening(passed=False, reasons=[f"run {candidate.status}: {candidate.cause}"], speedup=None,
+                         loss_gap=None, loss_tolerance=None)
+    summary = candidate.summary()
+    speedup = summary.tokens_per_s_per_device / profile.tokens_per_s if profile.tokens_per_s > 0 else None
+    seed = candidate.recipe.get("seed")
+    if profile.seeds[0] is not None and seed != profile.seeds[0]:
+        return Screening(passed=False, reasons=[f"ran with seed {seed}, the baseline profile with "
+                                                f"{profile.seeds[0]}: no same-seed comparison possible"],
+                         speedup=speedup, loss_gap=None, loss_tolerance=None)
+    semantic = bool(semantic_edits(profile, candidate.recipe))
+    evidence = compare(profile, [candidate], settings.parity, equal_tokens=semantic)
+    return Screening(
+        passed=evidence.passed,
+        reasons=evidence.reasons,
+        speedup=speedup,
+        loss_gap=evidence.gap,
+        loss_tolerance=evidence.tolerance,
+        mode=evidence.mode,
+    )

@@ -1,0 +1,101 @@
+"""Throughput significance: baseline and candidate measured interleaved, the speed-up with its CI.
+
+Pairs alternate their order (A B, B A, A B, ...), so a shared machine's drift falls on both sides
+of a pair and a first-run or last-run effect on neither side alone. Warm-up steps are excluded from
+tokens/s and reported apart. Consecutive baseline runs are A/A pairs: they give the noise margin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from recipetune.guard import stats
+from recipetune.guard.baseline import GuardError
+from recipetune.guard.config import GuardConfig
+from recipetune.measure import RunResult
+from recipetune.recipe import Recipe
+from recipetune.workloads.base import Workload
+
+
+class Pair(BaseModel):
+    index: int
+    order: str  # "AB": baseline first, "BA": candidate first
+    baseline_tokens_per_s: float
+    candidate_tokens_per_s: float
+    ratio: float
+    baseline_warmup_s: float
+    candidate_warmup_s: float
+    baseline_dir: str
+    candidate_dir: str
+
+
+class SpeedEvidence(BaseModel):
+    pairs: list[Pair]
+    speedup: float | None  # geometric mean of the per-pair ratios
+    ci_low: float | None
+    ci_high: float | None
+    confidence: float
+    ci_method: str
+    noise_margin: float
+    noise_source: str  # "configured" or "A/A: N baseline-vs-baseline ratios"
+    aa_log_ratios: list[float]
+    faster: bool  # the CI's lower end clears 1 + noise margin
+    failure: str = ""  # a candidate run that failed: then nothing else here counts
+
+
+def measure_speed(
+    workload: Workload,
+    baseline: Recipe,
+    candidate: Recipe,
+    settings: GuardConfig,
+    out_dir: Path,
+    prior_aa: list[float] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> SpeedEvidence:
+    """``settings.speed.pairs`` interleaved pairs of ``settings.speed.steps`` steps each."""
+    sp = settings.speed
+    pairs: list[Pair] = []
+    base_tps: list[float] = []
+    for i in range(sp.pairs):
+        order = "AB" if i % 2 == 0 else "BA"
+        runs: dict[str, RunResult] = {}
+        for side in order:
+            name = "baseline" if side == "A" else "candidate"
+            if progress:
+                progress(f"speed pair {i + 1}/{sp.pairs}: {name}")
+            folder = out_dir / f"pair-{i + 1}" / name
+            recipe = baseline if side == "A" else candidate
+            result = workload.run(recipe, sp.steps, folder, timeout_s=settings.timeout_s)
+            if not result.ok and side == "A":
+                raise GuardError(f"baseline speed run failed ({result.status}: {result.cause}); see {folder}")
+            if not result.ok:
+                return SpeedEvidence(pairs=pairs, speedup=None, ci_low=None, ci_high=None, confidence=sp.confidence,
+                                     ci_method="", noise_margin=0.0, noise_source="", aa_log_ratios=[],
+                                     faster=False, failure=f"candidate speed run {result.status}: {result.cause}")
+            runs[side] = result
+        a, b = runs["A"].summary(), runs["B"].summary()
+        base_tps.append(a.tokens_per_s_per_device)
+        pairs.append(Pair(
+            index=i + 1, order=order,
+            baseline_tokens_per_s=a.tokens_per_s_per_device, candidate_tokens_per_s=b.tokens_per_s_per_device,
+            ratio=b.tokens_per_s_per_device / a.tokens_per_s_per_device,
+            baseline_warmup_s=a.warmup_time_s, candidate_warmup_s=b.warmup_time_s,
+            baseline_dir=runs["A"].out_dir, candidate_dir=runs["B"].out_dir,
+        ))
+
+    ratios = stats.log_ratios([p.candidate_tokens_per_s for p in pairs], [p.baseline_tokens_per_s for p in pairs])
+    ci = stats.speedup_ci(ratios, sp.confidence, sp.resamples)
+    aa = [*(prior_aa or []), *(float(x) for x in stats.log_ratios(base_tps[1:], base_tps[:-1]))]
+    if sp.noise_margin is not None:
+        margin, source = sp.noise_margin, "configured"
+    else:
+        margin = stats.noise_margin(aa, sp.min_noise_margin)
+        source = f"A/A: RMS of {len(aa)} baseline-vs-baseline log ratios, at least {sp.min_noise_margin:g}"
+    return SpeedEvidence(
+        pairs=pairs, speedup=ci.speedup, ci_low=ci.low, ci_high=ci.high, confidence=ci.confidence,
+        ci_method=ci.method, noise_margin=margin, noise_source=source, aa_log_ratios=aa,
+        faster=stats.clears(ci, margin),
+    )

@@ -1,0 +1,156 @@
+"""The final decision on one candidate: APPROVED, REJECTED or KEEP BASELINE, with the evidence.
+
+Static checks first (a violation rejects before anything runs), then loss parity over the seeds,
+then interleaved throughput. Every run has its own folder under ``out_dir``; the verdict is also
+written there as ``verdict.json`` for machines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from recipetune.guard.baseline import BaselineProfile, profile_baseline, with_seed
+from recipetune.guard.config import GuardConfig
+from recipetune.guard.parity import compare
+from recipetune.guard.speed import measure_speed
+from recipetune.guard.static import StaticReport, static_report
+from recipetune.recipe import Recipe
+from recipetune.workloads.base import Workload
+
+Decision = Literal["APPROVED", "REJECTED", "KEEP BASELINE"]
+
+
+class Verdict(BaseModel):
+    decision: Decision
+    reasons: list[str]
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    noise_margin: float | None = None
+    confidence: float | None = None
+    parity: dict[str, Any] = Field(default_factory=dict)  # ParityEvidence: gap, tolerance, finals, margin, p
+    invariants_checked: list[str] = Field(default_factory=list)
+    violations: list[dict[str, str]] = Field(default_factory=list)
+    allowed_semantic: list[str] = Field(default_factory=list)
+    pairs: list[dict[str, Any]] = Field(default_factory=list)  # the interleaved A/B measurements
+    speed: dict[str, Any] = Field(default_factory=dict)  # noise source, A/A ratios, CI method
+    baseline: dict[str, Any] = Field(default_factory=dict)
+    candidate: dict[str, Any] = Field(default_factory=dict)
+    change: str = ""
+    settings: dict[str, Any] = Field(default_factory=dict)
+    out_dir: str = ""
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.model_dump_json(indent=2))
+        tmp.replace(path)
+
+
+def tokens_per_step(workload: Workload, recipe: Recipe) -> int | None:
+    """Tokens one optimizer step consumes, where the workload can tell before running."""
+    counter = getattr(workload, "tokens_per_step", None)
+    if callable(counter):
+        return counter(recipe)
+    if {"global_batch_size", "seq_len"} <= set(recipe):
+        return int(recipe["global_batch_size"]) * int(recipe["seq_len"])
+    return None
+
+
+def static_verdict(
+    report: StaticReport, baseline: Recipe, candidate: Recipe, settings: GuardConfig, out_dir: str
+) -> Verdict:
+    """The verdict as far as the static checks go: REJECTED with the violations, else still undecided."""
+    return Verdict(
+        decision="REJECTED", reasons=[f"static check: {v}" for v in report.violations],
+        invariants_checked=report.checked,
+        violations=[{"knob": v.knob, "rule": v.rule, "message": v.message} for v in report.violations],
+        allowed_semantic=report.allowed_semantic, baseline=dict(baseline), candidate=dict(candidate),
+        change=candidate.describe_diff(baseline), settings=settings.model_dump(mode="json"), out_dir=out_dir,
+    )
+
+
+def final_verdict(
+    workload: Workload,
+    baseline: Recipe,
+    candidate: Recipe,
+    settings: GuardConfig,
+    out_dir: Path,
+    allow_semantic: Collection[str] = (),
+    profile: BaselineProfile | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Verdict:
+    """Decide on ``candidate``; raises ``baseline.GuardError`` when the baseline itself cannot be measured."""
+    report = static_report(workload, baseline, candidate, allow_semantic)
+    verdict = static_verdict(report, baseline, candidate, settings, str(out_dir))
+    if report.violations:
+        return _finish(verdict, out_dir)  # nothing ran
+
+    parity_cfg = settings.parity
+    prior_aa = list(profile.aa_log_ratios) if profile is not None else []
+    # A campaign's profile serves when it measured this baseline at enough seeds for at least as many
+    # steps; otherwise the baseline is profiled again at the parity settings.
+    reusable = (profile is not None and profile.recipe == dict(baseline) and profile.steps >= parity_cfg.steps
+                and len(profile.runs) >= parity_cfg.seeds)
+    if not reusable:
+        profile = profile_baseline(workload, baseline, parity_cfg.steps, settings, out_dir / "baseline", progress)
+        prior_aa += profile.aa_log_ratios
+    assert profile is not None
+
+    # Parity: the candidate at every profiled seed, for the same tokens as the baseline.
+    equal_tokens = bool(report.allowed_semantic)
+    steps = profile.steps
+    if equal_tokens:
+        tb, tc = tokens_per_step(workload, baseline), tokens_per_step(workload, candidate)
+        if tb and tc:
+            steps = max(2, round(profile.steps * tb / tc))
+    seeds = profile.seeds[: parity_cfg.seeds]
+    runs = []
+    for k, seed in enumerate(seeds):
+        if progress:
+            progress(f"parity run {k + 1}/{len(seeds)}" + (f" (seed {seed})" if seed is not None else ""))
+        folder = out_dir / "parity" / (f"seed-{seed}" if seed is not None else f"repeat-{k}")
+        result = workload.run(with_seed(candidate, seed), steps, folder, timeout_s=settings.timeout_s)
+        if not result.ok:
+            verdict.reasons = [f"candidate run failed at seed {seed}: {result.status}: {result.cause}"]
+            return _finish(verdict, out_dir)
+        runs.append(result)
+    evidence = compare(profile, runs, parity_cfg, equal_tokens=equal_tokens)
+    verdict.parity = evidence.model_dump(mode="json")
+    if not evidence.passed:
+        verdict.reasons = evidence.reasons
+        return _finish(verdict, out_dir)
+
+    # Throughput: interleaved pairs, the speed-up's CI against the noise margin.
+    speed = measure_speed(workload, baseline, candidate, settings, out_dir / "speed", prior_aa, progress)
+    verdict.pairs = [p.model_dump(mode="json") for p in speed.pairs]
+    verdict.speed = speed.model_dump(mode="json", exclude={"pairs"})
+    if speed.failure:
+        verdict.reasons = [speed.failure]
+        return _finish(verdict, out_dir)
+    verdict.speedup, verdict.ci_low, verdict.ci_high = speed.speedup, speed.ci_low, speed.ci_high
+    verdict.noise_margin, verdict.confidence = speed.noise_margin, speed.confidence
+    figures = (f"speed-up {speed.speedup:.3f}x, {100 * speed.confidence:.0f}% CI [{speed.ci_low:.3f}, "
+               f"{speed.ci_high:.3f}] over {len(speed.pairs)} interleaved pairs; noise margin "
+               f"{100 * speed.noise_margin:.1f}%")
+    loss = (f"loss parity holds ({evidence.mode}: gap {evidence.gap:.4f}"
+            + (f" <= {evidence.tolerance:.4f}" if evidence.tolerance is not None else "")
+            + f", final {evidence.mean_diff:+.4f} within margin {evidence.margin:.4f})")
+    if speed.faster:
+        verdict.decision = "APPROVED"
+        verdict.reasons = [f"{figures}: the CI's lower end clears 1 + margin", loss]
+    else:
+        verdict.decision = "KEEP BASELINE"
+        why = "the candidate is slower" if speed.ci_high < 1 else "the gain is within noise"
+        verdict.reasons = [f"{figures}: the CI's lower end {speed.ci_low:.3f} does not clear "
+                           f"{1 + speed.noise_margin:.3f}, {why}", loss]
+    return _finish(verdict, out_dir)
+
+
+def _finish(verdict: Verdict, out_dir: Path) -> Verdict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    verdict.save(out_dir / "verdict.json")
+    return verdict
