@@ -1,7 +1,8 @@
-"""Settings of a search campaign."""
+"""Settings of a search campaign (the ``search:`` section of a campaign file)."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,8 +11,20 @@ from pydantic import BaseModel, ConfigDict, Field
 class Budget(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    trials: int = Field(24, ge=1)
-    wall_time_s: float | None = Field(None, gt=0)
+    trials: int = Field(24, ge=1, description="runs to execute; proposals rejected before running cost nothing")
+    wall_time_s: float | None = Field(None, gt=0, description="stop starting new trials after this much search time")
+
+
+class LLMSettings(BaseModel):
+    """An OpenAI-compatible chat endpoint; empty fields fall back to RECIPETUNE_LLM_* variables."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = Field(None, description="e.g. http://127.0.0.1:8000/v1 (env RECIPETUNE_LLM_BASE_URL)")
+    model: str | None = Field(None, description="model name the server knows (env RECIPETUNE_LLM_MODEL)")
+    api_key: str | None = Field(None, description="bearer token, if the server wants one (env RECIPETUNE_LLM_API_KEY)")
+    timeout_s: float = Field(60.0, gt=0)
+    temperature: float = Field(0.2, ge=0.0, le=2.0)
 
 
 class SearchConfig(BaseModel):
@@ -24,3 +37,16 @@ class SearchConfig(BaseModel):
     budget: Budget = Budget()
     steps_per_trial: int = Field(30, ge=2)
     seed: int = 0
+    # Tree search (TREX): a node is one measured recipe.
+    children: int = Field(3, ge=1, le=8, description="proposals asked for per expansion (TREX uses 3-5)")
+    exploration: float = Field(
+        1 / math.sqrt(2), ge=0.0, description="UCT constant c in Q/N + c*sqrt(ln N_parent / N); rewards lie in [0, 1]"
+    )
+    reward_span: float = Field(
+        4.0, gt=1.0, description="speed-up that earns the full reward 1 (its inverse earns 0; 1.0x earns 0.5)"
+    )
+    failure_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward of a rejected or failed trial")
+    playbook: str | None = Field(None, description="extra analyst rules (YAML), added before the built-in ones")
+    finalists: int = Field(3, ge=1, description="best screened candidates sent to the guard's final verdict")
+    storage: str | None = Field(None, description="SQLAlchemy URL of the study; default sqlite in the campaign folder")
+    llm: LLMSettings = LLMSettings()

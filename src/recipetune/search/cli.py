@@ -1,0 +1,153 @@
+"""`recipetune tune`: search recipes with a live table of trials, then print the verdict."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from recipetune.config import ConfigError, load_campaign
+from recipetune.guard.baseline import GuardError
+from recipetune.recipe import Recipe
+from recipetune.search import campaign as campaign_mod
+from recipetune.search.campaign import Outcome, Reporter, Row, default_folder, plan
+from recipetune.search.tree import Node
+
+console = Console()
+STATUS_STYLE = {"passed": "green", "rejected": "yellow", "failed": "red", "invalid": "magenta",
+                "running": "cyan", "interrupted": "dim", "duplicate": "dim"}
+MAX_ROWS = 40  # the table keeps the latest trials; the study keeps them all
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "" if value is None else format(value, fmt)
+
+
+class LiveReporter(Reporter):
+    """Keeps the rows of the trial table and redraws it as trials start, progress and end."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Row] = {}
+        self.steps: dict[str, str] = {}
+        self.best_text = Text("best so far: the baseline", style="bold")
+        self.live: Live | None = None
+
+    def render(self) -> Group:
+        table = Table(title="trials", title_justify="left", expand=False)
+        for col, just in (("#", "right"), ("change", "left"), ("status", "left"), ("tok/s/dev", "right"),
+                          ("speed-up", "right"), ("loss check", "left"), ("proposer: rationale", "left")):
+            table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+        for row in list(self.rows.values())[-MAX_ROWS:]:
+            status = row.status
+            if row.status == "running" and row.key in self.steps:
+                status += f" {self.steps[row.key]}"
+            detail = row.loss or row.cause
+            table.add_row(
+                "" if row.number is None else str(row.number),
+                Text(row.change),
+                Text(status, style=STATUS_STYLE.get(row.status, "red")),
+                _num(row.tokens_per_s, ",.0f"),
+                _num(row.speedup, ".2f") + ("x" if row.speedup is not None else ""),
+                Text(detail[:80]),
+                Text(f"{row.source}: {row.rationale}"[:120] if row.source else row.rationale[:120], style="dim"),
+            )
+        return Group(table, self.best_text)
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self.render())
+
+    def phase(self, text: str) -> None:
+        (self.live.console if self.live else console).print(Text(text, style="bold blue"))
+
+    def row(self, row: Row) -> None:
+        self.rows[row.key] = row
+        self.steps.pop(row.key, None)
+        self._refresh()
+
+    def progress(self, key: str, done: int, total: int) -> None:
+        text = f"{done}/{total}"
+        if self.steps.get(key) != text:
+            self.steps[key] = text
+            self._refresh()
+
+    def best(self, node: Node | None, baseline: Recipe) -> None:
+        if node is None:
+            self.best_text = Text("best so far: the baseline (nothing faster has passed screening)", style="bold")
+        else:
+            self.best_text = Text(f"best so far: {node.recipe.describe_diff(baseline)}  {node.speedup:.2f}x "
+                                  f"(trial {node.trial})", style="bold green")
+        self._refresh()
+
+
+def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe) -> Panel:
+    lines: list[Text] = []
+    v = outcome.verdict
+    if outcome.winner is not None and v is not None:
+        lines.append(Text(f"recipe: {outcome.winner.recipe.describe_diff(baseline)}  ({outcome.winner.id})"))
+        ci = ""
+        if getattr(v, "ci_low", None) is not None and getattr(v, "ci_high", None) is not None:
+            ci = f"  95% CI [{v.ci_low:.3f}, {v.ci_high:.3f}]"
+        noise = getattr(v, "noise_margin", None)
+        lines.append(Text(f"speed-up: {v.speedup:.3f}x{ci}" + (f"  noise margin {noise:.3f}" if noise else "")))
+        parity = getattr(v, "parity", None) or {}
+        if "gap" in parity:
+            lines.append(Text(f"loss parity: gap {parity['gap']:+.4f}, tolerance {parity.get('tolerance', 0):.4f}"))
+    for reason in outcome.reasons:
+        lines.append(Text(f"- {reason}"))
+    lines.append(Text(f"{outcome.runs} runs; study: {folder / 'study.db'}  (optuna-dashboard sqlite:///"
+                      f"{(folder / 'study.db').resolve()})", style="dim"))
+    if outcome.approved_file:
+        lines.append(Text(f"approved recipe: {outcome.approved_file}"))
+        for cmd in outcome.launch:
+            lines.append(Text(f"launch: {cmd}", style="bold"))
+    style = "green" if outcome.decision == "APPROVED" else "yellow"
+    return Panel(Group(*lines), title=f"[bold {style}]{outcome.decision}", border_style=style, expand=False)
+
+
+def tune(
+    campaign_file: Path = typer.Argument(..., help="campaign YAML"),
+    overrides: list[str] = typer.Argument(None, help="key=value: a baseline knob, or a dotted field (search.seed=3)"),
+    budget: int | None = typer.Option(None, help="runs to execute (search.budget.trials)"),
+    strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | random | grid"),
+    proposer: str | None = typer.Option(None, help="analyst | random | llm (with --strategy mcts)"),
+    out: Path | None = typer.Option(None, help="campaign folder (default: campaigns/<file name>)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the campaign in the folder"),
+) -> None:
+    """Search faster recipes from the campaign's baseline; approve one only on the guard's evidence."""
+    extra = list(overrides or [])
+    for key, value in (("search.budget.trials", budget), ("search.strategy", strategy), ("search.proposer", proposer)):
+        if value is not None:
+            extra.append(f"{key}={value}")
+    folder = out or default_folder(campaign_file)
+    try:
+        campaign = load_campaign(campaign_file, extra)
+        checked = plan(campaign, folder, resume)
+    except ConfigError as e:
+        console.print(Text.assemble(("error: ", "bold red"), str(e)))
+        raise typer.Exit(2) from None
+
+    again = shlex.join(["recipetune", "tune", str(campaign_file), *extra, "--out", str(folder), "--resume"])
+    reporter = LiveReporter()
+    try:
+        with Live(reporter.render(), console=console, refresh_per_second=4) as live:
+            reporter.live = live
+            outcome = campaign_mod.run(checked, reporter=reporter)
+            reporter.live = None
+    except KeyboardInterrupt:
+        console.print(Text.assemble(("stopped. ", "bold yellow"), f"Resume with: {again}"))
+        raise typer.Exit(130) from None
+    except Exception as e:  # the study holds every finished trial: say how to carry on
+        if not isinstance(e, GuardError):  # the guard's own errors are messages, not bugs
+            console.print_exception(max_frames=8)
+        console.print(Text.assemble(("error: ", "bold red"), f"{type(e).__name__}: {e}\n"
+                                    f"After fixing it, resume with: {again}"))
+        raise typer.Exit(1) from None
+    console.line()
+    console.print(verdict_panel(outcome, folder, campaign.baseline))

@@ -1,0 +1,526 @@
+"""The Researcher: proposers that suggest the next experiments from a node of the tree.
+
+A proposal is data (knob edits and a rationale), never code. Everything a proposer returns is
+checked against the campaign's search space here and again by the guard before anything runs.
+
+- ``analyst`` (default): rules from a YAML playbook over the node's run profile.
+- ``random``: a uniform draw over the search space, seeded.
+- ``llm``: any OpenAI-compatible chat endpoint, given a compressed view of the tree (the node's
+  path, its siblings, the best and the failed nodes) and held to a JSON schema.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from recipetune.expr import ExprError, evaluate, names, parse
+from recipetune.recipe import KnobError, Recipe, Scalar, SearchSpace
+from recipetune.search.config import LLMSettings
+from recipetune.search.tree import Node, Tree
+from recipetune.workloads.base import Workload
+
+
+@dataclass(frozen=True)
+class Proposal:
+    edits: dict[str, Scalar]
+    rationale: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A proposal that never became a candidate, and why."""
+
+    source: str
+    reason: str
+    raw: str = ""
+
+
+@dataclass
+class SearchContext:
+    """What a proposer may look at: the campaign's space and the tree so far."""
+
+    workload: Workload
+    baseline: Recipe
+    space: SearchSpace
+    tree: Tree
+    seed: int = 0
+    rejections: list[Rejection] = field(default_factory=list)
+
+    def seen(self, recipe: Recipe) -> bool:
+        return recipe in self.tree
+
+    def reject(self, source: str, reason: str, raw: Any = "") -> None:
+        text = raw if isinstance(raw, str) else json.dumps(raw, default=str)
+        self.rejections.append(Rejection(source, reason, text[:2000]))
+
+    def drain(self) -> list[Rejection]:
+        out, self.rejections = self.rejections, []
+        return out
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]: ...
+
+
+def _fresh(node: Node, edits: dict[str, Scalar], context: SearchContext, taken: set[str]) -> Recipe | None:
+    """The recipe ``edits`` make from ``node``, unless it is the node itself or already tried."""
+    recipe = node.recipe.with_(**edits)
+    if recipe == node.recipe or context.seen(recipe) or recipe.id in taken:
+        return None
+    return recipe
+
+
+# ---------------------------------------------------------------------------------------------
+# Profile facts: the vocabulary of the playbook's conditions.
+
+
+@cache
+def device_memory_bytes(device: str) -> int | None:
+    """Memory of one device: the smallest GPU's (nvidia-smi), or the machine's RAM for a CPU."""
+    if device == "cuda":
+        # nvidia-smi rather than torch.cuda: a CUDA context in the campaign process would hold GPU
+        # memory for as long as the trials run.
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            return min(int(float(x)) for x in out.split()) * 2**20  # MiB
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
+        try:
+            import torch
+
+            return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+        except Exception:  # no usable GPU here: the fact stays unknown
+            return None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _run_info(node: Node) -> dict[str, Any]:
+    if node.result is None or not node.result.out_dir:
+        return {}
+    try:
+        return json.loads((Path(node.result.out_dir) / "run.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def profile_facts(node: Node, context: SearchContext) -> dict[str, Any]:
+    """Knob values, baseline values and the figures of the node's run, by name."""
+    recipe = node.recipe
+    facts: dict[str, Any] = {f"baseline_{k}": v for k, v in context.baseline.items()}
+    facts.update(recipe)
+    facts.update(speedup=node.speedup, cpu_count=os.cpu_count() or 1)
+    info = _run_info(node)
+    env = node.result.environment if node.result else {}
+    device = str(info.get("device") or ("cuda" if "gpu" in env and recipe.get("device") != "cpu" else "cpu"))
+    facts["device"] = device.split(":")[0]
+    accum = info.get("accumulation_steps")
+    if accum is None and {"global_batch_size", "micro_batch_size"} <= recipe.keys():
+        nproc = int(recipe.get("nproc", 1))
+        accum = max(1, int(recipe["global_batch_size"]) // (nproc * int(recipe["micro_batch_size"])))
+    facts["accum_steps"] = accum
+    if node.result is None or not node.result.steps:
+        return facts
+    s = node.result.summary()
+    facts.update(tokens_per_s=s.tokens_per_s_per_device, step_s=s.mean_step_time_s, mfu=s.mfu,
+                 n_devices=node.result.n_devices)
+    for part in ("data_s", "compute_s", "optim_s"):
+        value = s.breakdown_s.get(part)
+        facts[part] = value
+        if value is not None and s.mean_step_time_s > 0:
+            facts[part.replace("_s", "_share")] = value / s.mean_step_time_s
+    total = device_memory_bytes(facts["device"])
+    if s.peak_mem_bytes is not None:
+        facts["peak_mem_gb"] = s.peak_mem_bytes / 2**30
+        if total:
+            facts["mem_total_gb"] = total / 2**30
+            facts["mem_headroom"] = 1.0 - s.peak_mem_bytes / total
+    return facts
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else json.dumps(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The analyst: rules from a playbook.
+
+
+class Action(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    knob: str = Field(description="a knob of the search space, or '*' for every searchable knob")
+    set: Scalar | None = None
+    move: Literal["up", "down"] | None = None
+    each: bool = False
+    to: str | None = Field(None, description="an expression over the facts, e.g. 'global_batch_size // nproc'")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Action:
+        kinds = (self.set is not None) + (self.move is not None) + self.each + (self.to is not None)
+        if kinds != 1:
+            raise ValueError("an action needs exactly one of: set: VALUE, move: up|down, each: true, to: EXPR")
+        if self.knob == "*" and not self.each:
+            raise ValueError("knob '*' only works with each: true")
+        if self.to is not None:
+            parse(self.to)
+        return self
+
+    def edits(self, recipe: Recipe, space: SearchSpace, facts: dict[str, Any]) -> Iterator[dict[str, Scalar]]:
+        knobs = list(space.values) if self.knob == "*" else [self.knob]
+        for knob in knobs:
+            values = space.values.get(knob)
+            if not values:
+                continue  # not searchable in this campaign
+            current = recipe.get(knob)
+            target = self.set
+            if self.to is not None:
+                try:
+                    target = evaluate(self.to, facts)
+                except (ExprError, TypeError):
+                    continue  # a fact it needs is unknown here
+            if target is not None:
+                hits = [v for v in values if _member(v, (target,))]  # only a value the space lists
+                if hits:
+                    yield {knob: hits[0]}
+            elif self.move is not None:
+                nxt = _neighbour(values, current, self.move)
+                if nxt is not None:
+                    yield {knob: nxt}
+            else:
+                for v in values:
+                    if v != current:
+                        yield {knob: v}
+
+
+def _neighbour(values: tuple[Scalar, ...], current: Scalar | None, move: str) -> Scalar | None:
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    if numeric and isinstance(current, int | float) and not isinstance(current, bool):
+        bigger, smaller = [v for v in values if v > current], [v for v in values if v < current]
+        if move == "up":
+            return min(bigger) if bigger else None
+        return max(smaller) if smaller else None
+    if current not in values:
+        return None
+    i = values.index(current) + (1 if move == "up" else -1)
+    return values[i] if 0 <= i < len(values) else None
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    when: str = "True"
+    action: Action
+    why: str
+
+    @field_validator("when")
+    @classmethod
+    def _parses(cls, text: str) -> str:
+        parse(text)  # ExprError is a ValueError: pydantic reports it with the field
+        return text
+
+
+class Playbook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rules: list[Rule]
+
+
+class PlaybookError(ValueError):
+    def __init__(self, file: str, field: str, message: str):
+        super().__init__(f"{file}: {field}: {message}" if field else f"{file}: {message}")
+        self.file, self.field, self.message = file, field, message
+
+
+def load_playbook(path: str | Path | None = None) -> list[Rule]:
+    """The rules of a playbook file; the built-in one when ``path`` is None."""
+    if path is None:
+        text, where = resources.files("recipetune.search").joinpath("playbook.yaml").read_text(), "playbook.yaml"
+    else:
+        where = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise PlaybookError(where, "", f"cannot read: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PlaybookError(where, "", f"malformed YAML: {getattr(e, 'problem', e)}") from None
+    try:
+        return Playbook.model_validate(raw).rules
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise PlaybookError(where, loc, err["msg"]) from None
+
+
+class AnalystProposer:
+    """Rules over the node's profile, in playbook order, one proposal per fired rule per pass."""
+
+    name = "analyst"
+
+    def __init__(self, rules: list[Rule], seed: int = 0):
+        self.rules, self.seed = rules, seed
+
+    def fired(self, facts: dict[str, Any]) -> list[Rule]:
+        out = []
+        for rule in self.rules:
+            try:
+                if evaluate(rule.when, facts):
+                    out.append(rule)
+            except (ExprError, TypeError):
+                continue  # a fact this workload or run does not have: the rule does not apply
+        return out
+
+    def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]:
+        facts = profile_facts(node, context)
+        rng = random.Random(f"{self.seed}-{node.id}-{len(context.tree)}")
+        queues: list[tuple[Rule, list[dict[str, Scalar]]]] = []
+        for rule in self.fired(facts):
+            options = list(rule.action.edits(node.recipe, context.space, facts))
+            if rule.action.knob == "*":
+                rng.shuffle(options)  # undirected exploration: no knob goes first by accident
+            queues.append((rule, options))
+        out: list[Proposal] = []
+        taken: set[str] = set()
+        while len(out) < k and any(opts for _, opts in queues):
+            for rule, options in queues:  # round-robin: diverse children before a second idea per rule
+                while options and len(out) < k:
+                    edits = options.pop(0)
+                    recipe = _fresh(node, edits, context, taken)
+                    if recipe is None:
+                        continue
+                    taken.add(recipe.id)
+                    shown = ", ".join(f"{n}={_fmt(facts[n])}" for n in sorted(names(rule.when)) if n in facts)
+                    why = " ".join(rule.why.split())
+                    facts_text = f" [{shown}]" if shown else ""
+                    out.append(Proposal(edits, f"{rule.name}{facts_text}: {why}", self.name))
+                    break
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Random: uniform over the space.
+
+
+class RandomProposer:
+    name = "random"
+
+    def __init__(self, seed: int = 0, max_draws: int = 200):
+        self.seed, self.max_draws = seed, max_draws
+
+    def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]:
+        # Seeded by the tree's size: a resumed campaign draws what the uninterrupted one would have.
+        rng = random.Random(f"{self.seed}-{len(context.tree)}")
+        out: list[Proposal] = []
+        taken: set[str] = set()
+        for _ in range(self.max_draws):
+            if len(out) == k:
+                break
+            draw = {name: rng.choice(values) for name, values in context.space.values.items()}
+            recipe = _fresh(node, draw, context, taken)
+            if recipe is None:
+                continue
+            taken.add(recipe.id)
+            edits = {n: new for n, (_, new) in recipe.diff(node.recipe).items()}
+            out.append(Proposal(edits, "uniform draw over the search space", self.name))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# LLM: an OpenAI-compatible chat endpoint.
+
+# Values reach a trainer's argv or environment. They are matched against the space anyway; a value
+# carrying any of these is refused by name so the record says why.
+SHELL_META = re.compile(r"[;&|$`<>\\!*?(){}\[\]'\"\n\r\t]")
+
+SYSTEM_PROMPT = """You are the researcher of a training-recipe search. Goal: raise training tokens/s per
+device without changing what the model learns. You see the experiment tree around one node and
+propose the next experiments as edits of that node's recipe.
+Answer with JSON only, exactly this shape, nothing else:
+{"proposals": [{"edits": {"<knob>": <value>}, "rationale": "<one sentence>"}]}
+Use only the knobs and values listed in "space". Do not repeat a recipe already measured."""
+
+
+def _node_view(node: Node, baseline: Recipe) -> dict[str, Any]:
+    view: dict[str, Any] = {"changes": {n: new for n, (_, new) in node.recipe.diff(baseline).items()},
+                            "status": node.status}
+    if node.speedup is not None:
+        view["speedup"] = round(node.speedup, 3)
+    if node.cause:
+        view["cause"] = node.cause[:200]
+    return view
+
+
+def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3) -> dict[str, Any]:
+    """TREX's compressed context: the node, its parent path, its siblings, globally key nodes."""
+    tree, baseline = context.tree, context.baseline
+    facts = profile_facts(node, context)
+    profile = {n: round(v, 4) if isinstance(v, float) else v for n, v in facts.items()
+               if n in ("device", "step_s", "data_share", "compute_share", "optim_share", "accum_steps",
+                        "mem_headroom", "mfu", "tokens_per_s", "n_devices") and v is not None}
+    return {
+        "space": {n: list(v) for n, v in context.space.values.items()},
+        "baseline": {n: baseline[n] for n in context.space.values if n in baseline},
+        "node": {**_node_view(node, baseline), "profile": profile},
+        "path": [_node_view(n, baseline) | {"rationale": n.rationale[:160]} for n in tree.path(node)[:-1]],
+        "siblings": [_node_view(n, baseline) for n in tree.siblings(node)],
+        "best": [_node_view(n, baseline) for n in tree.ranked()[:n_key]],
+        "failures": [_node_view(n, baseline) for n in tree.failures()[-n_key:]],
+        "k": k,
+    }
+
+
+def chat_url(base_url: str) -> str:
+    base = base_url.rstrip("/")
+    return base if base.endswith("/chat/completions") else base + "/chat/completions"
+
+
+class LLMProposer:
+    name = "llm"
+
+    def __init__(self, settings: LLMSettings):
+        self.base_url = settings.base_url or os.environ.get("RECIPETUNE_LLM_BASE_URL", "")
+        self.model = settings.model or os.environ.get("RECIPETUNE_LLM_MODEL", "default")
+        self.api_key = settings.api_key or os.environ.get("RECIPETUNE_LLM_API_KEY")
+        self.timeout_s, self.temperature = settings.timeout_s, settings.temperature
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError("search.llm.base_url (or RECIPETUNE_LLM_BASE_URL) must be an http(s) URL, "
+                             f"got {self.base_url!r}")
+
+    def ask(self, messages: list[dict[str, str]]) -> str:
+        body = json.dumps({"model": self.model, "messages": messages, "temperature": self.temperature}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(chat_url(self.base_url), data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # scheme checked in __init__
+            reply = json.loads(response.read().decode())
+        return reply["choices"][0]["message"]["content"]
+
+    def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]:
+        view = compress_context(node, context, k)
+        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": json.dumps(view, separators=(",", ":"))}]
+        try:
+            content = self.ask(messages)
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            context.reject(self.name, f"endpoint error: {e}")
+            return []
+        items = parse_answer(content, context, self.name)
+        out: list[Proposal] = []
+        taken: set[str] = set()
+        for item in items:
+            edits = check_edits(item["edits"], context, self.name)
+            if edits is None:
+                continue
+            recipe = _fresh(node, edits, context, taken)
+            if recipe is None:
+                context.reject(self.name, "already measured (or no change from the node)", item)
+                continue
+            taken.add(recipe.id)
+            rationale = " ".join(str(item["rationale"]).split())[:300]
+            out.append(Proposal(edits, rationale, self.name))
+            if len(out) == k:
+                break
+        return out
+
+
+def parse_answer(content: str, context: SearchContext, source: str) -> list[dict[str, Any]]:
+    """The answer's proposal objects; a malformed answer or item is recorded and dropped."""
+    text = content.strip()
+    fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.DOTALL)  # chat models like fences
+    if fence:
+        text = fence.group(1)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        context.reject(source, f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}", content)
+        return []
+    items = data.get("proposals") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        context.reject(source, 'answer does not match the schema {"proposals": [...]}', content)
+        return []
+    good = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != {"edits", "rationale"}:
+            context.reject(source, "proposal must be an object with exactly 'edits' and 'rationale'", item)
+        elif not isinstance(item["edits"], dict) or not item["edits"]:
+            context.reject(source, "'edits' must be a non-empty object of knob: value", item)
+        elif not isinstance(item["rationale"], str):
+            context.reject(source, "'rationale' must be a string", item)
+        else:
+            good.append(item)
+    return good
+
+
+def _member(value: Scalar, values: tuple[Scalar, ...]) -> bool:
+    # bool is an int: compare type-strictly so True never stands for 1.
+    return any(v == value and isinstance(v, bool) == isinstance(value, bool) for v in values)
+
+
+def check_edits(edits: dict[str, Any], context: SearchContext, source: str) -> dict[str, Scalar] | None:
+    """Edits coerced to the knobs' types, or None (recorded) if any one is not allowed."""
+    knobs = context.workload.knobs()
+    out: dict[str, Scalar] = {}
+    for name, value in edits.items():
+        if name not in knobs:
+            context.reject(source, f"unknown knob '{name}'", edits)
+            return None
+        if name not in context.space.values:
+            allowed = ", ".join(context.space.values)
+            context.reject(source, f"knob '{name}' is not searched in this campaign (searched: {allowed})", edits)
+            return None
+        if isinstance(value, str) and SHELL_META.search(value):
+            context.reject(source, f"knob '{name}': shell metacharacters in value {value!r}", edits)
+            return None
+        if not isinstance(value, bool | int | float | str) or (isinstance(value, float) and not math.isfinite(value)):
+            context.reject(source, f"knob '{name}': {value!r} is not a scalar value", edits)
+            return None
+        try:
+            value = knobs[name].validate(value)
+        except KnobError as e:
+            context.reject(source, f"out-of-domain: {e}", edits)
+            return None
+        if not _member(value, context.space.values[name]):
+            listed = ", ".join(json.dumps(v) for v in context.space.values[name])
+            context.reject(source, f"out-of-domain: knob '{name}': {value!r} is not in the space ({listed})", edits)
+            return None
+        out[name] = value
+    return out
+
+
+def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
+                  llm: LLMSettings | None = None) -> Proposer:
+    """The proposer a campaign asked for. Raises PlaybookError or ValueError on bad settings."""
+    if name == "analyst":
+        rules = (load_playbook(playbook) if playbook else []) + load_playbook()
+        return AnalystProposer(rules, seed)
+    if name == "random":
+        return RandomProposer(seed)
+    if name == "llm":
+        return LLMProposer(llm or LLMSettings())
+    raise ValueError(f"unknown proposer {name!r}; expected analyst, random or llm")

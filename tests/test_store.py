@@ -1,0 +1,88 @@
+"""Campaign storage: an Optuna study plus artifact files, read back exactly as written."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from recipetune.recipe import Knob, KnobSet, Recipe, SearchSpace
+from recipetune.store import INTERRUPTED, CampaignStore, distributions
+
+KNOBS = KnobSet([Knob("mbs", 1, choices=(1, 2, 4, 8)), Knob("impl", "loop", choices=("loop", "foreach")),
+                 Knob("pin", False, choices=(False, True))])
+BASE = KNOBS.resolve({})
+SPACE = SearchSpace.from_lists(KNOBS, {"mbs": [2, 4], "impl": ["loop", "foreach"], "pin": [True]})
+
+
+def test_distributions_cover_the_space_and_the_baseline():
+    d = distributions(SPACE, BASE)
+    assert d["mbs"].choices == (1, 2, 4)  # the baseline's 1 is not listed in the space but must be representable
+    assert d["impl"].choices == ("loop", "foreach")
+    assert d["pin"].choices == (False, True)
+
+
+def test_round_trip(tmp_path):
+    folder = tmp_path / "c"
+    store = CampaignStore(folder)
+    assert not store.exists() and not folder.exists()  # asking does not create anything
+    store.create({"baseline_id": BASE.id, "space": {"mbs": [2, 4]}})
+    dists = distributions(SPACE, BASE)
+
+    good = BASE.with_(mbs=4, impl="foreach")
+    n0 = store.begin(good, dists, {"parent": BASE.id, "proposer": "analyst", "rationale": "bigger"})
+    store.set_running(n0, {"run_dir": str(store.run_dir(n0, good)), "ran": True})
+    store.finish(n0, 1.8, {"status": "passed", "speedup": 1.8, "screening": {"passed": True, "gap": float("nan")}})
+    bad = BASE.with_(pin=True)
+    n1 = store.begin(bad, dists, {"parent": good.id, "proposer": "llm", "rationale": "pin it"})
+    store.finish(n1, None, {"status": "failed", "cause": "crash: exit code 1"})
+    n2 = store.begin(BASE.with_(mbs=2), dists, {"parent": BASE.id, "proposer": "analyst", "rationale": "r"})
+    assert (n0, n1, n2) == (0, 1, 2)
+    store.write_json("baseline_profile.json", {"tokens_per_s": 123.0})
+    store.append_jsonl("rejected_proposals.jsonl", {"reason": "unknown knob 'x'"})
+    store.append_jsonl("rejected_proposals.jsonl", {"reason": "malformed JSON"})
+
+    # A second process (a resume) reads everything back.
+    again = CampaignStore(folder)
+    assert again.exists()
+    meta, n = again.peek()
+    assert meta["baseline_id"] == BASE.id and n == 3
+    recs = again.records()
+    assert [r.state for r in recs] == ["COMPLETE", "FAIL", "RUNNING"]
+    assert recs[0].value == pytest.approx(1.8) and recs[0].recipe == good and recs[0].status == "passed"
+    assert recs[0].attrs["screening"] == {"passed": True, "gap": None}  # NaN is not JSON: stored as null
+    assert recs[1].attrs["cause"] == "crash: exit code 1" and recs[1].attrs["parent"] == good.id
+    assert Recipe(recs[1].attrs["recipe"]).id == recs[1].attrs["recipe_id"] == bad.id
+    interrupted = again.fail_interrupted()
+    assert [r.number for r in interrupted] == [2]
+    assert again.records()[2].state == "FAIL" and again.records()[2].attrs["cause"] == INTERRUPTED
+    assert again.read_json("baseline_profile.json") == {"tokens_per_s": 123.0}
+    lines = (folder / "rejected_proposals.jsonl").read_text().splitlines()
+    assert [json.loads(x)["reason"] for x in lines] == ["unknown knob 'x'", "malformed JSON"]
+
+    # Plain Optuna sees the knob values as parameters (what optuna-dashboard shows).
+    study = optuna.load_study(study_name="recipetune", storage=f"sqlite:///{folder / 'study.db'}")
+    assert study.trials[0].params == {"mbs": 4, "impl": "foreach", "pin": False}
+    assert study.best_trial.number == 0
+
+
+def test_any_sqlalchemy_url(tmp_path):
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    store = CampaignStore(tmp_path / "c", url)
+    store.create({})
+    n = store.begin(BASE, distributions(SPACE, BASE), {"parent": ""})
+    store.finish(n, 1.0, {"status": "passed"})
+    assert (tmp_path / "elsewhere.db").exists() and not (tmp_path / "c" / "study.db").exists()
+    assert CampaignStore(tmp_path / "c", url).records()[0].value == 1.0
+
+
+def test_ask_lets_the_sampler_choose(tmp_path):
+    store = CampaignStore(tmp_path, sampler=optuna.samplers.RandomSampler(seed=1))
+    store.create({})
+    dists = distributions(SPACE, BASE)
+    trial = store.ask(dists)
+    recipe = BASE.with_(**trial.params)
+    n = store.begin(recipe, dists, {"parent": BASE.id}, trial)
+    store.finish(n, 1.1, {"status": "passed"})
+    assert store.records()[0].recipe == recipe
