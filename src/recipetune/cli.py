@@ -104,6 +104,16 @@ def _mount_subcommands() -> None:
     from recipetune.cbs.cli import cbs_app
 
     app.add_typer(cbs_app, name="cbs")
+    from recipetune.guard.cli import verify
+
+    app.command()(verify)
+    from recipetune.search.cli import tune
+
+    app.command()(tune)
+    from recipetune.report.cli import report, show
+
+    app.command()(report)
+    app.command()(show)
 
 
 _mount_subcommands()

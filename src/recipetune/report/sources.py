@@ -1,0 +1,152 @@
+"""Where a campaign folder keeps what the report reads: the one module that knows the store's names.
+
+``search/campaign.py`` and the guard write these; a rename there costs one line here.
+Everything is read, nothing is written, and a missing optional file reads as empty.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from recipetune.guard.stats import smooth as guard_smooth  # the guard's smoothing: the report shows what it judged
+from recipetune.measure import RunResult
+from recipetune.store import CampaignStore, TrialRecord
+
+STUDY_DB = "study.db"
+CONFIG = "campaign.json"  # the campaign's settings (CampaignConfig), overrides applied
+PROFILE = "baseline_profile.json"  # guard.baseline.BaselineProfile
+VERDICT = "verdict.json"  # the campaign's decision; its "verdict" is the winner's guard.verdict.Verdict
+FINALISTS = "verdicts.json"  # [{candidate_id, trial, screened_speedup, verdict}], one per finalist
+REJECTED = "rejected_proposals.jsonl"  # proposals that never became a recipe
+RESULT = "result.json"  # a run's measure.RunResult, in its folder
+
+# Trial user attributes (store.CampaignStore.begin / finish).
+A_RECIPE, A_PARENT, A_STATUS, A_CAUSE = "recipe", "parent", "status", "cause"
+A_PROPOSER, A_RATIONALE, A_RUN_DIR, A_RAN = "proposer", "rationale", "run_dir", "ran"
+A_SPEEDUP, A_REWARD, A_SCREENING, A_RUN_STATUS = "speedup", "reward", "screening", "run_status"
+A_TOKENS_PER_S, A_MFU, A_PEAK_MEM, A_STEP_TIME = "tokens_per_s", "mfu", "peak_mem_bytes", "step_time_s"
+A_LOSS_CHECK = "loss"  # the screening's one-line loss verdict
+# Study user attributes.
+M_CAMPAIGN, M_ELAPSED = "campaign", "search_elapsed_s"
+
+
+class NotACampaign(ValueError):
+    """The folder is not a campaign folder (or not one this version can read)."""
+
+
+@dataclass
+class CampaignFiles:
+    """Everything a campaign folder holds, read once."""
+
+    folder: Path
+    meta: dict[str, Any]
+    study_attrs: dict[str, Any]
+    config: dict[str, Any]
+    records: list[TrialRecord]
+    results: dict[int, RunResult]  # trial number -> its run
+    profile: dict[str, Any] | None
+    profile_runs: list[RunResult]
+    verdict: dict[str, Any] | None
+    finalists: list[dict[str, Any]]
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _json(path: Path) -> Any | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise NotACampaign(f"{path}: unreadable JSON ({e})") from None
+
+
+def _result(path: Path) -> RunResult | None:
+    try:
+        return RunResult.load(path) if path.is_file() else None
+    except (OSError, ValueError, ValidationError):
+        return None  # a run killed while saving: the study still has its figures
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def trial_dir(folder: Path, rec: TrialRecord) -> Path | None:
+    """The trial's run folder: as recorded, else found by its number under trials/."""
+    recorded = rec.attrs.get(A_RUN_DIR)
+    if recorded:
+        path = Path(recorded)
+        if not path.is_absolute() and not path.exists():
+            path = folder / path
+        if path.exists():
+            return path
+    matches = sorted((folder / "trials").glob(f"{rec.number:04d}-*"))
+    return matches[0] if matches else None
+
+
+def read_campaign(folder: Path) -> CampaignFiles:
+    """Read a campaign folder; raise NotACampaign naming what is missing."""
+    if not folder.is_dir():
+        raise NotACampaign(f"{folder} is not a folder; expected a campaign folder written by `recipetune tune`")
+    config = _json(folder / CONFIG) or {}
+    storage = (config.get("search") or {}).get("storage")
+    if storage is None and not (folder / STUDY_DB).is_file():
+        raise NotACampaign(f"{folder} is not a campaign folder: it has no {STUDY_DB} "
+                           "(expected the folder `recipetune tune --out` wrote)")
+    store = CampaignStore(folder, storage)
+    try:
+        if not store.exists():
+            raise NotACampaign(f"{folder}: the study database holds no recipetune campaign")
+        study_attrs = dict(store.study.user_attrs)
+        records = store.records()
+    except NotACampaign:
+        raise
+    except Exception as e:  # a foreign or corrupt database: say so rather than print a traceback
+        raise NotACampaign(f"{folder}: cannot read the study ({type(e).__name__}: {e})") from None
+    results = {}
+    for rec in records:
+        path = trial_dir(folder, rec)
+        result = _result(path / RESULT) if path else None
+        if result is not None:
+            results[rec.number] = result
+    profile = _json(folder / PROFILE)
+    runs = []
+    for raw in (profile or {}).get("runs") or []:
+        try:
+            runs.append(RunResult.model_validate(raw))
+        except ValidationError:
+            continue
+    finalists = _json(folder / FINALISTS) or []
+    return CampaignFiles(
+        folder=folder, meta=study_attrs.get(M_CAMPAIGN) or {}, study_attrs=study_attrs, config=config,
+        records=records, results=results, profile=profile, profile_runs=runs, verdict=_json(folder / VERDICT),
+        finalists=[f for f in finalists if isinstance(f, dict)], rejected=_jsonl(folder / REJECTED),
+    )
+
+
+def smooth(values: list[float], window: int) -> Any:
+    """The guard's smoothing of a loss curve (trailing mean over ``window`` steps, full windows only)."""
+    return guard_smooth(values, window)
+
+
+def number(value: Any) -> float | None:
+    """A finite float, or None (the store writes inf/nan as null; hand-edited files may hold text)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None

@@ -1,0 +1,99 @@
+"""The report in a terminal: a verdict panel, the trial table and a compact search tree (Rich)."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from recipetune.report.html import fmt_bytes, fmt_num, fmt_pct
+from recipetune.report.model import TREE_STATUSES, Report, Trial
+
+STYLE = {"passed": "blue", "rejected": "yellow", "failed": "red", "interrupted": "dim", "duplicate": "dim",
+         "running": "cyan", "APPROVED": "green", "KEEP BASELINE": "yellow", "REJECTED": "yellow"}
+
+
+def verdict_panel(r: Report) -> Panel:
+    lines: list[RenderableType] = [Text(r.headline, style="bold")]
+    ev = r.evidence
+    if ev is not None:
+        margin = f"noise margin ±{fmt_pct(ev.noise_margin)}"
+        lines.append(Text(f"speed-up {fmt_num(ev.speedup, '.3f', 'x')}  {100 * ev.confidence:.0f}% CI "
+                          f"[{fmt_num(ev.ci_low, '.3f')}, "
+                          f"{fmt_num(ev.ci_high, '.3f')}]  {margin}  ({len(ev.pairs)} interleaved pairs)"))
+        lines.append(Text(f"loss parity ({ev.parity_mode or 'n/a'}): RMS gap {fmt_num(ev.loss_gap, '.4f')}, "
+                          f"tolerance {fmt_num(ev.loss_tolerance, '.4f')}; "
+                          f"final loss {fmt_num(ev.final_diff, '+.4f')}, margin {fmt_num(ev.final_margin, '.4f')}"))
+    b = r.baseline
+    lines.append(Text(f"baseline {b.recipe_id}: {fmt_num(b.tokens_per_s)} tokens/s per device over {b.repeats} runs, "
+                      f"noise ±{fmt_pct(b.throughput_noise)}, loss tolerance {fmt_num(b.loss_tolerance, '.4f')}",
+                      style="dim"))
+    lines += [Text(f"- {reason}") for reason in r.reasons]
+    for name, cmds in r.commands.items():
+        lines += [Text(f"{name}: {c}", style="bold" if name == "approved" else "") for c in cmds]
+    style = STYLE.get(r.decision, "white")
+    # Titles as Text, not markup: a folder may be called "runs[2]".
+    return Panel(Group(*lines), title=Text(r.decision, style=f"bold {style}"), border_style=style, expand=False,
+                 subtitle=Text(r.folder))
+
+
+def trial_table(r: Report, width: int = 200) -> Table:
+    """The trials, one line each where the terminal allows: narrow terminals drop the secondary columns."""
+    wide, wider = width >= 120, width >= 160
+    table = Table(title=f"{r.counts['trials']} trials ({r.counts['ran']} ran)", title_justify="left")
+    cols = [("#", "right"), ("change", "left"), ("status", "left"), ("tok/s/dev", "right"), ("speed-up", "right")]
+    cols += [("MFU", "right"), ("peak mem", "right")] if wide else []
+    cols += [("cause / loss", "left")] + ([("proposer: rationale", "left")] if wider else [])
+    for col, just in cols:
+        numeric = just == "right"
+        table.add_column(col, justify=just, no_wrap=numeric, overflow="ellipsis" if numeric else "fold",  # type: ignore[arg-type]
+                         ratio=None if numeric else 1)
+    for t in r.trials:
+        status = "approved" if t.winner else t.status
+        if t.final and not t.winner:
+            status += f" (final: {t.final})"
+        row: list[RenderableType] = [
+            str(t.number), Text(t.change.replace('"', "")),
+            Text(status, style="bold green" if t.winner else STYLE.get(t.status, "")),
+            fmt_num(t.tokens_per_s) if t.tokens_per_s is not None else "",
+            fmt_num(t.speedup, ".3f", "x") if t.speedup is not None else "",
+        ]
+        if wide:
+            row += [fmt_pct(t.mfu, 1) if t.mfu is not None else "",
+                    fmt_bytes(t.peak_mem_bytes) if t.peak_mem_bytes is not None else ""]
+        row.append(Text((t.cause or t.loss_check)[:100]))
+        if wider:
+            # Text, never markup: a rationale may hold anything a proposer wrote.
+            row.append(Text(f"{t.proposer}: {t.rationale}"[:140], style="dim"))
+        table.add_row(*row)
+    return table
+
+
+def _label(t: Trial) -> Text:
+    figure = f" {t.speedup:.2f}x" if t.speedup is not None and t.status == "passed" else ""
+    outcome = t.run_status if t.status == "failed" and t.run_status else t.status
+    style = "bold green" if t.on_path else STYLE.get(t.status, "")
+    return Text.assemble((f"#{t.number} ", "dim"), (t.edit.replace('"', ""), style),
+                         (f"{figure} {outcome}", STYLE.get(t.status, "")),
+                         (" ★ approved" if t.winner else "", "bold green"))
+
+
+def search_tree(r: Report) -> Tree:
+    nodes = [t for t in r.trials if t.status in TREE_STATUSES]
+    by_recipe: dict[str, Trial] = {}
+    for t in nodes:
+        if t.recipe_id not in by_recipe or by_recipe[t.recipe_id].status == "interrupted":
+            by_recipe[t.recipe_id] = t
+    root = Tree(Text(f"baseline {r.baseline.recipe_id}", style="bold"))
+    branches: dict[int, Tree] = {}
+    for t in sorted(nodes, key=lambda t: t.number):  # a parent is always an earlier trial
+        parent = by_recipe.get(t.parent or "")
+        above = branches.get(parent.number, root) if parent is not None else root
+        branches[t.number] = above.add(_label(t))
+    return root
+
+
+def render(r: Report, width: int = 200) -> Group:
+    return Group(verdict_panel(r), trial_table(r, width), search_tree(r))

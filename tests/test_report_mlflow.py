@@ -1,0 +1,56 @@
+"""Export of a campaign to MLflow (SQLite tracking): runs, parameters, step metrics, artifacts, idempotence."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from recipetune.cli import app
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+from make_campaign import make_campaign  # noqa: E402
+
+runner = CliRunner()
+
+
+def test_without_mlflow_the_option_is_refused_with_exit_2(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow now raises ImportError
+    res = runner.invoke(app, ["report", str(tmp_path), "--mlflow", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    assert res.exit_code == 2 and "recipetune[mlflow]" in res.output  # said before anything else is read
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_trial_becomes_an_mlflow_run(tmp_path):
+    mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+    from recipetune.report.mlflow_export import export
+
+    folder = make_campaign(tmp_path / "c", "crashed")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = runner.invoke(app, ["report", str(folder), "--mlflow", uri])
+    assert res.exit_code == 0, res.output
+    assert "exported 7 trials" in res.output  # failed and interrupted ones too: they are part of the audit
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("recipetune/c")
+    runs = {r.data.tags["recipetune.key"]: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"campaign", "baseline-0", "baseline-1", "baseline-2"} | {f"trial-{i}" for i in range(7)}
+    campaign = runs["campaign"]
+    assert campaign.data.tags["decision"] == "KEEP BASELINE"
+    assert campaign.data.metrics["speedup"] == pytest.approx(1.034, abs=1e-3)
+    oom = runs["trial-1"]
+    assert oom.info.status == "FAILED" and oom.data.tags["run_status"] == "oom"
+    assert oom.data.tags["mlflow.parentRunId"] == campaign.info.run_id
+    ok = runs["trial-0"]
+    assert ok.info.status == "FINISHED" and ok.data.params["micro_batch_size"] == "8"
+    assert "<script>" in ok.data.tags["rationale"]  # stored as written; MLflow's UI escapes it
+    assert ok.data.metrics["speedup"] == pytest.approx(1.034, abs=0.01)
+    history = client.get_metric_history(ok.info.run_id, "step/loss")
+    assert sorted(m.step for m in history) == list(range(30))
+    assert runs["trial-5"].info.status == "KILLED"
+    artifacts = {a.path for a in client.list_artifacts(ok.info.run_id)}
+    assert {"result.json", "metrics.jsonl"} <= artifacts
+    assert (tmp_path / "mlartifacts" / "c").is_dir()  # beside the database, not in the working directory
+    assert export(folder, uri) == 0  # again: nothing new, no duplicates
+    assert len(client.search_runs([exp.experiment_id])) == len(runs)
