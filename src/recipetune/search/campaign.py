@@ -127,7 +127,7 @@ def check_space(campaign: Campaign) -> SearchSpace:
 def campaign_meta(campaign: Campaign, space: SearchSpace) -> dict[str, Any]:
     cfg = campaign.config.search
     return {
-        "file": str(campaign.path), "workload": campaign.workload.kind,
+        "file": str(campaign.path.resolve()), "workload": campaign.workload.kind,
         "baseline": dict(campaign.baseline), "baseline_id": campaign.baseline.id,
         "space": {n: list(v) for n, v in space.values.items()}, "allow_semantic": sorted(cfg.allow_semantic),
         "strategy": cfg.strategy, "steps_per_trial": cfg.steps_per_trial,
