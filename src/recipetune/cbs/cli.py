@@ -7,13 +7,18 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
+from recipetune.cbs.local import LocalError, load_local, run_local
 from recipetune.cbs.plots import plot_scaling, plot_steps_vs_batch
+from recipetune.cbs.scale import load_scale, run_scale
+from recipetune.cbs.sweep import SweepError, SweepResult, load_sweep, run_sweep
 from recipetune.cbs.table import Summary, TableError, fmt, fmt_ci, load_table, summarize, write_summary
+from recipetune.config import ConfigError
 
 cbs_app = typer.Typer(
-    help="Critical batch size (arXiv 2410.21676): fit steps-vs-batch measurements, scaling laws.",
+    help="Critical batch size (arXiv 2410.21676): measure steps vs batch size, fit B* and its scaling laws.",
     no_args_is_help=True,
 )
 console = Console()
@@ -94,3 +99,139 @@ def fit_command(
         written.append(plot_scaling(summary.scaling, out_dir / "scaling.png"))
     _print_summary(summary)
     console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True,
+    )
+
+
+def _config_error(exc: ConfigError) -> typer.Exit:
+    errors.print(f"[red]error:[/red] {exc}", highlight=False)
+    return typer.Exit(2)
+
+
+def _fit_points(points: Path, out_dir: Path, b_opt: float | None, seed: int) -> bool:
+    """Fit a points.csv the way `cbs fit` does; False (with the reason printed) when it cannot be fitted."""
+    try:
+        summary = summarize(load_table(points), b_opt=b_opt, seed=seed)
+    except TableError as exc:
+        errors.print(f"[yellow]no fit:[/yellow] {exc}; the measurements are in {points}", highlight=False)
+        return False
+    written = write_summary(summary, out_dir)
+    written.append(plot_steps_vs_batch(summary.groups, out_dir / "steps_vs_batch.png"))
+    if summary.scaling:
+        written.append(plot_scaling(summary.scaling, out_dir / "scaling.png"))
+    _print_summary(summary)
+    console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+    return True
+
+
+def _print_points(result: SweepResult, title: str) -> None:
+    table = RichTable(title=f"{title}: target {result.target:.4f}", title_justify="left")
+    for col in ("B", "steps", "tokens", "lr", "beta2", "EWA", "best val"):
+        table.add_column(col, justify="right")
+    for r in result.best:
+        steps = str(r.steps_to_target) if r.reached else f"[yellow]missed[/yellow] ({r.status})"
+        loss = "n/a" if r.best_val_loss is None else f"{r.best_val_loss:.4f}"
+        table.add_row(str(r.batch_size), steps, str(r.tokens_to_target or "-"), f"{r.lr:.3g}", f"{r.beta2:g}",
+                      f"{r.ewa_decay:g}", loss)
+    console.print(table)
+
+
+OVERRIDES_HELP = "key=value: a dotted field (lr.values=[0.001,0.003]) or a knob of base (seq_len=64)"
+OUT_HELP = "Output folder (default: runs/cbs-<file stem>); running again resumes, finished runs are kept."
+
+
+@cbs_app.command("sweep")
+def sweep_command(
+    config: Path = typer.Argument(..., help="CBS sweep YAML (see examples/cbs-tiny.yaml)."),
+    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """Measure steps to a target loss per batch size (constant LR + EWA, best lr/beta2 per B), then fit B*."""
+    try:
+        spec = load_sweep(config, overrides or [])
+    except ConfigError as exc:
+        raise _config_error(exc) from None
+    out_dir = out or Path("runs") / f"cbs-{config.stem}"
+    console.print(
+        f"{len(spec.trials)} sweep runs over B={spec.config.batch_sizes}"
+        + (f" + {len(spec.reference_trials)} reference runs" if spec.reference_trials else "")
+        + f" -> {out_dir}", highlight=False,
+    )
+    try:
+        with _progress() as progress:
+            result = run_sweep(spec, out_dir, progress)
+    except SweepError as exc:
+        errors.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    _print_points(result, "steps to target per batch size")
+    if not _fit_points(out_dir / "points.csv", out_dir, spec.config.b_opt, spec.config.bootstrap_seed):
+        raise typer.Exit(1)
+
+
+@cbs_app.command("scale")
+def scale_command(
+    config: Path = typer.Argument(..., help="CBS scale YAML (see examples/cbs-scale-tiny.yaml)."),
+    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """Sweep several data sizes and model sizes, fit B* = c D^alpha and B* = c N^beta with 95% intervals."""
+    try:
+        spec = load_scale(config, overrides or [])
+    except ConfigError as exc:
+        raise _config_error(exc) from None
+    out_dir = out or Path("runs") / f"cbs-{config.stem}"
+    console.print(f"{len(spec.groups)} groups, {spec.n_runs} runs -> {out_dir}", highlight=False)
+    try:
+        with _progress() as progress:
+            result = run_scale(spec, out_dir, progress)
+    except SweepError as exc:
+        errors.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    for group, sweep in result.groups:
+        _print_points(sweep, f"{group.model}, D={sweep.data_tokens} tokens, N={sweep.params}")
+    if not _fit_points(out_dir / "points.csv", out_dir, spec.config.b_opt, spec.config.bootstrap_seed):
+        raise typer.Exit(1)
+
+
+@cbs_app.command("local")
+def local_command(
+    config: Path = typer.Argument(..., help="local-CBS YAML (see examples/cbs-local-tiny.yaml)."),
+    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """Local CBS by branched training (arXiv 2505.23971): branches at k*B with LR x sqrt(k), same tokens."""
+    try:
+        spec = load_local(config, overrides or [])
+    except ConfigError as exc:
+        raise _config_error(exc) from None
+    out_dir = out or Path("runs") / f"cbs-{config.stem}"
+    try:
+        with _progress() as progress:
+            result = run_local(spec, out_dir, progress)
+    except LocalError as exc:
+        errors.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    c = spec.config
+    table = RichTable(title=f"local CBS: B={c.batch_size}, epsilon={c.epsilon} nats, LR x k^p ({c.lr_scaling})",
+                      title_justify="left")
+    for col in ("step", *(f"k={k}" for k in c.multipliers), "CBS"):
+        table.add_column(col, justify="right")
+    for p in result.points:
+        cells = []
+        for k in c.multipliers:
+            loss = p.records[k].final_val_loss
+            text = "n/a" if loss is None else f"{loss:.3f}"
+            cells.append(text if p.within[k] else f"[yellow]{text}[/yellow]")
+        table.add_row(str(p.step), *cells, str(p.local_cbs or "n/a"))
+    console.print(table)
+    console.print(f"validation loss after {result.points[0].tokens} tokens per branch; yellow: beyond epsilon",
+                  highlight=False)
+    console.print(f"wrote {out_dir / 'local.csv'}, {out_dir / 'local.json'}", highlight=False)
