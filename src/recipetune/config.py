@@ -7,6 +7,7 @@ allowed; nothing is written before the whole file has been checked.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -64,8 +65,11 @@ class Campaign:
     baseline: Recipe
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``micro_batch_size=16`` sets a baseline knob; a dotted key (``run.steps=50``) any field."""
+def parse_override(
+    text: str, fields: Collection[str] | None = None, default_section: str = "baseline"
+) -> tuple[list[str], Any]:
+    """``micro_batch_size=16`` sets a knob of the default section; a dotted key (``run.steps=50``)
+    any field. ``fields`` are the top-level sections of the file (a campaign file's by default)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError("command line", text, "an override must look like key=value")
@@ -74,14 +78,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except yaml.YAMLError:
         value = raw
     path = key.strip().split(".")
-    if path[0] not in CampaignConfig.model_fields:
-        path = ["baseline", *path]
+    if path[0] not in (CampaignConfig.model_fields if fields is None else fields):
+        path = [default_section, *path]
     return path, value
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(
+    raw: dict[str, Any],
+    overrides: list[str],
+    fields: Collection[str] | None = None,
+    default_section: str = "baseline",
+) -> dict[str, Any]:
     for text in overrides:
-        path, value = parse_override(text)
+        path, value = parse_override(text, fields, default_section)
         node = raw
         for part in path[:-1]:
             child = node.get(part)

@@ -32,14 +32,13 @@ from recipetune.cbs.sweep import (
     Strict,
     Trial,
     TrialRecord,
-    apply_overrides,
     check_base,
     micro_batch,
     run_trial,
     scale_lr,
     validate_model,
 )
-from recipetune.config import ConfigError, check_recipe, read_yaml
+from recipetune.config import ConfigError, apply_overrides, check_recipe, read_yaml
 from recipetune.recipe import Recipe
 from recipetune.workloads.reference import ReferenceWorkload
 
@@ -148,7 +147,7 @@ class LocalSpec:
 def load_local(path: str | Path, overrides: list[str] | None = None) -> LocalSpec:
     """Read, check and plan a local-CBS file; ConfigError naming file and field on bad input."""
     path = Path(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], set(LocalConfig.model_fields))
+    raw = apply_overrides(read_yaml(path), overrides or [], set(LocalConfig.model_fields), "base")
     cfg = validate_model(LocalConfig, raw, path)
     owned = {**LOCAL_KNOBS, "ewa_decay": "by branch_ewa"} if cfg.branch_ewa is not None else LOCAL_KNOBS
     base = check_base(path, cfg.base, ReferenceWorkload(), owned)

@@ -25,13 +25,12 @@ from recipetune.cbs.sweep import (
     SweepConfig,
     SweepResult,
     SweepSpec,
-    apply_overrides,
     make_spec,
     run_sweep,
     validate_model,
     write_points,
 )
-from recipetune.config import ConfigError, read_yaml
+from recipetune.config import ConfigError, apply_overrides, read_yaml
 from recipetune.workloads.reference import ReferenceWorkload
 
 
@@ -82,7 +81,7 @@ class ScaleSpec:
 def load_scale(path: str | Path, overrides: list[str] | None = None) -> ScaleSpec:
     """Read and check a scale file and plan every group's sweep; ConfigError on bad input."""
     path = Path(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], set(ScaleConfig.model_fields))
+    raw = apply_overrides(read_yaml(path), overrides or [], set(ScaleConfig.model_fields), "base")
     cfg = validate_model(ScaleConfig, raw, path)
     if cfg.target.loss is not None or cfg.target.reference is None:
         raise ConfigError(path, "target", "a scale study sets its target per group: use target.reference, not loss")

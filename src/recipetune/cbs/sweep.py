@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rich.progress import Progress
 
-from recipetune.config import ConfigError, check_recipe, read_yaml, resolve_paths
+from recipetune.config import ConfigError, apply_overrides, check_recipe, read_yaml, resolve_paths
 from recipetune.measure import RunResult
 from recipetune.recipe import KnobError, Recipe, Scalar
 from recipetune.workloads.reference import ReferenceWorkload
@@ -263,29 +263,6 @@ class SweepSpec:
             ]
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str], fields: set[str]) -> dict[str, Any]:
-    """`lr.values=[0.001]` sets a field; a bare knob name (`seq_len=64`) sets a knob of `base`."""
-    for text in overrides:
-        key, sep, value_text = text.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError("command line", text, "an override must look like key=value")
-        try:
-            value = yaml.safe_load(value_text) if value_text.strip() else ""
-        except yaml.YAMLError:
-            value = value_text
-        path = key.strip().split(".")
-        if path[0] not in fields:
-            path = ["base", *path]
-        node = raw
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError("command line", text, f"'{part}' is not a section")
-            node = child
-        node[path[-1]] = value
-    return raw
-
-
 def validate_model(cls: type[M], raw: dict[str, Any], path: Path) -> M:
     try:
         return cls.model_validate(raw)
@@ -323,7 +300,7 @@ def make_spec(path: Path, config: SweepConfig, workload: ReferenceWorkload, labe
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
     """Read, check and plan a sweep file; raise ConfigError (naming file and field) on bad input."""
     path = Path(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], set(SweepConfig.model_fields))
+    raw = apply_overrides(read_yaml(path), overrides or [], set(SweepConfig.model_fields), "base")
     return make_spec(path, validate_model(SweepConfig, raw, path), ReferenceWorkload())
 
 
