@@ -21,7 +21,9 @@ from recipetune.workloads.base import Workload
 @dataclass(frozen=True)
 class Violation:
     knob: str  # the knob (or invariant name) at fault
-    rule: str  # "unknown-knob", "out-of-domain", "invariant", "semantic-not-allowed", "recipe-check", "relation"
+    # "unknown-knob", "out-of-domain", "invariant", "semantic-not-allowed", "recipe-check", "relation";
+    # a campaign adds "above-critical-batch-size" (recipetune.search.semantic)
+    rule: str
     message: str  # a sentence a user understands
 
     def __str__(self) -> str:

@@ -20,7 +20,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from recipetune.execute.executor import Executor, LocalExecutor
 from recipetune.measure import RunResult
 from recipetune.recipe import INVARIANT, SEMANTIC, KnobError, Recipe, SearchSpace
 from recipetune.search.proposers import PlaybookError, Proposal, Proposer, SearchContext, make_proposer
+from recipetune.search.semantic import BatchRule, batch_rule
 from recipetune.search.strategies import OptunaStrategy, make_sampler
 from recipetune.search.tree import Node, Tree, reward
 from recipetune.store import CampaignStore, TrialRecord, distributions
@@ -101,6 +102,7 @@ class Plan:
     proposer: Proposer | None
     meta: dict[str, Any]
     store: CampaignStore
+    batch: BatchRule | None = None  # the global batch may change, up to a measured CBS
 
 
 def check_space(campaign: Campaign) -> SearchSpace:
@@ -124,13 +126,14 @@ def check_space(campaign: Campaign) -> SearchSpace:
     return space
 
 
-def campaign_meta(campaign: Campaign, space: SearchSpace) -> dict[str, Any]:
+def campaign_meta(campaign: Campaign, space: SearchSpace, batch: BatchRule | None = None) -> dict[str, Any]:
     cfg = campaign.config.search
     return {
         "file": str(campaign.path.resolve()), "workload": campaign.workload.kind,
         "baseline": dict(campaign.baseline), "baseline_id": campaign.baseline.id,
         "space": {n: list(v) for n, v in space.values.items()}, "allow_semantic": sorted(cfg.allow_semantic),
         "strategy": cfg.strategy, "steps_per_trial": cfg.steps_per_trial,
+        "global_batch": batch.meta() if batch is not None else None,
     }
 
 
@@ -138,6 +141,7 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
     """Check the campaign and its folder; raise ConfigError (exit 2) before anything is written."""
     cfg, path = campaign.config.search, campaign.path
     space = check_space(campaign)
+    batch = batch_rule(campaign)
     proposer = None
     if cfg.strategy == "mcts":
         playbook = cfg.playbook
@@ -149,7 +153,7 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
             raise ConfigError(e.file, e.field, e.message) from None
         except ValueError as e:
             raise ConfigError(path, f"search.{'llm' if cfg.proposer == 'llm' else 'proposer'}", str(e)) from None
-    meta = campaign_meta(campaign, space)
+    meta = campaign_meta(campaign, space, batch)
     found = CampaignStore(folder, cfg.storage).exists()
     if resume and not found:
         raise ConfigError(folder, "--resume", "no campaign to resume in this folder")
@@ -159,14 +163,14 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
     n_done = 0
     if resume:
         old_meta, n_done = CampaignStore(folder, cfg.storage).peek()
-        for key in ("baseline_id", "space", "strategy", "steps_per_trial", "allow_semantic"):
+        for key in ("baseline_id", "space", "strategy", "steps_per_trial", "allow_semantic", "global_batch"):
             if old_meta.get(key) != meta[key]:
                 raise ConfigError(path, key.replace("_id", ""),
                                   f"differs from the campaign being resumed in {folder} "
                                   f"(was {json.dumps(old_meta.get(key))}); resume with the same file and overrides")
     # A resumed campaign draws afresh: a sampler re-seeded identically would replay its first picks.
     sampler = make_sampler(cfg.strategy, space, campaign.baseline, cfg.seed + n_done)
-    return Plan(campaign, folder, resume, space, proposer, meta, CampaignStore(folder, cfg.storage, sampler))
+    return Plan(campaign, folder, resume, space, proposer, meta, CampaignStore(folder, cfg.storage, sampler), batch)
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -203,6 +207,7 @@ class Search:
         self.campaign, self.store, self.cfg = p.campaign, p.store, p.campaign.config.search
         self.workload, self.baseline = p.campaign.workload, p.campaign.baseline
         self.settings = p.campaign.config.guard
+        self.batch = p.batch
         self.dists = distributions(p.space, self.baseline)
         self.profile: Any = None
         self.tree: Tree | None = None
@@ -253,6 +258,10 @@ class Search:
         self.rebuild(store.records())
         self.reporter.phase(f"baseline {self.baseline.id}: {self.profile.tokens_per_s:,.0f} tokens/s per device, "
                             f"noise {100 * self.profile.throughput_noise:.1f}%")
+        if self.batch is not None:
+            b = self.batch
+            self.reporter.phase(f"{b.knob} may change up to {b.bound} ({b.source}); {b.lr_knob} follows it "
+                                f"({b.scaling}); loss is judged at equal tokens")
         self.started = time.monotonic()  # the wall-time budget is search time: the baseline profile is apart
         return self.tree
 
@@ -291,15 +300,26 @@ class Search:
 
     # one trial -------------------------------------------------------------------------------
 
-    def evaluate(self, recipe: Recipe, parent: Node, proposal: Proposal, trial: Any = None) -> Node:
+    def couple(self, recipe: Recipe) -> tuple[Recipe, str]:
+        """The learning rate follows an allowed change of the global batch; the note says what was set."""
+        return self.batch.couple(recipe) if self.batch is not None else (recipe, "")
+
+    def allowed(self, recipe: Recipe) -> list[str]:
+        """Semantic knobs ``recipe`` may change: the campaign's, plus a learning rate coupled to the batch."""
+        return self.batch.allow(recipe, self.cfg.allow_semantic) if self.batch is not None else self.cfg.allow_semantic
+
+    def evaluate(self, recipe: Recipe, parent: Node, proposal: Proposal, trial: Any = None, coupled: str = "") -> Node:
         """Static check, run, screen, reward, store: one proposal becomes one node."""
         tree, store = self.tree, self.store
         assert tree is not None
+        if coupled:
+            proposal = replace(proposal, rationale=f"{proposal.rationale} [{coupled}]")
         attrs = {"parent": parent.id, "proposer": proposal.source, "rationale": proposal.rationale,
-                 "edits": proposal.edits}
+                 "edits": proposal.edits, **({"coupled": coupled} if coupled else {})}
         change = recipe.describe_diff(self.baseline)
-        violations = self.guard.static_check(self.workload, self.baseline, recipe,
-                                             allow_semantic=self.cfg.allow_semantic)
+        violations = [*(self.batch.violations(recipe) if self.batch is not None else []),
+                      *self.guard.static_check(self.workload, self.baseline, recipe,
+                                               allow_semantic=self.allowed(recipe))]
         number = store.begin(recipe, self.dists, attrs, trial)
         key = str(number)
         if violations:
@@ -312,12 +332,14 @@ class Search:
             return tree.add(recipe, parent, "rejected", None, cause=cause, rationale=proposal.rationale,
                             source=proposal.source, trial=number)
 
+        steps = self.cfg.steps_per_trial
+        if self.batch is not None:  # another batch trains the profile's tokens, to be judged at equal tokens
+            steps = self.batch.trial_steps(recipe, steps, getattr(self.profile, "steps", steps))
         run_dir = store.run_dir(number, recipe)
-        store.set_running(number, {"run_dir": str(run_dir), "ran": True})
+        store.set_running(number, {"run_dir": str(run_dir), "ran": True, "steps": steps})
         self.reporter.row(Row(key, number, change, "running", rationale=proposal.rationale, source=proposal.source))
         self.runs += 1
         screening, result = None, None
-        steps = self.cfg.steps_per_trial
         try:
             result = self.executor.submit(
                 self.workload, recipe, steps, run_dir, self.campaign.config.run.timeout_s,
@@ -370,16 +392,16 @@ class Search:
             self.record_rejections(context)
             # Proposers skip what was tried; this holds for any proposer, so a node can only be
             # selected again if it produced something new.
-            proposals = [p for p in proposals if node.recipe.with_(**p.edits) not in tree]
+            proposals = [p for p in proposals if self.couple(node.recipe.with_(**p.edits))[0] not in tree]
             if not proposals:
                 node.exhausted = True
                 continue
             for proposal in proposals:
                 if not self.budget_left():
                     return
-                recipe = node.recipe.with_(**proposal.edits)
+                recipe, coupled = self.couple(node.recipe.with_(**proposal.edits))
                 if recipe not in tree:  # two proposals of one round may coincide
-                    self.evaluate(recipe, node, proposal)
+                    self.evaluate(recipe, node, proposal, coupled=coupled)
 
     def optuna(self) -> None:
         tree = self.tree
@@ -393,6 +415,7 @@ class Search:
             trial, recipe = strategy.ask()
             edits = {n: new for n, (_, new) in recipe.diff(self.baseline).items()}
             proposal = Proposal(edits, f"{self.cfg.strategy} sampler", self.cfg.strategy)
+            recipe, coupled = self.couple(recipe)
             if recipe in tree:
                 # The sampler must hear the outcome to move on; the recipe is not run again.
                 repeats += 1
@@ -405,7 +428,7 @@ class Search:
                                   {"status": "duplicate", "ran": False, "cause": f"same recipe as {same}"})
                 continue
             repeats = 0
-            self.evaluate(recipe, tree.root, proposal, trial)
+            self.evaluate(recipe, tree.root, proposal, trial, coupled)
 
     def record_rejections(self, context: SearchContext) -> None:
         for i, rej in enumerate(context.drain()):
@@ -433,7 +456,7 @@ class Search:
                                     f"(screened {n.speedup:.2f}x)")
                 verdict = self.guard.final_verdict(
                     self.workload, self.baseline, n.recipe, self.settings, store.folder / "final" / n.id,
-                    allow_semantic=self.cfg.allow_semantic, profile=self.profile, progress=self.reporter.phase,
+                    allow_semantic=self.allowed(n.recipe), profile=self.profile, progress=self.reporter.phase,
                 )
             verdicts.append((n, verdict))
             saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.speedup,

@@ -27,11 +27,30 @@ class LLMSettings(BaseModel):
     temperature: float = Field(0.2, ge=0.0, le=2.0)
 
 
+class GlobalBatch(BaseModel):
+    """Opt-in to searching the global batch: bounded by a measured critical batch size, the LR following it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cbs_summary: str | None = Field(
+        None, description="summary.json of `recipetune cbs fit|sweep|scale` (relative to the campaign file)"
+    )
+    group: str | None = Field(None, description="the summary's group label, when it holds several")
+    conservative: bool = Field(True, description="bound by the lower end of B*'s 95% interval; false: B* itself")
+    max: int | None = Field(None, ge=1, description="the bound itself (the knob's unit); wins over cbs_summary")
+    lr_scaling: Literal["sqrt", "linear", "none"] = Field(
+        "sqrt", description="lr = baseline lr x k^p for a batch k times the baseline's: p = 1/2, 1 or 0"
+    )
+    knob: str = Field("global_batch_size", description="the workload's global-batch knob (sequences per step)")
+    lr_knob: str = Field("lr", description="the workload's learning-rate knob")
+
+
 class SearchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     knobs: dict[str, list[bool | int | float | str]] = Field(default_factory=dict)
     allow_semantic: list[str] = Field(default_factory=list)
+    global_batch: GlobalBatch | None = Field(None, description="needed to list the global batch in allow_semantic")
     strategy: Literal["mcts", "tpe", "random", "grid"] = "mcts"
     proposer: Literal["analyst", "random", "llm"] = "analyst"
     budget: Budget = Budget()
