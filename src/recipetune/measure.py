@@ -195,8 +195,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def measure_cpu_peak_flops(dtype: str = "fp32", threads: int | None = None, size: int = 1024) -> float:
-    """Best-of-N matmul rate at the current thread count: the most this CPU delivers to PyTorch."""
+PROBE_SIZE = 2048  # large enough that the matmul, not its overhead, is timed
+
+
+def measure_cpu_peak_flops(dtype: str = "fp32", size: int = PROBE_SIZE) -> float:
+    """Best-of-N matmul rate at the current thread count: the most this CPU delivers to PyTorch.
+
+    Best-of, because other load only ever slows a run down; still, a probe taken on a busy machine
+    reads low and inflates MFU: delete the cache file (``peak_flops.json``) to measure again.
+    """
     import torch
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
@@ -205,11 +212,10 @@ def measure_cpu_peak_flops(dtype: str = "fp32", threads: int | None = None, size
     for _ in range(2):
         a @ b
     best = math.inf
-    for _ in range(5):
+    for _ in range(8):
         t0 = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        best = min(best, (time.perf_counter() - t0) / 4)
+        a @ b
+        best = min(best, time.perf_counter() - t0)
     return 2 * size**3 / best
 
 
@@ -221,7 +227,7 @@ def peak_flops(device_type: str, device_name: str, dtype: str, threads: int) -> 
         return None
     import torch
 
-    key = f"{cpu_model()}|torch {torch.__version__}|{dtype}|threads {threads}"
+    key = f"{cpu_model()}|torch {torch.__version__}|{dtype}|threads {threads}|matmul {PROBE_SIZE}"
     path = cache_dir() / "peak_flops.json"
     try:
         cached = json.loads(path.read_text())
