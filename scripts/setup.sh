@@ -11,5 +11,5 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[dev]"
 if [ "${1:-}" != "--no-run" ]; then
-  .venv/bin/recipetune run examples/tiny.yaml
+  .venv/bin/recipetune run examples/tiny.yaml micro_batch_size=16
 fi
