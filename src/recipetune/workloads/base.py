@@ -79,7 +79,7 @@ class Workload(ABC):
         return self.knobs().resolve(values)
 
 
-def classify(outcome: ProcessOutcome, out_dir: Path, steps_expected: int) -> tuple[str, str]:
+def classify(outcome: ProcessOutcome, out_dir: Path) -> tuple[str, str]:
     """Status and cause of a finished process: its status file first, then its exit code."""
     status_file = out_dir / "status.json"
     if outcome.timed_out:
@@ -114,7 +114,7 @@ def build_result(
     ``metrics_path`` when the caller parsed them itself (e.g. from log lines); ``steps_done``
     replaces their count when they sample the run (a trainer logging every 10th step).
     """
-    status, cause = classify(outcome, out_dir, steps_expected)
+    status, cause = classify(outcome, out_dir)
     records, evals = parsed if parsed is not None else read_metrics_stream(metrics_path)
     done = len(records) if steps_done is None else steps_done
     bad_step = first_nonfinite_step(records)
