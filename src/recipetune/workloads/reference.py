@@ -10,6 +10,7 @@ from recipetune.execute.local import run_process
 from recipetune.measure import RunResult
 from recipetune.recipe import KnobSet, Recipe
 from recipetune.trainer.knobs import check_recipe, reference_knobs
+from recipetune.trainer.layout import LAYOUT_RELATION
 from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
 
 
@@ -31,6 +32,7 @@ class ReferenceWorkload(Workload):
             Invariant("sample order", "seed"),
             Invariant("model", "model"),
             Invariant("data", "data"),
+            Invariant("parallel layout", LAYOUT_RELATION, kind="holds"),
         ]
 
     def check(self, recipe: Recipe) -> list[str]:
