@@ -145,3 +145,26 @@ def test_float8_is_refused_clearly_without_torchao_or_gpu():
     problems = check_recipe(resolve(float8="tensorwise"))
     assert len(problems) == 1 and "float8='tensorwise'" in problems[0]
     assert "torchao" in problems[0] or "GPU" in problems[0]
+
+
+def test_playbook_rules_for_the_layout_knobs():
+    from recipetune.search.proposers import AnalystProposer, load_playbook
+
+    analyst = AnalystProposer(load_playbook())
+    recipe = resolve(nproc=4, dp_shard=2, tp=2, micro_batch_size=4)
+    common = dict(recipe, n_devices=4, device="cuda", accum_steps=1, data_share=0.0, optim_share=0.0)
+
+    def fired(**facts) -> set[str]:
+        return {rule.name for rule in analyst.fired({**common, **facts})}
+
+    memory_bound = fired(mem_headroom=0.02, mfu=0.4, compute_share=0.5)
+    assert {"shard-more", "sequence-parallel", "checkpoint-activations"} <= memory_bound
+    assert not {"less-tensor-parallel", "keep-gathered-parameters"} & memory_bound
+    assert "reshard-after-forward" in fired(mem_headroom=0.02, mfu=0.4, compute_share=0.5,
+                                            reshard_after_forward=False)
+    communication_bound = fired(mem_headroom=0.6, mfu=0.1, compute_share=0.5)
+    assert {"less-tensor-parallel", "keep-gathered-parameters"} <= communication_bound
+    assert "shard-more" not in communication_bound
+    compute_bound = fired(mem_headroom=0.4, mfu=0.5, compute_share=0.9)
+    assert "compile-regional" in compute_bound and "less-tensor-parallel" not in compute_bound
+    assert "compile-model" in fired(mem_headroom=0.4, mfu=0.5, compute_share=0.9, compile="regional")

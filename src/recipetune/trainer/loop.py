@@ -108,6 +108,13 @@ def make_optimizer(model: torch.nn.Module, r: dict[str, Any]) -> torch.optim.Ada
     )
 
 
+def compute_dtype(r: dict[str, Any]) -> str:
+    """The dtype the matmuls run in, whose peak MFU is measured against (autocast or FSDP's policy)."""
+    if r["dtype"] != "fp32":
+        return r["dtype"]
+    return "bf16" if r["fsdp_param_dtype"] == "bf16" or r["float8"] != "none" else "fp32"
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -201,7 +208,7 @@ def train(
             "device": str(d.device),
             "device_name": device_name,
             "flops_per_token": flops_per_token(cfg, r["seq_len"]),
-            "peak_flops_per_device": peak_flops(d.device.type, device_name, r["dtype"], torch.get_num_threads()),
+            "peak_flops_per_device": peak_flops(d.device.type, device_name, compute_dtype(r), torch.get_num_threads()),
             "params": raw_model.num_params(),
             "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint, "vocab_size": corpus.vocab_size},
             "accumulation_steps": n_micro,
