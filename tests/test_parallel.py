@@ -79,6 +79,7 @@ def resolve(**knobs) -> dict:
     (dict(fsdp_param_dtype="bf16", nproc=2), "no effect without FSDP"),
     (dict(nproc=2, dp_shard=2, dtype="fp16"), "dtype=fp16"),
     (dict(nproc=2, tp=2, noise_scale=True), "noise_scale"),
+    (dict(nproc=2, dp_shard=2, compile="model"), "use compile='regional'"),
     (dict(nproc=2, tp=2, global_batch_size=12, micro_batch_size=8), "per-process batch 12"),
 ])
 def test_bad_layouts_are_named(knobs, expected):

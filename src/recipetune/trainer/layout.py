@@ -85,6 +85,9 @@ def check_layout(recipe: dict[str, Any], n_head: int | None = None, n_kv_head: i
         # These paths use plain-tensor collectives or a gradient scaler that DTensor parameters do not support.
         if recipe.get("dtype") == "fp16":
             problems.append("dtype=fp16 (gradient scaler) is not supported with dp_shard > 1 or tp > 1; use bf16")
+        if recipe.get("compile") == "model":
+            problems.append("compile='model' is not combined with dp_shard > 1 or tp > 1: use compile='regional' "
+                            "(per-block compilation composes with FSDP2's and TP's per-block hooks)")
         if recipe.get("noise_scale"):
             problems.append("noise_scale=true is only measured under DDP; it needs dp_shard=1 and tp=1")
     problems += check_float8(recipe)

@@ -336,6 +336,10 @@ def train(
     if metrics:
         metrics.close()
     if d.world > 1:
+        # Leave together, and free DDP's reducer (which holds the gloo group) before the group goes:
+        # a gloo group destroyed from the reducer's destructor can deadlock on the GIL at exit.
+        dist.barrier()
+        del model
         dist.destroy_process_group()
     return last_step - start_step
 
