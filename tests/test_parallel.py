@@ -80,6 +80,7 @@ def resolve(**knobs) -> dict:
     (dict(nproc=2, dp_shard=2, dtype="fp16"), "dtype=fp16"),
     (dict(nproc=2, tp=2, noise_scale=True), "noise_scale"),
     (dict(nproc=2, dp_shard=2, compile="model"), "use compile='regional'"),
+    (dict(nproc=2, tp=2, compile="regional"), "compile='none' with tensor parallelism"),
     (dict(nproc=2, tp=2, global_batch_size=12, micro_batch_size=8), "per-process batch 12"),
 ])
 def test_bad_layouts_are_named(knobs, expected):

@@ -88,6 +88,9 @@ def check_layout(recipe: dict[str, Any], n_head: int | None = None, n_kv_head: i
         if recipe.get("compile") == "model":
             problems.append("compile='model' is not combined with dp_shard > 1 or tp > 1: use compile='regional' "
                             "(per-block compilation composes with FSDP2's and TP's per-block hooks)")
+        if tp > 1 and recipe.get("compile", "none") != "none":
+            problems.append(f"compile={recipe['compile']!r} with tp={tp}: compiled blocks break DTensor's backward "
+                            "here (torch 2.13); use compile='none' with tensor parallelism")
         if recipe.get("noise_scale"):
             problems.append("noise_scale=true is only measured under DDP; it needs dp_shard=1 and tp=1")
     problems += check_float8(recipe)
