@@ -27,7 +27,7 @@ SHAPES = {  # per preset: sequence length, global batch, micro-batch (per data-p
 
 def layouts(nproc: int) -> dict[str, dict]:
     return {
-        f"1 process, {nproc} threads (reference)": {"nproc": 1, "num_threads": nproc},
+        "1 process (reference)": {"nproc": 1},
         f"DDP x{nproc}": {"nproc": nproc},
         f"FSDP2 x{nproc}": {"nproc": nproc, "dp_shard": nproc},
         f"FSDP2 x{nproc}, no reshard": {"nproc": nproc, "dp_shard": nproc, "reshard_after_forward": False},

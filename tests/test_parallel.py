@@ -170,3 +170,16 @@ def test_playbook_rules_for_the_layout_knobs():
     compute_bound = fired(mem_headroom=0.4, mfu=0.5, compute_share=0.9)
     assert "compile-regional" in compute_bound and "less-tensor-parallel" not in compute_bound
     assert "compile-model" in fired(mem_headroom=0.4, mfu=0.5, compute_share=0.9, compile="regional")
+
+
+def test_layout_campaign_example_refuses_broken_layouts_statically():
+    from pathlib import Path
+
+    from recipetune.config import load_campaign
+    from recipetune.guard.static import static_check
+
+    c = load_campaign(Path(__file__).resolve().parents[1] / "examples" / "layouts-campaign.yaml")
+    assert static_check(c.workload, c.baseline, c.baseline.with_(dp_shard=2)) == []
+    assert static_check(c.workload, c.baseline, c.baseline.with_(tp=2, sequence_parallel=True)) == []
+    (broken,) = static_check(c.workload, c.baseline, c.baseline.with_(dp_shard=2, tp=2))
+    assert broken.rule == "relation" and broken.knob == "parallel layout"
