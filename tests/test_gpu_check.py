@@ -35,13 +35,16 @@ def test_without_a_gpu_it_fails_fast_and_runs_nothing(tmp_path):
 
 
 def test_report_collects_the_figures(tmp_path):
-    # A real (CPU) run stands in for the GPU run; the report reads the same files.
-    from recipetune.workloads.reference import ReferenceWorkload
+    # The files a GPU run leaves (result.json, run.json), written here from a made-up 6-step run.
+    from recipetune.measure import RunResult, StepRecord
 
     out = tmp_path / "check"
-    w = ReferenceWorkload()
-    w.run(w.resolve({"model": "nano", "seq_len": 32, "global_batch_size": 8, "micro_batch_size": 8,
-                     "num_threads": 1, "eval_batches": 1}), 4, out / "run")
+    (out / "run").mkdir(parents=True)
+    steps = [StepRecord(step=i, loss=5.0 - 0.1 * i, tokens=32768, step_time_s=0.2, peak_mem_bytes=2**33)
+             for i in range(1, 7)]
+    RunResult(recipe={"model": "gpt2-124m"}, recipe_id="r", status="ok", steps=steps, warmup_steps=2,
+              flops_per_token=5e8, peak_flops_per_device=989e12).save(out / "run" / "result.json")
+    (out / "run" / "run.json").write_text(json.dumps({"device_name": "NVIDIA H200", "params": 85_000_000}))
     (out / "tune").mkdir()
     (out / "tune" / "verdict.json").write_text(json.dumps({"decision": "KEEP BASELINE", "change": "(baseline)",
                                                            "runs": 3, "verdict": None}))
@@ -51,8 +54,9 @@ def test_report_collects_the_figures(tmp_path):
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "GPU_CHECK_RESULTS": str(tmp_path / "results")})
     assert res.returncode == 0, res.stderr
-    (figures,) = (tmp_path / "results").glob("gpu_check-*-cpu.json")
+    (figures,) = (tmp_path / "results").glob("gpu_check-*-NVIDIA-H200.json")
     data = json.loads(figures.read_text())
-    assert data["run"]["status"] == "ok" and data["run"]["tokens_per_s"] > 0
+    assert data["run"]["status"] == "ok" and data["run"]["tokens_per_s"] == 163840  # 32768 / 0.2
+    assert data["run"]["mfu"] == pytest.approx(163840 * 5e8 / 989e12)
     assert data["tune"]["decision"] == "KEEP BASELINE"
     assert "tokens/s" in figures.with_suffix(".md").read_text()
