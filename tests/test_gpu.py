@@ -56,7 +56,7 @@ def test_activation_checkpointing_lowers_peak_memory(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL layouts need >= 2 GPUs")
 def test_nccl_layouts_match_one_gpu(tmp_path):
     single = run(tmp_path, "single", steps=6, micro_batch_size=8)
-    for name, knobs in {"ddp": dict(nproc=2, micro_batch_size=8), "fsdp": dict(nproc=2, dp_shard=2),
+    for name, knobs in {"ddp": dict(nproc=2, micro_batch_size=8), "fsdp": dict(nproc=2, dp_shard=2, micro_batch_size=8),
                         "tp-sp": dict(nproc=2, tp=2, sequence_parallel=True)}.items():
         result = run(tmp_path, name, steps=6, **knobs)
         assert result.losses() == pytest.approx(single.losses(), rel=2e-3), name
