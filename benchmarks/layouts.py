@@ -69,7 +69,8 @@ def main() -> None:
                     results[name].append(r)
                     print(f"  {preset} {name} #{rep}: {r.summary().tokens_per_s:,.0f} tokens/s", flush=True)
             tables.append(table(preset, seq, gbs, results, args.nproc))
-        env = r.environment
+            print("\n" + tables[-1] + "\n", flush=True)  # as soon as a preset is done
+    env = r.environment
     print(f"\n{started}: {env.get('cpu')} ({env.get('cpu_count')} cores, shared), torch {env.get('torch')}, "
           f"{args.steps} steps ({r.warmup_steps} warm-up excluded), median of {args.repeats} rotations, "
           "1 thread per process\n")
