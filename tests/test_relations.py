@@ -194,10 +194,12 @@ def test_meaning_values_map_onto_the_playbook(tmp_path):
     doc = yaml.safe_load(path.read_text())
     doc["workload"]["knobs"]["precision"] = {"default": "float32", "choices": ["float32", "bfloat16"],
                                              "means": "dtype"}
+    doc["workload"]["knobs"]["compile"] = {"default": False, "means": "compile"}  # named like the fact
     doc["search"]["knobs"]["precision"] = ["float32", "bfloat16"]
     path.write_text(yaml.safe_dump(doc))
     ctx = context_for(path)
-    assert profile_facts(ctx.tree.root, ctx)["dtype"] == "fp32"
+    facts = profile_facts(ctx.tree.root, ctx)
+    assert facts["dtype"] == "fp32" and facts["compile"] == "off"
     proposals = AnalystProposer(load_playbook()).propose(ctx.tree.root, ctx, 8)
     assert {"precision": "bfloat16"} in [p.edits for p in proposals]  # bf16-on-cpu, in the trainer's spelling
 

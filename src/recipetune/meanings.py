@@ -94,11 +94,13 @@ class Glossary:
         self.knob_of: dict[str, str] = {}  # fact name -> knob name
         self.word_of: dict[str, str] = {}  # knob name -> meaning word
         for knob in knobs.values():
-            if knob.means and knob.name not in self.word_of:
-                fact = VOCABULARY[knob.means].fact
-                if fact not in knobs:  # a knob already named like the fact is that fact
-                    self.knob_of.setdefault(fact, knob.name)
-                    self.word_of[knob.name] = knob.means
+            if not knob.means:
+                continue
+            fact = VOCABULARY[knob.means].fact
+            if fact in knobs and fact != knob.name:
+                continue  # another knob is already named like the fact: that one is it
+            self.knob_of.setdefault(fact, knob.name)
+            self.word_of[knob.name] = knob.means
 
     def knob(self, name: str) -> str:
         """The workload's knob for a playbook name (itself when the workload has no meaning for it)."""

@@ -286,18 +286,9 @@ class CommandWorkload(Workload):
         return list(self._invariants)
 
     def check(self, recipe: Recipe) -> list[str]:
-        problems = []
-        for inv in self._invariants:
-            if inv.kind != "holds":
-                continue
-            try:
-                ok = bool(expr.evaluate(inv.expr, recipe))
-            except (expr.ExprError, TypeError) as e:
-                problems.append(f"invariant '{inv.expr}' cannot be evaluated: {e}")
-                continue
-            if not ok:
-                used = ", ".join(f"{n}={json.dumps(recipe[n])}" for n in sorted(expr.names(inv.expr)))
-                problems.append(f"invariant '{inv.expr}' does not hold ({used})")
+        # Relations and derived knobs: recipetune.relations, the one place that evaluates them.
+        problems = [f"invariant {p.message}" if p.rule == "relation" else f"{p.knob} {p.message}"
+                    for p in self.relations().problems(recipe)]
         try:
             if self.n_devices(recipe) < 1:
                 problems.append(f"devices '{self.spec.devices}' must be at least 1")
