@@ -78,6 +78,23 @@ def run_process(
     return ProcessOutcome(None if timed_out else proc.returncode, timed_out, wall, tail(stderr_path))
 
 
+def kill_orphans(run_dir: str | None) -> None:
+    """A runner killed with SIGKILL (a campaign, a Ray worker) leaves its trainer behind: it would
+    steal the hardware from every later measurement. Kill processes whose command line names that
+    run's folder (this machine only)."""
+    if not run_dir or not Path("/proc").is_dir():
+        return
+    needle = run_dir.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)

@@ -27,10 +27,14 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
         pass
 
 
-def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int) -> optuna.samplers.BaseSampler:
-    """The sampler of ``strategy``; ``seed`` should differ per session so a resume draws afresh."""
+def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
+                 parallel: int = 1) -> optuna.samplers.BaseSampler:
+    """The sampler of ``strategy``; ``seed`` should differ per session so a resume draws afresh.
+    With trials in flight at once, TPE uses its constant liar: a running trial counts as a poor
+    result, so the next draw looks elsewhere (Optuna's own batch mechanism)."""
     if strategy == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)))
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)),
+                                          constant_liar=parallel > 1)
     if strategy == "grid":
         grid = {n: list(d.choices) for n, d in distributions(space, baseline).items()}  # type: ignore[attr-defined]
         return AskTellGridSampler(grid, seed=seed)
