@@ -189,20 +189,21 @@ class CampaignStore:
     def records(self) -> list[TrialRecord]:
         return [_record(t) for t in self.study.get_trials(deepcopy=False)]
 
-    def fail_interrupted(self, mine_only: bool = False) -> list[TrialRecord]:
+    def fail_interrupted(self, mine: bool = True, gone: bool = True) -> list[TrialRecord]:
         """Mark trials left RUNNING by a stopped driver as failed; their recipes may run again.
 
-        ``mine_only``: this process's trials (a Ctrl-C). Otherwise also those of a driver that is
-        gone: a dead process on this host, no driver recorded, or no heartbeat for too long.
+        ``mine``: this process's trials (a Ctrl-C, a resume in the same process). ``gone``: those
+        of a driver that is gone: a dead process on this host, no driver recorded, or no heartbeat
+        for twice ``heartbeat_s`` (another host). A live driver's trials are left alone.
         """
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
             driver = t.user_attrs.get("driver")
-            if driver == DRIVER or (not mine_only and not _alive(driver)):
+            if (mine and driver == DRIVER) or (gone and driver != DRIVER and not _alive(driver)):
                 rec = self._interrupted(t._trial_id, INTERRUPTED)
                 if rec is not None:
                     out.append(rec)
-        if not mine_only:
+        if gone:
             out += self.fail_stale()
         return out
 

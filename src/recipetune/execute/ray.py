@@ -117,6 +117,7 @@ def _note_attempt(out_dir: Path) -> int:
         kill_orphans(str(out_dir))
     with log.open("a") as f:
         f.write(json.dumps({"attempt": previous + 1, "node": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                            "placement_group": ray.get_runtime_context().get_placement_group_id(),
                             "time": time.time()}) + "\n")
     return previous + 1
 

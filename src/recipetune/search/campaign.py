@@ -399,6 +399,7 @@ class Search:
                 status, cause = "failed", f"{result.status}: {result.cause}"
         except TrialLost as e:  # its worker or node died on every attempt: recorded, the campaign goes on
             status, cause, lost = "failed", f"lost: {e}", True
+            _kill_orphans(str(run_dir))  # torchrun's children, if the trial ran on this machine
         except Exception as e:  # a broken trial must not end the campaign; the record says what broke
             status = "failed"
             cause = f"error: {type(e).__name__}: {e}"
@@ -447,9 +448,10 @@ class Search:
         if time.monotonic() - self.last_sync < min(5.0, self.execute.heartbeat_s):
             return
         self.last_sync = time.monotonic()
-        for rec in self.store.fail_stale():
-            self.reporter.phase(f"trial {rec.number}: {rec.attrs.get('cause', '')}")
-            self.elsewhere.discard(rec.attrs.get("recipe_id", ""))
+        for rec in self.store.fail_interrupted(mine=False):  # another driver died: its trials may run again
+            self.reporter.phase(f"trial {rec.number} was interrupted ({rec.attrs.get('driver', '?')} is gone); "
+                                "its recipe may run again")
+            _kill_orphans(rec.attrs.get("run_dir"))
         mine = {p.number for p in self.inflight.values()}
         others = [r for r in self.store.records() if r.number not in mine]
         assert self.tree is not None
@@ -676,7 +678,7 @@ def run(p: Plan, guard: Guard | None = None, executor: Executor | None = None,
     except KeyboardInterrupt:
         search.executor.close()  # remote runs are cancelled; their trainers are killed where they run
         if search.store.opened:
-            search.store.fail_interrupted(mine_only=True)
+            search.store.fail_interrupted(gone=False)
             search.store.set_meta("search_elapsed_s", search.elapsed())
         raise
     finally:
