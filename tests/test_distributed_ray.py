@@ -22,6 +22,7 @@ ray = pytest.importorskip("ray")
 from test_search_campaign import Recorder, fake_guard  # noqa: E402
 
 from recipetune.config import ConfigError, load_campaign  # noqa: E402
+from recipetune.execute.executor import TrialLost  # noqa: E402
 from recipetune.execute.ray import RayExecutor  # noqa: E402
 from recipetune.search import campaign as campaign_mod  # noqa: E402
 from recipetune.search.campaign import plan  # noqa: E402
@@ -95,19 +96,19 @@ def ran(store: CampaignStore) -> list:
 
 
 def test_campaign_runs_two_trials_at_once_each_on_its_own_placement(cluster, tmp_path):
-    camp = load_campaign(campaign_file(tmp_path, budget=4))
+    camp = load_campaign(campaign_file(tmp_path, budget=3))
     p = plan(camp, tmp_path / "out")
     executor = CountingRayExecutor(camp.config.execute, 1, camp.path)
     outcome = campaign_mod.run(p, guard=guard(), executor=executor, reporter=Recorder())
     store = p.store
     runs = ran(store)
-    assert outcome.runs == 4 and len(runs) == 4
-    assert len({r.attrs["recipe_id"] for r in runs}) == 4  # no recipe twice
+    assert outcome.runs == 3 and len(runs) == 3
+    assert len({r.attrs["recipe_id"] for r in runs}) == 3  # no recipe twice
     assert all(r.state in ("COMPLETE", "FAIL") for r in store.records())  # nothing left RUNNING
     assert executor.peak == 2  # the driver kept two trials in flight
     attempts = [json.loads((Path(r.attrs["run_dir"]) / "attempts.jsonl").read_text()) for r in runs]
     assert all(a["pid"] != os.getpid() for a in attempts)  # each ran in a Ray worker, not the driver
-    assert len({a["placement_group"] for a in attempts}) == 4 and all(a["placement_group"] for a in attempts)
+    assert len({a["placement_group"] for a in attempts}) == 3 and all(a["placement_group"] for a in attempts)
     for r in runs:
         a = r.attrs
         assert a["status"] in ("passed", "rejected", "failed") and a["attempts"] == 1
@@ -119,46 +120,72 @@ def test_campaign_runs_two_trials_at_once_each_on_its_own_placement(cluster, tmp
         pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())  # every placement freed
 
 
-@pytest.mark.parametrize("retries", [1, 0])
-def test_a_killed_worker_takes_its_trial_which_is_retried_or_recorded_lost(cluster, tmp_path, retries):
-    camp = load_campaign(campaign_file(tmp_path, budget=3, delay=0.15), [f"execute.retries={retries}"])
-    p = plan(camp, tmp_path / "out")
-    trials = p.store.folder / "trials"
-    killed: dict = {}
+def kill_when_training(run_dirs, killed: dict) -> threading.Thread:
+    """SIGKILL the Ray worker of the first run (of ``run_dirs()``) seen training."""
 
-    def kill_first_trial_mid_run() -> None:
+    def watch() -> None:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not killed:
-            for metrics in sorted(trials.glob("0000-*/metrics.jsonl")) if trials.exists() else []:
-                if metrics.read_text().count("\n") >= 2:  # it is training
-                    attempt = json.loads((metrics.parent / "attempts.jsonl").read_text().splitlines()[0])
+            for run_dir in run_dirs():
+                metrics = run_dir / "metrics.jsonl"
+                if metrics.exists() and metrics.read_text().count("\n") >= 2:  # it is training
+                    attempt = json.loads((run_dir / "attempts.jsonl").read_text().splitlines()[0])
                     os.kill(attempt["pid"], signal.SIGKILL)
-                    killed.update(attempt, run_dir=str(metrics.parent))
+                    killed.update(attempt, run_dir=str(run_dir))
+                    return
             time.sleep(0.02)  # polling for the run to start, not standing in for work
 
-    killer = threading.Thread(target=kill_first_trial_mid_run)
-    killer.start()
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
+
+
+def test_a_killed_worker_takes_its_trial_which_is_retried_and_the_campaign_goes_on(cluster, tmp_path):
+    camp = load_campaign(campaign_file(tmp_path, budget=2, delay=0.15))
+    p = plan(camp, tmp_path / "out")
+    killed: dict = {}
+    killer = kill_when_training(lambda: sorted((p.store.folder / "trials").glob("0000-*")), killed)
     outcome = campaign_mod.run(p, guard=guard(), executor=RayExecutor(camp.config.execute, 1, camp.path),
                                reporter=Recorder())
     killer.join()
     assert killed, "trial 0 never started"
     victim = p.store.records()[0]
     assert victim.attrs["run_dir"] == killed["run_dir"]
-    if retries:
-        assert victim.attrs["attempts"] == 2 and victim.attrs["run_status"] == "ok", victim.attrs
-        lines = (Path(killed["run_dir"]) / "metrics.jsonl").read_text()
-        assert lines.count('"loss"') == 8  # the rerun's full stream, not a mix of the two attempts
-    else:
-        assert victim.state == "FAIL" and victim.attrs["cause"].startswith("lost: ")
-        assert "1 attempt" in victim.attrs["cause"] and victim.attrs["run_status"] == "lost"
+    assert victim.attrs["attempts"] == 2 and victim.attrs["run_status"] == "ok", victim.attrs
+    lines = (Path(killed["run_dir"]) / "metrics.jsonl").read_text()
+    assert lines.count('"loss"') == 8  # the rerun's full stream, not a mix of the two attempts
     # The campaign went on: the whole budget ran, nothing is left RUNNING, and a decision was made.
-    assert outcome.runs == 3 and len(ran(p.store)) == 3
+    assert outcome.runs == 2 and len(ran(p.store)) == 2
     assert all(r.state in ("COMPLETE", "FAIL") for r in p.store.records())
     assert (p.store.folder / "verdict.json").exists()
-    # The killed worker's trainer did not outlive it.
-    needle = killed["run_dir"].encode()
-    alive = [d for d in Path("/proc").iterdir() if d.name.isdigit() and needle in _cmdline(d)]
-    assert not alive
+    assert not running_in(killed["run_dir"])  # the killed worker's trainer did not outlive it
+
+
+def test_without_retries_a_killed_run_is_lost_with_its_cause(cluster, tmp_path):
+    camp = load_campaign(campaign_file(tmp_path, budget=1, delay=0.15), ["execute.retries=0"])
+    executor = RayExecutor(camp.config.execute, 1, camp.path)
+    run_dir = tmp_path / "run"
+    killed: dict = {}
+    killer = kill_when_training(lambda: [run_dir], killed)
+    future = executor.submit(camp.workload, camp.baseline, 8, run_dir, 60)
+    with pytest.raises(TrialLost, match=r"after 1 attempt\(s\)") as lost:
+        future.result(timeout=90)
+    killer.join()
+    assert killed and "WorkerCrashedError" in str(lost.value), lost.value
+    assert not running_in(str(run_dir))  # the trainer died with its worker
+
+
+def running_in(run_dir: str) -> list[Path]:
+    """Live processes whose command line names ``run_dir`` (a zombie awaiting its reaper is dead)."""
+    needle = run_dir.encode()
+    return [d for d in Path("/proc").iterdir() if d.name.isdigit() and needle in _cmdline(d) and not _zombie(d)]
+
+
+def _zombie(proc: Path) -> bool:
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def _cmdline(proc: Path) -> bytes:

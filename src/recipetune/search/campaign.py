@@ -673,6 +673,8 @@ def run(p: Plan, guard: Guard | None = None, executor: Executor | None = None,
             search.mcts(p.proposer)
         else:
             search.optuna()
+        search.last_sync = 0.0
+        search.sync()  # other drivers' finished trials join the decision; a dead one's leave RUNNING
         search.store.set_meta("search_elapsed_s", search.elapsed())
         return search.decide()
     except KeyboardInterrupt:
