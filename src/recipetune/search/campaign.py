@@ -330,12 +330,6 @@ class Search:
         """Semantic knobs ``recipe`` may change: the campaign's, plus a learning rate coupled to the batch."""
         return self.batch.allow(recipe, self.cfg.allow_semantic) if self.batch is not None else self.cfg.allow_semantic
 
-    def evaluate(self, recipe: Recipe, parent: Node, proposal: Proposal, trial: Any = None, coupled: str = "") -> Node:
-        """Static check, run, screen, reward, store: one proposal becomes one node (sequentially)."""
-        started = self.launch(recipe, parent, proposal, trial, coupled)
-        assert started is not None, "a recipe claimed by another driver"
-        return started if isinstance(started, Node) else self.land(started)
-
     def launch(self, recipe: Recipe, parent: Node, proposal: Proposal, trial: Any = None,
                coupled: str = "") -> Node | Pending | None:
         """Claim, static check, open the trial and submit its run. A rejected proposal is a node at
@@ -538,8 +532,8 @@ class Search:
                     self.store.finish(number, value,
                                       {"status": "duplicate", "ran": False, "cause": f"same recipe as {same}"})
                     continue
-                repeats = 0
                 started = self.launch(recipe, tree.root, proposal, trial, coupled)
+                repeats = repeats + 1 if started is None else 0  # None: another driver's recipe, told as such
                 if isinstance(started, Pending):
                     self.inflight[started.future] = started
             if not self.inflight:
