@@ -46,10 +46,15 @@ from recipetune.workloads.base import ProgressFn, Workload
 T = TypeVar("T")
 
 
-def connect(address: str | None) -> None:
+def connect(address: str | None, file: str | Path = "campaign") -> None:
     """Join the cluster at ``address`` ('auto', ray://...), or start a local Ray instance."""
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        return
+    try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"at {address}" if address else "on this machine"
+        raise ConfigError(file, "--ray-address", f"cannot reach a Ray cluster {where}: {e}") from None
 
 
 def placements(resources: TrialResources, nodes: list[dict[str, float]]) -> int:
@@ -210,7 +215,7 @@ class RayExecutor:
     """Trials (and guard measurements) as Ray tasks, each in a placement group of its own."""
 
     def __init__(self, settings: ExecuteConfig, devices: int = 1, file: str | Path = "campaign"):
-        connect(settings.ray_address)
+        connect(settings.ray_address, file)
         self.settings, self.res = settings, settings.resources
         self.parallel = settings.parallel
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
