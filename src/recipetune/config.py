@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from recipetune.execute.config import ExecuteConfig
 from recipetune.guard.config import GuardConfig
 from recipetune.recipe import KnobError, Recipe
 from recipetune.search.config import SearchConfig
@@ -53,6 +54,7 @@ class CampaignConfig(BaseModel):
     run: RunSettings = RunSettings()
     search: SearchConfig = SearchConfig()
     guard: GuardConfig = GuardConfig()
+    execute: ExecuteConfig = ExecuteConfig()
 
 
 @dataclass

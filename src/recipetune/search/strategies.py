@@ -75,13 +75,16 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
 
 
 def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
-                 relations: Relations | None = None) -> optuna.samplers.BaseSampler:
+                 relations: Relations | None = None, parallel: int = 1) -> optuna.samplers.BaseSampler:
     """The sampler of ``strategy``; ``seed`` should differ per session so a resume draws afresh.
-    With ``relations``, it draws only points that keep them."""
+    With ``relations``, it draws only points that keep them. With trials in flight at once, TPE uses
+    its constant liar: a running trial counts as a poor result, so the next draw looks elsewhere
+    (Optuna's own batch mechanism)."""
     dists = distributions(space, baseline)
     sampler: optuna.samplers.BaseSampler
     if strategy == "tpe":
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)))
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)),
+                                             constant_liar=parallel > 1)
     elif strategy == "grid":
         grid = AskTellGridSampler({n: list(d.choices) for n, d in dists.items()}, seed=seed)  # type: ignore[attr-defined]
         if relations:  # the grid ids index the feasible points only
