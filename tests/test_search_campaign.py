@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from recipetune.config import Campaign, CampaignConfig, ConfigError, load_campaign
+from recipetune.execute.executor import LocalExecutor
 from recipetune.execute.local import run_process
 from recipetune.guard.baseline import GuardError
 from recipetune.measure import RunResult
@@ -319,20 +320,18 @@ def test_llm_proposer_in_a_campaign_records_rejections(tmp_path):
     assert outcome.decision in ("APPROVED", "KEEP BASELINE")
 
 
-class InterruptingExecutor:
+class InterruptingExecutor(LocalExecutor):
     """Runs trials like the local executor; raises KeyboardInterrupt during the n-th (Ctrl-C)."""
 
     def __init__(self, n: int):
         self.n, self.calls = n, 0
 
     def submit(self, workload, recipe, steps, out_dir, timeout_s, progress=None):
-        from recipetune.execute.executor import LocalExecutor
-
         self.calls += 1
         if self.calls == self.n:
             out_dir.mkdir(parents=True, exist_ok=True)
             raise KeyboardInterrupt
-        return LocalExecutor().submit(workload, recipe, steps, out_dir, timeout_s, progress)
+        return super().submit(workload, recipe, steps, out_dir, timeout_s, progress)
 
 
 def test_ctrl_c_stops_cleanly_and_resume_finishes_without_repeating(tmp_path):

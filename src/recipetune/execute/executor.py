@@ -3,20 +3,34 @@
 A throughput measurement needs the hardware to itself, so the local executor runs one trial at a
 time, in the caller's thread: Ctrl-C then reaches the wait loop of ``run_process``, which kills
 the run's whole process group before the campaign stops.
+
+``submit`` runs one trial; ``call`` runs one of the guard's measurements (the baseline profile, a
+final verdict: several runs that must see the same hardware) as a single unit on one placement.
+``parallel`` says how many trials the campaign may keep in flight; ``close`` stops what is left.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
+from recipetune.config import Campaign, ConfigError
 from recipetune.measure import RunResult
 from recipetune.recipe import Recipe
 from recipetune.workloads.base import ProgressFn, Workload
 
+T = TypeVar("T")
+
+
+class TrialLost(Exception):
+    """The process or node running a trial died (after its retries): no result exists."""
+
 
 class Executor(Protocol):
+    parallel: int
+
     def submit(
         self,
         workload: Workload,
@@ -27,9 +41,24 @@ class Executor(Protocol):
         progress: ProgressFn | None = None,
     ) -> Future[RunResult]: ...
 
+    def call(self, fn: Callable[..., T], workload: Workload, *args: Any, **kwargs: Any) -> Future[T]: ...
+
+    def close(self) -> None: ...
+
+
+def _done(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
+    future: Future[T] = Future()
+    try:
+        future.set_result(fn(*args, **kwargs))
+    except Exception as e:  # the caller sees it through the future, as with any executor
+        future.set_exception(e)
+    return future
+
 
 class LocalExecutor:
     """Runs each trial to completion before ``submit`` returns; the future is already done."""
+
+    parallel = 1
 
     def submit(
         self,
@@ -40,9 +69,25 @@ class LocalExecutor:
         timeout_s: float | None,
         progress: ProgressFn | None = None,
     ) -> Future[RunResult]:
-        future: Future[RunResult] = Future()
-        try:
-            future.set_result(workload.run(recipe, steps, out_dir, timeout_s=timeout_s, progress=progress))
-        except Exception as e:  # the caller sees it through the future, as with any executor
-            future.set_exception(e)
-        return future
+        return _done(workload.run, recipe, steps, out_dir, timeout_s=timeout_s, progress=progress)
+
+    def call(self, fn: Callable[..., T], workload: Workload, *args: Any, **kwargs: Any) -> Future[T]:
+        return _done(fn, workload, *args, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+def make_executor(campaign: Campaign) -> Executor:
+    """The executor the campaign's ``execute`` section names; bad settings are a ConfigError (exit 2)."""
+    settings = campaign.config.execute
+    if settings.executor == "local":
+        if settings.parallel > 1:
+            raise ConfigError(campaign.path, "--parallel", "the local executor runs one trial at a time: two measured "
+                              "runs on one machine would share its hardware; use --executor ray")
+        return LocalExecutor()
+    try:
+        from recipetune.execute.ray import RayExecutor
+    except ImportError:
+        raise ConfigError(campaign.path, "--executor", "ray is not installed: pip install 'recipetune[ray]'") from None
+    return RayExecutor(settings, campaign.workload.n_devices(campaign.baseline), campaign.path)

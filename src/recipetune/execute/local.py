@@ -8,6 +8,7 @@ children included).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -18,6 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _EXCLUSIVE = threading.Lock()
+PR_SET_PDEATHSIG = 1
+try:  # resolved here: the child, between fork and exec, must not load anything
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the runner that started it dies (a Ray worker
+    killed mid-run, a campaign killed with -9), so a trainer never outlives its runner."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -54,7 +67,8 @@ def run_process(
     with _EXCLUSIVE, stdout_path.open("wb") as out, stderr_path.open("wb") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(
-            list(argv), stdout=out, stderr=err, env=full_env, cwd=cwd, start_new_session=True
+            list(argv), stdout=out, stderr=err, env=full_env, cwd=cwd, start_new_session=True,
+            preexec_fn=_die_with_parent if _prctl is not None else None,
         )
         timed_out = False
         try:
@@ -76,6 +90,23 @@ def run_process(
     if on_poll:
         on_poll()
     return ProcessOutcome(None if timed_out else proc.returncode, timed_out, wall, tail(stderr_path))
+
+
+def kill_orphans(run_dir: str | None) -> None:
+    """A runner killed with SIGKILL (a campaign, a Ray worker) leaves its trainer behind: it would
+    steal the hardware from every later measurement. Kill processes whose command line names that
+    run's folder (this machine only)."""
+    if not run_dir or not Path("/proc").is_dir():
+        return
+    needle = run_dir.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shlex
-import signal
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ from typing import Any
 import yaml
 
 from recipetune.config import Campaign, ConfigError
-from recipetune.execute.executor import Executor, LocalExecutor
+from recipetune.execute.executor import Executor, TrialLost, make_executor
+from recipetune.execute.local import kill_orphans as _kill_orphans
 from recipetune.measure import RunResult
 from recipetune.recipe import INVARIANT, SEMANTIC, KnobError, Recipe, SearchSpace
 from recipetune.search.proposers import PlaybookError, Proposal, Proposer, SearchContext, make_proposer
@@ -116,6 +116,10 @@ def check_space(campaign: Campaign) -> SearchSpace:
         raise ConfigError(path, f"search.knobs.{e.knob}", str(e)) from None
     for name in space.values:
         role = knobs[name].role
+        if knobs[name].derive:
+            raise ConfigError(path, f"search.knobs.{name}",
+                              f"'{name}' is derived from '{knobs[name].derive}' and never searched; "
+                              "search the knobs it is derived from")
         if role == INVARIANT:
             raise ConfigError(path, f"search.knobs.{name}",
                               f"'{name}' defines the experiment (an invariant knob) and cannot be searched")
@@ -169,8 +173,11 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
                                   f"differs from the campaign being resumed in {folder} "
                                   f"(was {json.dumps(old_meta.get(key))}); resume with the same file and overrides")
     # A resumed campaign draws afresh: a sampler re-seeded identically would replay its first picks.
-    sampler = make_sampler(cfg.strategy, space, campaign.baseline, cfg.seed + n_done)
-    return Plan(campaign, folder, resume, space, proposer, meta, CampaignStore(folder, cfg.storage, sampler), batch)
+    parallel = campaign.config.execute.parallel
+    sampler = make_sampler(cfg.strategy, space, campaign.baseline, cfg.seed + n_done, campaign.workload.relations(),
+                           parallel)
+    store = CampaignStore(folder, cfg.storage, sampler, campaign.config.execute.heartbeat_s)
+    return Plan(campaign, folder, resume, space, proposer, meta, store, batch)
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -199,6 +206,20 @@ def _speedup_text(screening: Any) -> str:
     return "; ".join(screening.reasons) or "rejected"
 
 
+@dataclass
+class Pending:
+    """A trial whose run was submitted and has not landed yet."""
+
+    number: int
+    recipe: Recipe
+    parent: Node
+    proposal: Proposal
+    change: str
+    steps: int
+    run_dir: Path
+    future: Future[RunResult]
+
+
 class Search:
     """One session of a campaign (a fresh one or a resumed one)."""
 
@@ -207,6 +228,10 @@ class Search:
         self.campaign, self.store, self.cfg = p.campaign, p.store, p.campaign.config.search
         self.workload, self.baseline = p.campaign.workload, p.campaign.baseline
         self.settings = p.campaign.config.guard
+        self.execute = p.campaign.config.execute
+        self.inflight: dict[Future, Pending] = {}
+        self.elsewhere: set[str] = set()  # recipes other drivers on this study are running
+        self.last_sync = 0.0
         self.batch = p.batch
         self.dists = distributions(p.space, self.baseline)
         self.profile: Any = None
@@ -231,7 +256,7 @@ class Search:
         if self.p.resume:
             for rec in store.fail_interrupted():
                 self.reporter.phase(f"trial {rec.number} was interrupted; its recipe may run again")
-                _kill_orphans(rec.attrs.get("run_dir"))
+                _kill_orphans(rec.attrs.get("run_dir"))  # on this machine; a Ray retry cleans its own node
             self.elapsed_before = float(store.study.user_attrs.get("search_elapsed_s", 0.0))
         else:
             store.create(self.p.meta)
@@ -248,10 +273,11 @@ class Search:
             # shorter run is screened over the steps both have.
             steps = max(self.cfg.steps_per_trial, self.settings.parity.steps)
             self.reporter.phase(f"profiling the baseline ({steps} steps per run)")
-            self.profile = self.guard.profile_baseline(
-                self.workload, self.baseline, steps, self.settings, store.folder / "baseline",
-                progress=self.reporter.phase,
-            )
+            # On the executor: the baseline is measured on the same kind of placement as the trials.
+            self.profile = self.executor.call(
+                self.guard.profile_baseline, self.workload, self.baseline, steps, self.settings,
+                store.folder / "baseline", progress=self.reporter.phase,
+            ).result()
             store.write_json("baseline_profile.json", self.profile)
         root_run = self.profile.runs[0] if getattr(self.profile, "runs", None) else None
         self.tree = Tree(self.baseline, root_run, self.cfg.exploration)
@@ -263,9 +289,10 @@ class Search:
             self.reporter.phase(f"{b.knob} may change up to {b.bound} ({b.source}); {b.lr_knob} follows it "
                                 f"({b.scaling}); loss is judged at equal tokens")
         self.started = time.monotonic()  # the wall-time budget is search time: the baseline profile is apart
+        store.start_heartbeat()
         return self.tree
 
-    def rebuild(self, records: list[TrialRecord]) -> None:
+    def rebuild(self, records: list[TrialRecord], quiet: bool = False) -> None:
         """The tree and the measured set from the study's finished trials, in trial order."""
         tree = self.tree
         assert tree is not None
@@ -286,7 +313,7 @@ class Search:
                      cause=a.get("cause", ""), rationale=a.get("rationale", ""), source=a.get("proposer", ""),
                      trial=rec.number, result=result)
             self._report_record(rec)
-        if records:
+        if records and not quiet:
             self.reporter.phase(f"resumed: {len(records)} trials in the study, {self.runs} runs of the budget spent")
             self.reporter.best(tree.best(), self.baseline)
 
@@ -308,10 +335,19 @@ class Search:
         """Semantic knobs ``recipe`` may change: the campaign's, plus a learning rate coupled to the batch."""
         return self.batch.allow(recipe, self.cfg.allow_semantic) if self.batch is not None else self.cfg.allow_semantic
 
-    def evaluate(self, recipe: Recipe, parent: Node, proposal: Proposal, trial: Any = None, coupled: str = "") -> Node:
-        """Static check, run, screen, reward, store: one proposal becomes one node."""
+    def launch(self, recipe: Recipe, parent: Node, proposal: Proposal, trial: Any = None,
+               coupled: str = "") -> Node | Pending | None:
+        """Claim, static check, open the trial and submit its run. A rejected proposal is a node at
+        once; a submitted run is a ``Pending`` until ``land``; None: another driver has this recipe."""
         tree, store = self.tree, self.store
         assert tree is not None
+        if not store.claim(recipe):
+            self.elsewhere.add(recipe.id)
+            if trial is not None:  # the sampler's trial must be told: it is not run here
+                number = store.begin(recipe, self.dists, {"parent": tree.root.id, "proposer": self.cfg.strategy}, trial)
+                store.finish(number, None, {"status": "duplicate", "ran": False,
+                                            "cause": "same recipe as another driver's trial"})
+            return None
         if coupled:
             proposal = replace(proposal, rationale=f"{proposal.rationale} [{coupled}]")
         attrs = {"parent": parent.id, "proposer": proposal.source, "rationale": proposal.rationale,
@@ -339,96 +375,184 @@ class Search:
         store.set_running(number, {"run_dir": str(run_dir), "ran": True, "steps": steps})
         self.reporter.row(Row(key, number, change, "running", rationale=proposal.rationale, source=proposal.source))
         self.runs += 1
-        screening, result = None, None
+        tree.reserve(parent)  # virtual loss while it runs: parallel selection looks elsewhere
+        future = self.executor.submit(
+            self.workload, recipe, steps, run_dir, self.campaign.config.run.timeout_s,
+            progress=lambda done: self.reporter.progress(key, done, steps),
+        )
+        return Pending(number, recipe, parent, proposal, change, steps, run_dir, future)
+
+    def land(self, pending: Pending) -> Node:
+        """A submitted run has ended: screen it, reward it, store it, and add its node."""
+        tree, store = self.tree, self.store
+        assert tree is not None
+        tree.release(pending.parent)
+        recipe, proposal, run_dir, number = pending.recipe, pending.proposal, pending.run_dir, pending.number
+        screening, result, lost = None, None, False
         try:
-            result = self.executor.submit(
-                self.workload, recipe, steps, run_dir, self.campaign.config.run.timeout_s,
-                progress=lambda done: self.reporter.progress(key, done, steps),
-            ).result()
+            result = pending.future.result()
             if result.ok:
                 screening = self.guard.screen(self.profile, result, self.settings)
                 status, cause = ("passed", "") if screening.passed else ("rejected", "; ".join(screening.reasons))
             else:
                 status, cause = "failed", f"{result.status}: {result.cause}"
+        except TrialLost as e:  # its worker or node died on every attempt: recorded, the campaign goes on
+            status, cause, lost = "failed", f"lost: {e}", True
+            _kill_orphans(str(run_dir))  # torchrun's children, if the trial ran on this machine
         except Exception as e:  # a broken trial must not end the campaign; the record says what broke
             status = "failed"
             cause = f"error: {type(e).__name__}: {e}"
-            (run_dir / "error.txt").parent.mkdir(parents=True, exist_ok=True)
-            (run_dir / "error.txt").write_text(traceback.format_exc())
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "error.txt").write_text("".join(traceback.format_exception(e)))
         speedup = screening.speedup if screening is not None else None
         value = reward(speedup, status == "passed", self.cfg.reward_span, self.cfg.failure_penalty)
         summary = result.summary() if result is not None and result.steps else None
+        attempts = run_dir / "attempts.jsonl"
         figures = {
             "status": status, "cause": cause, "reward": value, "speedup": speedup,
-            "run_status": result.status if result is not None else "error",
+            "run_status": result.status if result is not None else ("lost" if lost else "error"),
             "screening": screening, "loss": _speedup_text(screening),
             "tokens_per_s": summary.tokens_per_s_per_device if summary else None,
             "mfu": summary.mfu if summary else None,
             "step_time_s": summary.mean_step_time_s if summary else None,
             "peak_mem_bytes": summary.peak_mem_bytes if summary else None,
             "loss_last": summary.loss_last if summary else None,
+            **({"attempts": attempts.read_text().count("\n")} if attempts.exists() else {}),
         }
         store.finish(number, speedup if status == "passed" else None, figures)
-        self.reporter.row(Row(key, number, change, status, figures["tokens_per_s"], speedup, figures["loss"],
-                              proposal.rationale, proposal.source, cause))
-        node = tree.add(recipe, parent, status, value, speedup=speedup, cause=cause, rationale=proposal.rationale,
-                        source=proposal.source, trial=number, result=result)
+        self.reporter.row(Row(str(number), number, pending.change, status, figures["tokens_per_s"], speedup,
+                              figures["loss"], proposal.rationale, proposal.source, cause))
+        node = tree.add(recipe, parent=pending.parent, status=status, value=value, speedup=speedup, cause=cause,
+                        rationale=proposal.rationale, source=proposal.source, trial=number, result=result)
         store.set_meta("search_elapsed_s", self.elapsed())
         self.reporter.best(tree.best(), self.baseline)
         return node
 
     # loops -----------------------------------------------------------------------------------
+    #
+    # Up to ``executor.parallel`` trials are in flight. The driver alone owns the tree and the
+    # study: it selects, proposes and submits from this thread, and a run that ends is landed here
+    # too; only the runs themselves happen elsewhere.
+
+    def taken(self, recipe: Recipe) -> bool:
+        """Tried, running here, or claimed by another driver on the same study."""
+        assert self.tree is not None
+        return recipe in self.tree or recipe.id in self.inflight_ids() or recipe.id in self.elsewhere
+
+    def inflight_ids(self) -> set[str]:
+        return {p.recipe.id for p in self.inflight.values()}
+
+    def sync(self) -> None:
+        """Trials other drivers finished on this study join the tree; stale ones are failed."""
+        if time.monotonic() - self.last_sync < min(5.0, self.execute.heartbeat_s):
+            return
+        self.last_sync = time.monotonic()
+        for rec in self.store.fail_interrupted(mine=False):  # another driver died: its trials may run again
+            self.reporter.phase(f"trial {rec.number} was interrupted ({rec.attrs.get('driver', '?')} is gone); "
+                                "its recipe may run again")
+            _kill_orphans(rec.attrs.get("run_dir"))
+        mine = {p.number for p in self.inflight.values()}
+        others = [r for r in self.store.records() if r.number not in mine]
+        assert self.tree is not None
+        fresh = [r for r in others if r.state in ("COMPLETE", "FAIL") and "recipe" in r.attrs
+                 and r.recipe not in self.tree]
+        if fresh:
+            self.rebuild(fresh, quiet=True)
+        self.elsewhere = {r.attrs["recipe_id"] for r in others if r.state == "RUNNING" and "recipe_id" in r.attrs}
+
+    def drain(self, block: bool) -> None:
+        """Land the runs that ended; with ``block``, wait for at least one."""
+        if not self.inflight:
+            return
+        done, _ = wait(list(self.inflight), timeout=None if block else 0, return_when=FIRST_COMPLETED)
+        for future in done:
+            self.land(self.inflight.pop(future))
 
     def mcts(self, proposer: Proposer) -> None:
         tree = self.tree
         assert tree is not None
         context = SearchContext(self.workload, self.baseline, self.p.space, tree, self.cfg.seed)
-        while self.budget_left():
-            node = tree.select()
-            if node is None:
-                self.reporter.phase("the tree is exhausted: no proposer has anything new to try")
-                return
-            proposals = proposer.propose(node, context, self.cfg.children)
-            self.record_rejections(context)
-            # Proposers skip what was tried; this holds for any proposer, so a node can only be
-            # selected again if it produced something new.
-            proposals = [p for p in proposals if self.couple(node.recipe.with_(**p.edits))[0] not in tree]
-            if not proposals:
-                node.exhausted = True
-                continue
-            for proposal in proposals:
-                if not self.budget_left():
-                    return
+        queue: list[tuple[Node, Proposal]] = []  # the current expansion's proposals not yet started
+        while True:
+            self.sync()
+            waiting = False  # everything new to try is running: wait for a run to land
+            while len(self.inflight) < self.executor.parallel and self.budget_left():
+                if not queue:
+                    node = tree.select()
+                    if node is None:
+                        break
+                    proposals = proposer.propose(node, context, self.cfg.children)
+                    self.record_rejections(context)
+                    # Proposers skip what was tried; this holds for any proposer, so a node can only
+                    # be selected again if it produced something new.
+                    fresh = [p for p in proposals if not self.taken(self.couple(node.recipe.with_(**p.edits))[0])]
+                    if not fresh:
+                        if any(self.couple(node.recipe.with_(**p.edits))[0] not in tree for p in proposals):
+                            waiting = True  # its ideas are running (here or elsewhere), not used up
+                            break
+                        node.exhausted = True
+                        if node.id in context.failed:  # a failed Researcher, not one with nothing new: say so
+                            where = node.recipe.describe_diff(self.baseline)
+                            why = context.failed[node.id]
+                            self.reporter.phase(f"{proposer.name} proposer failed at {where}: {why}")
+                        continue
+                    queue = [(node, p) for p in fresh]
+                node, proposal = queue.pop(0)
                 recipe, coupled = self.couple(node.recipe.with_(**proposal.edits))
-                if recipe not in tree:  # two proposals of one round may coincide
-                    self.evaluate(recipe, node, proposal, coupled=coupled)
+                if self.taken(recipe):  # two proposals of one round may coincide
+                    continue
+                started = self.launch(recipe, node, proposal, coupled=coupled)
+                if isinstance(started, Pending):
+                    self.inflight[started.future] = started
+            if self.inflight:
+                self.drain(block=True)
+            elif waiting and self.elsewhere:
+                time.sleep(1.0)  # polls the study while another driver runs what is left to try
+                self.last_sync = 0.0
+            else:
+                if self.budget_left() and tree.select() is None:
+                    failed = f" ({len(context.failed)} of its nodes only because every answer failed)" \
+                        if context.failed else ""
+                    self.reporter.phase(f"the tree is exhausted: no proposer has anything new to try{failed}")
+                return
 
     def optuna(self) -> None:
         tree = self.tree
         assert tree is not None
-        strategy = OptunaStrategy(self.cfg.strategy, self.store, self.p.space, self.baseline)
+        strategy = OptunaStrategy(self.cfg.strategy, self.store, self.p.space, self.baseline,
+                                  self.workload.relations())
         repeats = 0
-        while self.budget_left():
-            if strategy.exhausted() or len(tree) >= strategy.space_size() or repeats > 100:
-                self.reporter.phase("the search space is exhausted")
+        while True:
+            self.sync()
+            while len(self.inflight) < self.executor.parallel and self.budget_left():
+                if strategy.exhausted() or len(tree) + len(self.inflight) >= strategy.space_size() or repeats > 100:
+                    break
+                trial, recipe = strategy.ask()
+                edits = {n: new for n, (_, new) in recipe.diff(self.baseline).items()}
+                proposal = Proposal(edits, f"{self.cfg.strategy} sampler", self.cfg.strategy)
+                recipe, coupled = self.couple(recipe)
+                if recipe in tree or recipe.id in self.inflight_ids():
+                    # The sampler must hear the outcome to move on; the recipe is not run again.
+                    repeats += 1
+                    prior = tree.nodes.get(recipe.id)
+                    number = self.store.begin(recipe, self.dists, {
+                        "parent": tree.root.id, "proposer": self.cfg.strategy,
+                        "duplicate_of": prior.trial if prior is not None else None}, trial)
+                    value = prior.speedup if prior is not None and prior.status in ("passed", "baseline") else None
+                    same = "the baseline" if prior is tree.root else \
+                        f"trial {prior.trial}" if prior is not None else "a running trial"
+                    self.store.finish(number, value,
+                                      {"status": "duplicate", "ran": False, "cause": f"same recipe as {same}"})
+                    continue
+                started = self.launch(recipe, tree.root, proposal, trial, coupled)
+                repeats = repeats + 1 if started is None else 0  # None: another driver's recipe, told as such
+                if isinstance(started, Pending):
+                    self.inflight[started.future] = started
+            if not self.inflight:
+                if self.budget_left():
+                    self.reporter.phase("the search space is exhausted")
                 return
-            trial, recipe = strategy.ask()
-            edits = {n: new for n, (_, new) in recipe.diff(self.baseline).items()}
-            proposal = Proposal(edits, f"{self.cfg.strategy} sampler", self.cfg.strategy)
-            recipe, coupled = self.couple(recipe)
-            if recipe in tree:
-                # The sampler must hear the outcome to move on; the recipe is not run again.
-                repeats += 1
-                prior = tree.nodes[recipe.id]
-                number = self.store.begin(recipe, self.dists, {"parent": tree.root.id, "proposer": self.cfg.strategy,
-                                                               "duplicate_of": prior.trial}, trial)
-                value = prior.speedup if prior.status in ("passed", "baseline") else None
-                same = "the baseline" if prior is tree.root else f"trial {prior.trial}"
-                self.store.finish(number, value,
-                                  {"status": "duplicate", "ran": False, "cause": f"same recipe as {same}"})
-                continue
-            repeats = 0
-            self.evaluate(recipe, tree.root, proposal, trial, coupled)
+            self.drain(block=True)
 
     def record_rejections(self, context: SearchContext) -> None:
         for i, rej in enumerate(context.drain()):
@@ -448,16 +572,20 @@ class Search:
         previous = {v["candidate_id"]: v for v in store.read_json("verdicts.json") or []}
         verdicts: list[tuple[Node, Any]] = []
         saved: list[dict[str, Any]] = []
+        # Each verdict is one unit on one placement, so its interleaved A/B pairs see the same
+        # hardware; different finalists may be judged at once on different placements.
+        pending: dict[str, Future] = {}
         for n in finalists:
-            if n.id in previous:
-                verdict = SimpleVerdict(previous[n.id]["verdict"])
-            else:
+            if n.id not in previous:
                 self.reporter.phase(f"final verdict for {n.recipe.describe_diff(self.baseline)} "
                                     f"(screened {n.speedup:.2f}x)")
-                verdict = self.guard.final_verdict(
-                    self.workload, self.baseline, n.recipe, self.settings, store.folder / "final" / n.id,
-                    allow_semantic=self.allowed(n.recipe), profile=self.profile, progress=self.reporter.phase,
+                pending[n.id] = self.executor.call(
+                    self.guard.final_verdict, self.workload, self.baseline, n.recipe, self.settings,
+                    store.folder / "final" / n.id, allow_semantic=self.allowed(n.recipe), profile=self.profile,
+                    progress=self.reporter.phase,
                 )
+        for n in finalists:
+            verdict = SimpleVerdict(previous[n.id]["verdict"]) if n.id in previous else pending[n.id].result()
             verdicts.append((n, verdict))
             saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.speedup,
                           "verdict": _dump(verdict)})
@@ -540,26 +668,10 @@ def launch_commands(campaign: Campaign, recipe: Recipe, approved_file: Path) -> 
     return out
 
 
-def _kill_orphans(run_dir: str | None) -> None:
-    """A campaign killed with SIGKILL leaves its running trainer behind: it would steal the hardware
-    from every later measurement. Find processes whose command line names that trial's folder."""
-    if not run_dir or not Path("/proc").is_dir():
-        return
-    needle = run_dir.encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "cmdline").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            continue
-
-
 def run(p: Plan, guard: Guard | None = None, executor: Executor | None = None,
         reporter: Reporter | None = None) -> Outcome:
     """Run (or resume) a planned campaign to its decision. Ctrl-C leaves it resumable."""
-    search = Search(p, guard or real_guard(), executor or LocalExecutor(), reporter or Reporter())
+    search = Search(p, guard or real_guard(), executor or make_executor(p.campaign), reporter or Reporter())
     try:
         search.start()
         if p.campaign.config.search.strategy == "mcts":
@@ -567,13 +679,19 @@ def run(p: Plan, guard: Guard | None = None, executor: Executor | None = None,
             search.mcts(p.proposer)
         else:
             search.optuna()
+        search.last_sync = 0.0
+        search.sync()  # other drivers' finished trials join the decision; a dead one's leave RUNNING
         search.store.set_meta("search_elapsed_s", search.elapsed())
         return search.decide()
     except KeyboardInterrupt:
+        search.executor.close()  # remote runs are cancelled; their trainers are killed where they run
         if search.store.opened:
-            search.store.fail_interrupted()
+            search.store.fail_interrupted(gone=False)
             search.store.set_meta("search_elapsed_s", search.elapsed())
         raise
+    finally:
+        search.executor.close()
+        search.store.stop_heartbeat()
 
 
 def default_folder(campaign_file: Path) -> Path:

@@ -11,13 +11,16 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+from sqlalchemy.engine import make_url
 
 from recipetune.config import ConfigError, load_campaign
+from recipetune.execute.executor import make_executor
 from recipetune.guard.baseline import GuardError
 from recipetune.recipe import Recipe
 from recipetune.search import campaign as campaign_mod
 from recipetune.search.campaign import Outcome, Reporter, Row, default_folder, plan
 from recipetune.search.tree import Node
+from recipetune.store import STUDY_NAME, CampaignStore
 
 console = Console()
 STATUS_STYLE = {"passed": "green", "rejected": "yellow", "failed": "red", "invalid": "magenta",
@@ -86,7 +89,7 @@ class LiveReporter(Reporter):
         self._refresh()
 
 
-def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe) -> Panel:
+def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe, store: CampaignStore | None = None) -> Panel:
     lines: list[Text] = []
     v = outcome.verdict
     if outcome.winner is not None and v is not None:
@@ -101,8 +104,12 @@ def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe) -> Panel:
             lines.append(Text(f"loss parity: gap {parity['gap']:+.4f}, tolerance {parity.get('tolerance', 0):.4f}"))
     for reason in outcome.reasons:
         lines.append(Text(f"- {reason}"))
-    lines.append(Text(f"{outcome.runs} runs; study: {folder / 'study.db'}  (optuna-dashboard sqlite:///"
-                      f"{(folder / 'study.db').resolve()})", style="dim"))
+    if store is not None and store.name != STUDY_NAME:  # a shared database: the URL without its password
+        url = make_url(store.url).render_as_string(hide_password=True)
+        lines.append(Text(f"{outcome.runs} runs; study '{store.name}' in {url}  (optuna-dashboard {url})", style="dim"))
+    else:
+        lines.append(Text(f"{outcome.runs} runs; study: {folder / 'study.db'}  (optuna-dashboard sqlite:///"
+                          f"{(folder / 'study.db').resolve()})", style="dim"))
     if outcome.approved_file:
         lines.append(Text(f"approved recipe: {outcome.approved_file}"))
         for cmd in outcome.launch:
@@ -119,16 +126,22 @@ def tune(
     proposer: str | None = typer.Option(None, help="analyst | random | llm (with --strategy mcts)"),
     out: Path | None = typer.Option(None, help="campaign folder (default: campaigns/<file name>)"),
     resume: bool = typer.Option(False, "--resume", help="continue the campaign in the folder"),
+    executor: str | None = typer.Option(None, help="local (default: one trial at a time) | ray (execute.executor)"),
+    ray_address: str | None = typer.Option(None, help="'auto', ray://host:10001 (execute.ray_address)"),
+    parallel: int | None = typer.Option(None, help="trials in flight at once, with --executor ray (execute.parallel)"),
 ) -> None:
     """Search faster recipes from the campaign's baseline; approve one only on the guard's evidence."""
     extra = list(overrides or [])
-    for key, value in (("search.budget.trials", budget), ("search.strategy", strategy), ("search.proposer", proposer)):
+    for key, value in (("search.budget.trials", budget), ("search.strategy", strategy), ("search.proposer", proposer),
+                       ("execute.executor", executor), ("execute.ray_address", ray_address),
+                       ("execute.parallel", parallel)):
         if value is not None:
             extra.append(f"{key}={value}")
     folder = out or default_folder(campaign_file)
     try:
         campaign = load_campaign(campaign_file, extra)
         checked = plan(campaign, folder, resume)
+        runner = make_executor(campaign)
     except ConfigError as e:
         console.print(Text.assemble(("error: ", "bold red"), str(e)))
         raise typer.Exit(2) from None
@@ -138,7 +151,7 @@ def tune(
     try:
         with Live(reporter.render(), console=console, refresh_per_second=4) as live:
             reporter.live = live
-            outcome = campaign_mod.run(checked, reporter=reporter)
+            outcome = campaign_mod.run(checked, executor=runner, reporter=reporter)
             reporter.live = None
     except KeyboardInterrupt:
         console.print(Text.assemble(("stopped. ", "bold yellow"), f"Resume with: {again}"))
@@ -150,4 +163,4 @@ def tune(
                                     f"After fixing it, resume with: {again}"))
         raise typer.Exit(1) from None
     console.line()
-    console.print(verdict_panel(outcome, folder, campaign.baseline))
+    console.print(verdict_panel(outcome, folder, campaign.baseline, checked.store))

@@ -9,6 +9,12 @@ log(span)`` clipped to [0, 1] (1.0x earns 0.5, ``span``x earns 1, 1/``span``x ea
 failed run earns the penalty (0 by default). Speed-ups compose multiplicatively along a path, so
 the logarithm makes equal ratios worth equal rewards. On rewards in [0, 1] the classic exploration
 constant is c = 1/sqrt(2) (Kocsis & Szepesvari 2006).
+
+Parallel search uses virtual loss (Chaslot et al. 2008): while a trial runs, every node on its
+parent's path counts one more visit with reward 0 (``pending``), so the next selection sees that
+path as less promising and spreads the other workers over the tree instead of picking the same
+node N times. When the trial ends, the virtual visit is taken back and its real reward
+backpropagated.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Node:
     children: list[Node] = field(default_factory=list)
     visits: int = 0
     total: float = 0.0
+    pending: int = 0  # trials in flight below this node: virtual visits with reward 0
     exhausted: bool = False  # the proposer had nothing new to offer here
 
     @property
@@ -111,6 +118,15 @@ class Tree:
             walk.total += value
             walk = walk.parent
 
+    def reserve(self, node: Node) -> None:
+        """A trial under ``node`` started: a virtual loss on its path until ``release``."""
+        for n in self.path(node):
+            n.pending += 1
+
+    def release(self, node: Node) -> None:
+        for n in self.path(node):
+            n.pending -= 1
+
     def live(self, node: Node) -> bool:
         """Whether the subtree under ``node`` still has a node that can be expanded."""
         return node.expandable or any(self.live(c) for c in node.children)
@@ -128,14 +144,22 @@ class Tree:
         if not self.live(node):
             return None
         c = self.exploration
+
+        def score(k: Node, parent_visits: int) -> float:  # visits in flight count as losses
+            n = k.visits + k.pending
+            return uct(k.total / n if n else 0.0, n, parent_visits, c)
+
         while True:
             kids = [k for k in node.children if self.live(k)]
             if not kids:
                 return node  # live with no live children: the node itself is expandable
-            best = max(kids, key=lambda k: uct(k.q, k.visits, node.visits, c))
+            n_parent = node.visits + node.pending
+            best = max(kids, key=lambda k: score(k, n_parent))
             if node.expandable:
-                widen = uct(node.q, 1 + len(node.children), node.visits, c)
-                if widen > uct(best.q, best.visits, node.visits, c):
+                n_self = node.visits + node.pending
+                widen = uct(node.total / n_self if n_self else 0.0, 1 + len(node.children) + node.pending,
+                            n_parent, c)
+                if widen > score(best, n_parent):
                     return node
             node = best
 

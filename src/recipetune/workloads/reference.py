@@ -32,6 +32,9 @@ class ReferenceWorkload(Workload):
             Invariant("sample order", "seed"),
             Invariant("model", "model"),
             Invariant("data", "data"),
+            # data-parallel ranks x micro-batch x accumulation = global batch (tp ranks share a batch)
+            Invariant("nproc x micro_batch_size x accumulation = global_batch_size",
+                      "global_batch_size % ((nproc + tp - 1) // tp * micro_batch_size) == 0", "holds"),
             Invariant("parallel layout", LAYOUT_RELATION, kind="holds"),
         ]
 

@@ -1,0 +1,280 @@
+"""Trials on a Ray cluster, each on hardware of its own.
+
+Every trial (and every guard measurement: the baseline profile, a final verdict's interleaved A/B
+pairs) holds a placement group for its whole run: ``nodes`` bundles of the campaign's
+``execute.resources``, packed on one node (``STRICT_PACK``) or, for a multi-node trial, one per
+node (``STRICT_SPREAD``). The run's task asks for the whole bundle, so Ray sets
+``CUDA_VISIBLE_DEVICES`` to exactly its GPUs: no two measured runs share a device. A ``--parallel``
+the cluster cannot hold at once is refused before anything starts.
+
+Faults: a task whose worker process or node dies is rerun by Ray (``execute.retries``, once by
+default; a placement group's bundles on a dead node are rescheduled onto a live one). The rerun
+first kills the previous attempt's trainer if it is still alive on that node. A trial that dies
+on every attempt comes back as ``TrialLost`` with Ray's cause; the campaign records it and goes on.
+Each attempt is a line of ``attempts.jsonl`` in the trial's folder (node, worker pid).
+
+The campaign folder must be on a filesystem every node sees (NFS, Lustre, ...): runs write their
+logs and metrics stream there, the driver reads them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import ray
+from ray.exceptions import RayError, RayTaskError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from recipetune.config import ConfigError
+from recipetune.execute.config import ExecuteConfig, TrialResources
+from recipetune.execute.executor import TrialLost
+from recipetune.execute.local import kill_orphans
+from recipetune.measure import RunResult
+from recipetune.recipe import Recipe
+from recipetune.workloads.base import ProgressFn, Workload
+
+T = TypeVar("T")
+
+
+def connect(address: str | None, file: str | Path = "campaign") -> None:
+    """Join the cluster at ``address`` ('auto', ray://...), or start a local Ray instance."""
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"at {address}" if address else "on this machine"
+        raise ConfigError(file, "--ray-address", f"cannot reach a Ray cluster {where}: {e}") from None
+
+
+def placements(resources: TrialResources, nodes: list[dict[str, float]]) -> int:
+    """How many trials of ``resources`` the live ``nodes`` (Ray's per-node resource totals) hold at once."""
+    bundle = resources.bundle()
+    per_node = [min(int(n.get(k, 0.0) // v) for k, v in bundle.items()) for n in nodes]
+    if resources.nodes == 1:
+        return sum(per_node)
+    # A multi-node trial takes one bundle on each of ``nodes`` distinct nodes.
+    fits = sorted((c for c in per_node if c > 0), reverse=True)
+    trials = 0
+    while len(fits) >= resources.nodes:
+        trials += 1
+        fits = sorted((c - 1 if i < resources.nodes else c for i, c in enumerate(fits)), reverse=True)
+        fits = [c for c in fits if c > 0]
+    return trials
+
+
+def check_capacity(settings: ExecuteConfig, nodes: list[dict[str, float]], devices: int, file: str | Path) -> None:
+    """Refuse resources or a parallelism that would make trials share hardware (ConfigError, exit 2)."""
+    res = settings.resources
+    if res.gpus and devices > res.gpus * res.nodes:
+        raise ConfigError(file, "execute.resources.gpus",
+                          f"the baseline runs on {devices} devices but a trial holds {res.gpus:g} GPU(s) x "
+                          f"{res.nodes} node(s); give each trial at least as many GPUs as it uses")
+    fit = placements(res, nodes)
+    if fit == 0:
+        raise ConfigError(file, "execute.resources",
+                          f"no {res.nodes} node(s) of the cluster can hold {res.bundle()} each "
+                          f"(nodes: {[{k: v for k, v in n.items() if k in res.bundle()} for n in nodes]})")
+    if settings.parallel > fit:
+        raise ConfigError(file, "--parallel",
+                          f"{settings.parallel} trials in flight need {settings.parallel} placements of "
+                          f"{res.nodes} x {res.bundle()}, the cluster holds {fit} at once; more would make "
+                          f"trials share hardware or queue: use --parallel {fit} or less")
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """Variables the trainer inherits; a Ray worker is reused, so they are put back afterwards."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _note_attempt(out_dir: Path) -> int:
+    """One line per attempt; the previous attempt's trainer, if its worker died here, is killed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir / "attempts.jsonl"
+    previous = log.read_text().count("\n") if log.exists() else 0
+    if previous:
+        kill_orphans(str(out_dir))
+    with log.open("a") as f:
+        f.write(json.dumps({"attempt": previous + 1, "node": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                            "placement_group": ray.get_runtime_context().get_placement_group_id(),
+                            "time": time.time()}) + "\n")
+    return previous + 1
+
+
+class Spread(Workload):
+    """A workload whose every run spans the nodes of a placement group: this process runs rank 0,
+    a task on each other bundle runs the same command with its rank (``RECIPETUNE_NODE_RANK``,
+    ``RECIPETUNE_NNODES``, ``RECIPETUNE_NPROC_PER_NODE``, ``MASTER_ADDR``, ``MASTER_PORT``; what
+    ``torchrun --nnodes ... --node-rank ...`` needs). Rank r > 0 keeps its logs in ``node-r/``."""
+
+    def __init__(self, inner: Workload, pg: PlacementGroup | None, resources: TrialResources):
+        self.inner, self.pg, self.resources = inner, pg, resources
+        self.kind = inner.kind
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("inner")  # absent while unpickling
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    def knobs(self):  # type: ignore[no-untyped-def]
+        return self.inner.knobs()
+
+    def invariants(self):  # type: ignore[no-untyped-def]
+        return self.inner.invariants()
+
+    def check(self, recipe: Recipe) -> list[str]:
+        return self.inner.check(recipe)
+
+    def flops_per_token(self, recipe: Recipe) -> float | None:
+        return self.inner.flops_per_token(recipe)
+
+    def n_devices(self, recipe: Recipe) -> int:
+        return self.inner.n_devices(recipe)
+
+    def command(self, recipe: Recipe, steps: int, out_dir: Path) -> list[str]:
+        return self.inner.command(recipe, steps, out_dir)
+
+    def resolve(self, values: dict) -> Recipe:
+        return self.inner.resolve(values)
+
+    def run(self, recipe: Recipe, steps: int, out_dir: Path, timeout_s: float | None = None,
+            progress: ProgressFn | None = None) -> RunResult:
+        res = self.resources
+        env = {"RECIPETUNE_NNODES": str(res.nodes), "RECIPETUNE_NPROC_PER_NODE": str(res.procs()),
+               "MASTER_ADDR": ray.util.get_node_ip_address(), "MASTER_PORT": str(_free_port())}
+        others = [
+            _rank_task.options(**_task_options(res, self.pg, rank, retries=0)).remote(
+                self.inner, recipe, steps, str(out_dir / f"node-{rank}"), timeout_s,
+                {**env, "RECIPETUNE_NODE_RANK": str(rank)})
+            for rank in range(1, res.nodes)
+        ]
+        with _environ({**env, "RECIPETUNE_NODE_RANK": "0"}):
+            result = self.inner.run(recipe, steps, out_dir, timeout_s=timeout_s, progress=progress)
+        for rank, ref in enumerate(others, start=1):
+            other = ray.get(ref)
+            if result.ok and not other.ok:
+                result = result.model_copy(update={"status": other.status,
+                                                   "cause": f"node rank {rank}: {other.cause}"})
+        return result
+
+
+@ray.remote
+def _rank_task(workload: Workload, recipe: Recipe, steps: int, out_dir: str, timeout_s: float | None,
+               env: dict[str, str]) -> RunResult:
+    with _environ(env):
+        return workload.run(recipe, steps, Path(out_dir), timeout_s=timeout_s)
+
+
+@ray.remote
+def _unit_task(fn: Callable[..., Any], workload: Workload, note_dir: str | None, args: tuple, kwargs: dict) -> Any:
+    if note_dir is not None:
+        _note_attempt(Path(note_dir))
+    return fn(workload, *args, **kwargs)
+
+
+def _run(workload: Workload, recipe: Recipe, steps: int, out_dir: Path, timeout_s: float | None) -> RunResult:
+    return workload.run(recipe, steps, out_dir, timeout_s=timeout_s)
+
+
+def _task_options(res: TrialResources, pg: PlacementGroup | None, bundle: int, retries: int) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_cpus": res.cpus, "num_gpus": res.gpus, "resources": dict(res.custom),
+                               "max_retries": retries}
+    if pg is not None:
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle)
+    return options
+
+
+class RayExecutor:
+    """Trials (and guard measurements) as Ray tasks, each in a placement group of its own."""
+
+    def __init__(self, settings: ExecuteConfig, devices: int = 1, file: str | Path = "campaign"):
+        connect(settings.ray_address, file)
+        self.settings, self.res = settings, settings.resources
+        self.parallel = settings.parallel
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        check_capacity(settings, nodes, devices, file)
+        self._lock = threading.Lock()
+        self._inflight: dict[Future, tuple[PlacementGroup, list[ray.ObjectRef]]] = {}
+
+    def submit(self, workload: Workload, recipe: Recipe, steps: int, out_dir: Path, timeout_s: float | None,
+               progress: ProgressFn | None = None) -> Future[RunResult]:
+        # Progress callbacks stay in the driver: a remote run reports only its end.
+        return self._start(_run, workload, (recipe, steps, out_dir, timeout_s), {}, note_dir=out_dir)
+
+    def call(self, fn: Callable[..., T], workload: Workload, *args: Any, **kwargs: Any) -> Future[T]:
+        kwargs.pop("progress", None)
+        return self._start(fn, workload, args, kwargs, note_dir=None)
+
+    def _start(self, fn: Callable[..., Any], workload: Workload, args: tuple, kwargs: dict,
+               note_dir: Path | None) -> Future:
+        res = self.res
+        pg = placement_group([res.bundle()] * res.nodes, strategy="STRICT_PACK" if res.nodes == 1 else "STRICT_SPREAD")
+        if res.nodes > 1:
+            workload = Spread(workload, pg, res)
+        ref = _unit_task.options(**_task_options(res, pg, 0, self.settings.retries)).remote(
+            fn, workload, None if note_dir is None else str(note_dir), args, kwargs)
+        future: Future = Future()
+        with self._lock:
+            self._inflight[future] = (pg, [ref])
+        threading.Thread(target=self._wait, args=(future, pg, ref), daemon=True).start()
+        return future
+
+    def _wait(self, future: Future, pg: PlacementGroup, ref: ray.ObjectRef) -> None:
+        try:
+            value = ray.get(ref)  # queues until the placement group is placed, then runs
+        except RayTaskError as e:  # the code raised: the caller sees that exception
+            cause = e.cause if isinstance(e.cause, BaseException) else e
+            future.set_exception(cause if isinstance(cause, Exception) else RuntimeError(str(cause)))
+        except RayError as e:  # the process or node died on every attempt
+            tries = self.settings.retries + 1
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            future.set_exception(TrialLost(f"{type(e).__name__} after {tries} attempt(s): {first}"))
+        except Exception as e:
+            future.set_exception(e)
+        else:
+            future.set_result(value)
+        finally:
+            with self._lock:
+                self._inflight.pop(future, None)
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+    def close(self) -> None:
+        """Stop what is still running: a cancelled task gets KeyboardInterrupt, which kills its trainer."""
+        with self._lock:
+            inflight = list(self._inflight.items())
+        for _, (_, refs) in inflight:
+            for ref in refs:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+        deadline = time.monotonic() + 10
+        for future, _ in inflight:
+            with contextlib.suppress(Exception):
+                future.exception(timeout=max(0.0, deadline - time.monotonic()))
