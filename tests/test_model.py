@@ -272,11 +272,21 @@ def test_activation_checkpointing_keeps_state_dict_keys_and_is_reversible() -> N
         apply_activation_checkpointing(model, "half")
 
 
-def test_apply_compile_off_and_bad_mode() -> None:
+def test_apply_compile_modes_and_bad_mode() -> None:
     model = build()
-    assert apply_compile(model, "off") is model
-    with pytest.raises(ValueError, match="max-autotune"):
+    keys = list(model.state_dict())
+    apply_compile(model, "none")
+    assert model._compiled_call_impl is None and all(b._compiled_call_impl is None for b in model.layers)
+    apply_compile(model, "regional")  # each block in place (nothing compiles before a call)
+    assert model._compiled_call_impl is None and all(b._compiled_call_impl is not None for b in model.layers)
+    assert list(model.state_dict()) == keys  # in place: checkpoints keep their keys
+    whole = build()
+    apply_compile(whole, "model", "max-autotune")
+    assert whole._compiled_call_impl is not None
+    with pytest.raises(ValueError, match="regional"):
         apply_compile(model, "fast")
+    with pytest.raises(ValueError, match="max-autotune"):
+        apply_compile(model, "model", "fastest")
 
 
 def test_wrap_ddp_is_identity_without_process_group() -> None:

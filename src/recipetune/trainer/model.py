@@ -150,12 +150,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        # -1 heads: a tensor-parallel run holds only its share of the heads (parallel.py)
+        q = self.wq(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # GQA: each kv head serves n_head / n_kv_head consecutive query heads
-        rep = self.n_head // self.n_kv_head
+        rep = q.shape[1] // k.shape[1]
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         if self.backend == "sdpa":

@@ -10,6 +10,7 @@ from recipetune.execute.local import run_process
 from recipetune.measure import RunResult
 from recipetune.recipe import KnobSet, Recipe
 from recipetune.trainer.knobs import check_recipe, reference_knobs
+from recipetune.trainer.layout import LAYOUT_RELATION
 from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
 
 
@@ -31,9 +32,10 @@ class ReferenceWorkload(Workload):
             Invariant("sample order", "seed"),
             Invariant("model", "model"),
             Invariant("data", "data"),
-            # nproc x micro-batch x accumulation = global batch: the trainer accumulates the rest.
+            # data-parallel ranks x micro-batch x accumulation = global batch (tp ranks share a batch)
             Invariant("nproc x micro_batch_size x accumulation = global_batch_size",
-                       "global_batch_size % (nproc * micro_batch_size) == 0", "holds"),
+                      "global_batch_size % ((nproc + tp - 1) // tp * micro_batch_size) == 0", "holds"),
+            Invariant("parallel layout", LAYOUT_RELATION, kind="holds"),
         ]
 
     def check(self, recipe: Recipe) -> list[str]:

@@ -1,0 +1,62 @@
+"""benchmarks/gpu_check.sh on a machine without a GPU: the dry run checks the files, the real run fails fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+
+
+def sh(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": sys.executable, **env})
+
+
+def test_dry_run_validates_the_files_and_prints_the_plan():
+    res = sh("--dry-run")
+    assert res.returncode == 0, res.stderr
+    for step in ("pytest -q -m gpu", "recipetune run examples/gpt2-gpu.yaml", "recipetune tune", "gpu_check_report"):
+        assert step in res.stdout
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
+def test_without_a_gpu_it_fails_fast_and_runs_nothing(tmp_path):
+    res = sh(OUT=str(tmp_path / "out"))
+    assert res.returncode == 1 and "no NVIDIA GPU" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_collects_the_figures(tmp_path):
+    # The files a GPU run leaves (result.json, run.json), written here from a made-up 6-step run.
+    from recipetune.measure import RunResult, StepRecord
+
+    out = tmp_path / "check"
+    (out / "run").mkdir(parents=True)
+    steps = [StepRecord(step=i, loss=5.0 - 0.1 * i, tokens=32768, step_time_s=0.2, peak_mem_bytes=2**33)
+             for i in range(1, 7)]
+    RunResult(recipe={"model": "gpt2-124m"}, recipe_id="r", status="ok", steps=steps, warmup_steps=2,
+              flops_per_token=5e8, peak_flops_per_device=989e12).save(out / "run" / "result.json")
+    (out / "run" / "run.json").write_text(json.dumps({"device_name": "NVIDIA H200", "params": 85_000_000}))
+    (out / "tune").mkdir()
+    (out / "tune" / "verdict.json").write_text(json.dumps({"decision": "KEEP BASELINE", "change": "(baseline)",
+                                                           "runs": 3, "verdict": None}))
+    for phase, code in (("pytest", 0), ("run", 0), ("tune", 0)):
+        (out / f"{phase}.rc").write_text(f"{code}\n")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check_report.py"), str(out)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "GPU_CHECK_RESULTS": str(tmp_path / "results")})
+    assert res.returncode == 0, res.stderr
+    (figures,) = (tmp_path / "results").glob("gpu_check-*-NVIDIA-H200.json")
+    data = json.loads(figures.read_text())
+    assert data["run"]["status"] == "ok" and data["run"]["tokens_per_s"] == 163840  # 32768 / 0.2
+    assert data["run"]["mfu"] == pytest.approx(163840 * 5e8 / 989e12)
+    assert data["tune"]["decision"] == "KEEP BASELINE"
+    assert "tokens/s" in figures.with_suffix(".md").read_text()
