@@ -90,18 +90,27 @@ def render(verdict: Verdict) -> Panel:
                       show_header=False)
         table.add_column(style="bold")
         table.add_column()
-        gap = f"{par['gap']:.4f} nats"
-        if par["tolerance"] is not None:
-            gap += (f"  (tolerance {par['tolerance']:.4f} = {par['tolerance_fraction']:g} x baseline "
-                    f"{par['reference_kind']} spread {par['reference']:.4f})")
-        table.add_row("smoothed gap", gap)
+        if par.get("mode_reason"):
+            table.add_row("mode", escape(f"{par['mode']}: {par['mode_reason']}"))
+        if par["gap"] is not None:
+            gap = f"{par['gap']:.4f} nats"
+            if par["tolerance"] is not None:
+                gap += (f"  (tolerance {par['tolerance']:.4f} = {par['tolerance_fraction']:g} x baseline "
+                        f"{par['reference_kind']} spread {par['reference']:.4f})")
+            table.add_row("smoothed gap", gap)
+        if par.get("bound") is not None:
+            table.add_row("end-of-run difference", f"{par['mean_diff']:+.4f} nats, se {par['se']:.4f}, one-sided upper "
+                          f"bound {par['bound']:+.4f} vs margin {par['margin']:.4f} ({par['outcome']})")
         table.add_row(par["final_metric"], "baseline " + ", ".join(f"{x:.4f}" for x in par["baseline_finals"])
                       + "; candidate " + ", ".join(f"{x:.4f}" for x in par["candidate_finals"]))
         p = "n/a (one seed)" if par["p_value"] is None else f"{par['p_value']:.3g}"
         table.add_row("non-inferiority", f"mean diff {par['mean_diff']:+.4f} vs margin {par['margin']:.4f}; "
                       f"one-sided p {p} (alpha {par['alpha']:g}); seeds {par['seeds']}")
-        table.add_row("verdict", "holds" if par["passed"] else "fails")
+        table.add_row("verdict", par.get("outcome", "holds" if par["passed"] else "fails"))
         parts.append(table)
+    if verdict.notes:
+        parts.append(Text("\nnotes", style="bold"))
+        parts += [Text(f"  - {n}") for n in verdict.notes]
 
     if verdict.invariants_checked:
         parts.append(Text("\ninvariants checked", style="bold"))
