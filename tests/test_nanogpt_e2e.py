@@ -61,3 +61,14 @@ def test_aa_is_not_approved(campaign):
     v = final_verdict(c.workload, c.baseline, c.baseline, settings, folder / "aa", profile=profile)
     assert v.decision == "KEEP BASELINE", v.reasons
     assert v.parity["mode"] == "same seed" and "match" in v.parity["mode_reason"]  # it replays itself exactly
+
+
+@pytest.mark.slow
+def test_tune_from_2x16_approves_a_no_accumulation_recipe(tmp_path):
+    # The analyst knows the flags through `means:`; its first proposal is the coupled move 32 x 1.
+    folder = tmp_path / "campaign"
+    res = CliRunner().invoke(app, ["tune", str(CAMPAIGN), *ONE_SEED, "--budget", "1", "--out", str(folder)])
+    verdict = json.loads((folder / "verdict.json").read_text())
+    assert res.exit_code == 0 and verdict["decision"] == "APPROVED", (res.output[-2000:], verdict["reasons"])
+    assert verdict["recipe"]["grad_accum"] == 1 and verdict["recipe"]["batch_size"] == 32
+    assert verdict["verdict"]["parity"]["mode"] == "independent runs"
