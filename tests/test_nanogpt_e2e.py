@@ -1,7 +1,7 @@
 """The nanoGPT-style trainer end to end (tests/fixtures/nanogpt_trainer.py, examples/nanogpt-campaign.yaml).
 
 No seed flag, batches from the global RNG (32 x 1 trains on other sequences than 2 x 16), the last
-micro-batch's loss printed, a stall every 25 iterations: the coupled move is APPROVED through
+micro-batch's loss printed, a stall every 15 iterations: the coupled move is APPROVED through
 ``recipetune verify``; its poisoned variants are REJECTED; an A/A comparison is not approved.
 Real training runs (one thread): the slowest tests of the guard.
 """
@@ -37,7 +37,8 @@ def test_verify_the_coupled_move_is_approved(tmp_path):
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
-    c = load_campaign(CAMPAIGN, ONE_SEED)
+    # 250 steps: the poisons cost 10% or more and show long before; the A/A replays itself at any length
+    c = load_campaign(CAMPAIGN, [*ONE_SEED, "guard.parity.steps=250"])
     folder = tmp_path_factory.mktemp("nanogpt")
     profile = profile_baseline(c.workload, c.baseline, c.config.guard.parity.steps, c.config.guard,
                                folder / "baseline")

@@ -75,13 +75,15 @@ def render(verdict: Verdict) -> Panel:
                           f" (approved only above {1 + (verdict.noise_margin or 0):.3f})", style="bold"))
         parts.append(Text(f"noise: {verdict.speed.get('noise_source', '')}", style="dim"))
     if verdict.pairs:
-        table = Table(title="interleaved pairs (tokens/s per device, warm-up excluded)", title_justify="left")
-        for col in ("pair", "order", "baseline", "candidate", "ratio", "warm-up s (A / B)"):
+        table = Table(title="interleaved pairs (tokens/s per device: median over windows, warm-up excluded)",
+                      title_justify="left")
+        for col in ("pair", "order", "baseline", "candidate", "ratio", "warm-up s (A / B)", "stalls (A / B)"):
             table.add_column(col, justify="right")
         for p in verdict.pairs:
             table.add_row(str(p["index"]), p["order"], f"{p['baseline_tokens_per_s']:,.0f}",
                           f"{p['candidate_tokens_per_s']:,.0f}", f"{p['ratio']:.3f}",
-                          f"{p['baseline_warmup_s']:.2f} / {p['candidate_warmup_s']:.2f}")
+                          f"{p['baseline_warmup_s']:.2f} / {p['candidate_warmup_s']:.2f}",
+                          f"{p.get('baseline_stalls', 0)} / {p.get('candidate_stalls', 0)}")
         parts.append(table)
 
     par = verdict.parity
