@@ -94,7 +94,7 @@ def final_verdict(
     prior_aa: list[float] = []
     if profile is not None:
         prior_aa, refused = trusted_aa(profile, settings)
-        verdict.notes += [refused] if refused else []
+        verdict.notes += [n for n in (profile.noise_note, refused) if n]
     # A campaign's profile serves when it measured this baseline at enough seeds for at least as many
     # steps; otherwise the baseline is profiled again at the parity settings.
     reusable = (profile is not None and profile.recipe == dict(baseline) and profile.steps >= parity_cfg.steps
@@ -114,7 +114,7 @@ def final_verdict(
         if tb and tc:
             steps = max(2, round(profile.steps * tb / tc))
     seeds = profile.seeds[: parity_cfg.seeds]
-    independent, note = seed_note(profile)
+    independent, _ = seed_note(profile)
     if seeds[0] is None and not independent:
         seeds = seeds[:1]  # a trainer that seeds itself with a constant repeats itself: one run says it all
     runs = []
