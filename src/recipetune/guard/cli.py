@@ -88,8 +88,8 @@ def render(verdict: Verdict) -> Panel:
 
     par = verdict.parity
     if par:
-        table = Table(title=f"loss parity ({par['mode']}, smoothing window {par['window']})", title_justify="left",
-                      show_header=False)
+        window = "" if par["mode"] == "independent runs" else f", smoothing window {par['window']}"
+        table = Table(title=f"loss parity ({par['mode']}{window})", title_justify="left", show_header=False)
         table.add_column(style="bold")
         table.add_column()
         if par.get("mode_reason"):
