@@ -124,7 +124,7 @@ def test_holds_invariants_are_checked_and_unchanged_ones_kept_for_the_guard():
         ({"argv": ["{micro_batch:>10}"]}, "plain {name}"),
         ({"env": {"X": "{oops}"}}, "{oops}"),
         ({"knobs": {"micro_batch": {"default": 3, "choices": [1, 2]}}}, "default"),
-        ({"metrics": {"regex_preset": "megatron"}}, "nanogpt, torchtitan"),
+        ({"metrics": {"regex_preset": "lightning"}}, "megatron, nanogpt, torchtitan"),
         ({"metrics": {"regex_preset": "nanogpt"}}, "does not report tokens; set workload.tokens_per_step"),
         ({"tokens_per_step": "micro_batch * __import__('os')"}, "not allowed"),
         ({"devices": "gpus"}, "gpus"),

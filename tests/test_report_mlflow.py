@@ -38,8 +38,12 @@ def test_every_trial_becomes_an_mlflow_run(tmp_path):
     assert set(runs) == {"campaign", "baseline-0", "baseline-1", "baseline-2"} | {f"trial-{i}" for i in range(7)}
     campaign = runs["campaign"]
     assert campaign.data.tags["decision"] == "KEEP BASELINE"
-    # the synthetic runs' noise is seeded by recipe ids, which move whenever the trainer gains a knob
-    assert campaign.data.metrics["speedup"] == pytest.approx(1.03, abs=0.015)
+    # the verdict's own figure, exported as it is (its value moves with the synthetic runs' noise)
+    from recipetune.report import sources as src
+    from recipetune.report.model import build_report
+
+    evidence = build_report(src.read_campaign(folder)).evidence
+    assert campaign.data.metrics["speedup"] == pytest.approx(evidence.speedup) and 1.0 < evidence.speedup < 1.1
     oom = runs["trial-1"]
     assert oom.info.status == "FAILED" and oom.data.tags["run_status"] == "oom"
     assert oom.data.tags["mlflow.parentRunId"] == campaign.info.run_id

@@ -60,7 +60,9 @@ def summary_table(result: RunResult, title: str) -> Table:
     table.add_column()
     table.add_row("status", result.status + (f" ({result.cause})" if result.cause else ""))
     table.add_row("steps", f"{len(result.steps)} ({s.warmup_steps} warm-up, {s.warmup_time_s:.2f}s, excluded)")
-    table.add_row("tokens/s", f"{s.tokens_per_s:,.0f}")
+    table.add_row("tokens/s", f"{s.tokens_per_s:,.0f}  (median over windows; mean {s.mean_tokens_per_s:,.0f})")
+    if s.stalls:
+        table.add_row("stalls", f"{s.stalls} step(s), {s.stall_time_s:.2f}s beyond a median step")
     table.add_row("tokens/s per device", f"{s.tokens_per_s_per_device:,.0f}  ({result.n_devices} device(s))")
     table.add_row("MFU", f"{100 * s.mfu:.2f}%" if s.mfu is not None else "n/a")
     table.add_row("step time", f"{1000 * s.mean_step_time_s:.1f} ms"

@@ -2,7 +2,8 @@
 
 Every run ends as a ``RunResult``: its status and cause, the per-step records of the metrics
 stream, and a fingerprint of the environment, so every figure can be traced to what produced it.
-Throughput excludes warm-up steps (allocator warm-up, compilation), which are reported apart.
+Throughput excludes warm-up steps (allocator warm-up, compilation), which are reported apart, and
+is robust to a stall: the median over contiguous windows of the measured steps (``robust_rate``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import os
 import platform
 import socket
+import statistics
 import time
 from pathlib import Path
 from typing import Literal
@@ -50,12 +52,48 @@ class EvalRecord(Record):
     val_loss: float
 
 
+THROUGHPUT_WINDOWS = 5  # the run's figure is the median over this many windows of its measured steps
+STALL_FACTOR = 3.0  # a step taking this many times the median time per token is counted as a stall
+
+
+class Rate(Record):
+    tokens_per_s: float  # median over the windows
+    mean_tokens_per_s: float  # all measured tokens / all measured time
+    windows: int
+    stalls: int
+    stall_time_s: float  # time the stalled steps took beyond a median step
+
+
+def robust_rate(steps: list[StepRecord]) -> Rate:
+    """Tokens/s of a run that one stall cannot wreck: the measured steps are cut into up to
+    ``THROUGHPUT_WINDOWS`` contiguous windows (at least 2 steps each) and the figure is the median of
+    the windows' tokens/s. A stall (a neighbour process, a page-cache miss) spoils one window and
+    moves the median little; a cost that recurs in most windows (a periodic evaluation, allocator
+    churn of the recipe itself) is in every window and counts. Stalls are counted and shown."""
+    time_s, tokens = sum(s.step_time_s for s in steps), sum(s.tokens for s in steps)
+    mean = tokens / time_s if time_s > 0 else 0.0
+    k = min(THROUGHPUT_WINDOWS, max(1, len(steps) // 2))
+    cuts = [round(i * len(steps) / k) for i in range(k + 1)]
+    rates = []
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        t = sum(s.step_time_s for s in steps[a:b])
+        rates.append(sum(s.tokens for s in steps[a:b]) / t if t > 0 else 0.0)
+    per_token = [s.step_time_s / s.tokens for s in steps if s.tokens > 0]
+    typical = statistics.median(per_token) if per_token else 0.0
+    stalled = [s for s in steps if s.tokens > 0 and s.step_time_s > STALL_FACTOR * typical * s.tokens]
+    return Rate(tokens_per_s=statistics.median(rates) if steps else 0.0, mean_tokens_per_s=mean, windows=k,
+                stalls=len(stalled), stall_time_s=sum(s.step_time_s - typical * s.tokens for s in stalled))
+
+
 class RunSummary(Record):
     measured_steps: int
     warmup_steps: int
     warmup_time_s: float
-    tokens_per_s: float
+    tokens_per_s: float  # robust: the median over windows (robust_rate)
     tokens_per_s_per_device: float
+    mean_tokens_per_s: float = 0.0  # all measured tokens / all measured time
+    stalls: int = 0
+    stall_time_s: float = 0.0
     mean_step_time_s: float
     mfu: float | None
     peak_mem_bytes: int | None
@@ -94,8 +132,8 @@ class RunResult(Record):
     def summary(self) -> RunSummary:
         measured, warm = self.measured(), self.steps[: self.warmup_steps]
         time_s = sum(s.step_time_s for s in measured)
-        tokens = sum(s.tokens for s in measured)
-        tps = tokens / time_s if time_s > 0 else 0.0
+        rate = robust_rate(measured)
+        tps = rate.tokens_per_s
         per_device = tps / max(self.n_devices, 1)
         mfu = None
         if self.flops_per_token and self.peak_flops_per_device and per_device > 0:
@@ -112,6 +150,9 @@ class RunResult(Record):
             warmup_time_s=sum(s.step_time_s for s in warm),
             tokens_per_s=tps,
             tokens_per_s_per_device=per_device,
+            mean_tokens_per_s=rate.mean_tokens_per_s,
+            stalls=rate.stalls,
+            stall_time_s=rate.stall_time_s,
             mean_step_time_s=time_s / len(measured) if measured else 0.0,
             mfu=mfu,
             peak_mem_bytes=max(mems) if mems else None,

@@ -43,6 +43,10 @@ class BaselineProfile(BaseModel):
     final_losses: list[float]  # per seed: validation loss at the end, else smoothed training loss
     final_metric: str
     loss_margin: float  # non-inferiority margin on the final loss (nats)
+    # "fixed": the workload replays its batches whatever the speed knobs (profiles stored before this
+    # field existed were all judged so); "auto": the guard finds out per candidate
+    data_order: str = "fixed"
+    noise_note: str = ""  # an absurd A/A noise refused and measured again, or a busy machine
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2))
@@ -127,7 +131,41 @@ def build_profile(
         final_losses=[f for f, _ in finals],
         final_metric=finals[0][1],
         loss_margin=loss_margin(parity, [f for f, _ in finals], reference, distinct),
+        data_order="fixed" if getattr(workload, "sample_order_fixed", False) else "auto",
     )
+
+
+def trusted_aa(profile: BaselineProfile, settings: GuardConfig) -> tuple[list[float], str]:
+    """The profile's A/A log ratios when their noise is plausible; a stored absurd noise (a profile
+    that caught a neighbour's burst, possibly from an earlier session) is refused, never reused."""
+    noise = stats.noise_margin(profile.aa_log_ratios, 0.0)
+    if noise <= settings.speed.max_noise:
+        return list(profile.aa_log_ratios), ""
+    return [], (f"the stored baseline profile's A/A noise {100 * noise:.0f}% is above speed.max_noise "
+                f"{100 * settings.speed.max_noise:.0f}% and is not reused: the verdict's own pairs give the noise")
+
+
+def remeasure_throughput(
+    workload: Workload, recipe: Recipe, profile: BaselineProfile, settings: GuardConfig, out_dir: Path,
+    progress: Progress | None = None,
+) -> BaselineProfile:
+    """An absurd A/A noise is refused: the baseline's throughput is measured again (fresh runs of
+    ``speed.steps`` steps); if the noise is still absurd the profile says the machine was busy."""
+    before = profile.throughput_noise
+    n = max(3, len(profile.runs))
+    if progress:
+        progress(f"A/A noise {100 * before:.0f}% is above speed.max_noise: measuring the baseline's throughput again")
+    runs = [run_checked(workload, with_seed(recipe, profile.seeds[0]), settings.speed.steps, out_dir / f"again-{k}",
+                        settings, "baseline throughput run") for k in range(n)]
+    rates = [r.summary().tokens_per_s_per_device for r in runs]
+    aa = [float(x) for x in stats.log_ratios(rates[1:], rates[:-1])]
+    noise = stats.noise_margin(aa, 0.0)
+    note = (f"A/A noise {100 * before:.0f}% over the profile runs refused (above speed.max_noise "
+            f"{100 * settings.speed.max_noise:.0f}%); measured again over {n} runs: {100 * noise:.0f}%")
+    if noise > settings.speed.max_noise:
+        note += "; still absurd: the machine was busy, and the final verdict will rely on its own pairs"
+    return profile.model_copy(update={"aa_log_ratios": aa, "throughput_noise": noise,
+                                      "tokens_per_s": statistics.median(rates), "noise_note": note})
 
 
 def profile_baseline(
@@ -147,6 +185,8 @@ def profile_baseline(
         folder = out_dir / (f"seed-{seed}" if seed is not None else f"repeat-{k}")
         runs.append(run_checked(workload, with_seed(recipe, seed), steps, folder, settings, "baseline run"))
     profile = build_profile(workload, recipe, runs, seeds, steps, settings)
+    if profile.throughput_noise > settings.speed.max_noise and settings.speed.noise_margin is None:
+        profile = remeasure_throughput(workload, recipe, profile, settings, out_dir, progress)
     out_dir.mkdir(parents=True, exist_ok=True)
     profile.save(out_dir / "profile.json")
     return profile

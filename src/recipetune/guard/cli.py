@@ -75,33 +75,44 @@ def render(verdict: Verdict) -> Panel:
                           f" (approved only above {1 + (verdict.noise_margin or 0):.3f})", style="bold"))
         parts.append(Text(f"noise: {verdict.speed.get('noise_source', '')}", style="dim"))
     if verdict.pairs:
-        table = Table(title="interleaved pairs (tokens/s per device, warm-up excluded)", title_justify="left")
-        for col in ("pair", "order", "baseline", "candidate", "ratio", "warm-up s (A / B)"):
+        table = Table(title="interleaved pairs (tokens/s per device: median over windows, warm-up excluded)",
+                      title_justify="left")
+        for col in ("pair", "order", "baseline", "candidate", "ratio", "warm-up s (A / B)", "stalls (A / B)"):
             table.add_column(col, justify="right")
         for p in verdict.pairs:
             table.add_row(str(p["index"]), p["order"], f"{p['baseline_tokens_per_s']:,.0f}",
                           f"{p['candidate_tokens_per_s']:,.0f}", f"{p['ratio']:.3f}",
-                          f"{p['baseline_warmup_s']:.2f} / {p['candidate_warmup_s']:.2f}")
+                          f"{p['baseline_warmup_s']:.2f} / {p['candidate_warmup_s']:.2f}",
+                          f"{p.get('baseline_stalls', 0)} / {p.get('candidate_stalls', 0)}")
         parts.append(table)
 
     par = verdict.parity
     if par:
-        table = Table(title=f"loss parity ({par['mode']}, smoothing window {par['window']})", title_justify="left",
-                      show_header=False)
+        window = "" if par["mode"] == "independent runs" else f", smoothing window {par['window']}"
+        table = Table(title=f"loss parity ({par['mode']}{window})", title_justify="left", show_header=False)
         table.add_column(style="bold")
         table.add_column()
-        gap = f"{par['gap']:.4f} nats"
-        if par["tolerance"] is not None:
-            gap += (f"  (tolerance {par['tolerance']:.4f} = {par['tolerance_fraction']:g} x baseline "
-                    f"{par['reference_kind']} spread {par['reference']:.4f})")
-        table.add_row("smoothed gap", gap)
+        if par.get("mode_reason"):
+            table.add_row("mode", escape(f"{par['mode']}: {par['mode_reason']}"))
+        if par["gap"] is not None:
+            gap = f"{par['gap']:.4f} nats"
+            if par["tolerance"] is not None:
+                gap += (f"  (tolerance {par['tolerance']:.4f} = {par['tolerance_fraction']:g} x baseline "
+                        f"{par['reference_kind']} spread {par['reference']:.4f})")
+            table.add_row("smoothed gap", gap)
+        if par.get("bound") is not None:
+            table.add_row("end-of-run difference", f"{par['mean_diff']:+.4f} nats, se {par['se']:.4f}, one-sided upper "
+                          f"bound {par['bound']:+.4f} vs margin {par['margin']:.4f} ({par['outcome']})")
         table.add_row(par["final_metric"], "baseline " + ", ".join(f"{x:.4f}" for x in par["baseline_finals"])
                       + "; candidate " + ", ".join(f"{x:.4f}" for x in par["candidate_finals"]))
         p = "n/a (one seed)" if par["p_value"] is None else f"{par['p_value']:.3g}"
         table.add_row("non-inferiority", f"mean diff {par['mean_diff']:+.4f} vs margin {par['margin']:.4f}; "
                       f"one-sided p {p} (alpha {par['alpha']:g}); seeds {par['seeds']}")
-        table.add_row("verdict", "holds" if par["passed"] else "fails")
+        table.add_row("verdict", par.get("outcome", "holds" if par["passed"] else "fails"))
         parts.append(table)
+    if verdict.notes:
+        parts.append(Text("\nnotes", style="bold"))
+        parts += [Text(f"  - {n}") for n in verdict.notes]
 
     if verdict.invariants_checked:
         parts.append(Text("\ninvariants checked", style="bold"))

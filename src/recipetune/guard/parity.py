@@ -12,6 +12,11 @@ Two questions, both answered against the baseline's own variation (the profile):
 
 A semantic knob the campaign allowed to change (e.g. the global batch) alters the trajectory by
 design: then only the second question is asked, with the loss compared at equal tokens.
+
+Many trainers cannot replay the baseline's batches: nanoGPT draws them from the global RNG, so
+another micro-batch size trains on other sequences. Then the same-seed question is meaningless and
+the runs are compared as independent samples ("independent runs"): the end-of-run loss, with the
+noise of each run estimated from the run itself. Which mode applies is decided first, and said.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
+from scipy import stats as sps
 
 from recipetune.guard import stats
 from recipetune.guard.baseline import BaselineProfile, final_loss
@@ -27,9 +33,13 @@ from recipetune.guard.config import ParitySettings
 from recipetune.measure import RunResult
 from recipetune.recipe import SPEED
 
+REPLAY_STEPS = 3  # first logged losses compared to find out whether the candidate saw the same batches
+REPLAY_FRACTION = 0.1  # ... they must agree to this fraction of the baseline's step-to-step noise
+MIN_TAIL = 10  # fewer logged losses than this in a compared tail: too short to tell
+
 
 class ParityEvidence(BaseModel):
-    mode: Literal["same seed", "equal tokens"]
+    mode: Literal["same seed", "equal tokens", "independent runs"]
     passed: bool
     reasons: list[str]
     window: int
@@ -48,6 +58,19 @@ class ParityEvidence(BaseModel):
     margin: float
     p_value: float | None
     alpha: float
+    mode_reason: str = ""  # why this mode: declared, or what the first losses showed
+    outcome: Literal["holds", "fails", "inconclusive"] = "holds"
+    notes: list[str] = []  # e.g. a trainer without a seed knob
+    se: float | None = None  # independent runs: standard error of the final difference
+    bound: float | None = None  # independent runs: one-sided upper bound of the final difference
+    noise: dict[str, float] = {}  # independent runs: step-to-step noise of each run's logged loss
+
+    def summary(self) -> str:
+        if self.mode == "independent runs":
+            return (f"independent runs: final {self.final_metric} {self.mean_diff:+.4f} nats, upper bound "
+                    f"{self.bound:+.4f} < margin {self.margin:.4f}")
+        return (f"{self.mode}: gap {self.gap:.4f}" + (f" <= {self.tolerance:.4f}" if self.tolerance is not None else "")
+                + f", final {self.mean_diff:+.4f} within margin {self.margin:.4f}")
 
 
 def semantic_edits(profile: BaselineProfile, recipe: dict) -> list[str]:
@@ -64,12 +87,139 @@ def _tokens(run: RunResult) -> np.ndarray:
     return np.cumsum([s.tokens for s in run.steps], dtype=float)
 
 
+def replayed(base: RunResult, cand: RunResult) -> tuple[bool, str]:
+    """Did the candidate see the baseline's batches? Its first logged losses (before its updates can
+    drift apart numerically) then agree far more closely than two different batches would."""
+    b, c = _by_step(base), _by_step(cand)
+    common = sorted(b.keys() & c.keys())[:REPLAY_STEPS]
+    if not common:
+        return False, "the runs share no logged step"
+    gap = max(abs(c[t] - b[t]) for t in common)
+    tol = max(1e-6, REPLAY_FRACTION * stats.step_noise(base.losses()))
+    same = gap <= tol
+    return same, (f"its first {len(common)} logged losses {'match' if same else 'differ from'} the baseline's "
+                  f"(largest difference {gap:.2e} nats, numerical precision taken as {tol:.2e} = "
+                  f"{REPLAY_FRACTION:g} x the baseline's step-to-step noise): "
+                  + ("it saw the same batches" if same else "it trained on other batches, or logs another average"))
+
+
+def choose_mode(profile: BaselineProfile, cand: RunResult, settings: ParitySettings,
+                equal_tokens: bool) -> tuple[str, str]:
+    """Same seed (the candidate replays the baseline's batches), equal tokens, or independent runs."""
+    if equal_tokens:
+        return "equal tokens", "an allowed semantic knob changed: the trajectory differs by design"
+    order = settings.data_order if settings.data_order != "auto" else profile.data_order
+    if order == "fixed":
+        return "same seed", "the sample order is fixed (the workload replays its batches, or guard.parity.data_order)"
+    if order == "varies":
+        return "independent runs", "guard.parity.data_order declares that the sample order varies with the recipe"
+    moved = [k for k in settings.data_order_knobs if cand.recipe.get(k) != profile.recipe.get(k)]
+    if moved:
+        return "independent runs", (f"the campaign declares that the sample order depends on {', '.join(moved)}, "
+                                    "which the candidate changes (guard.parity.data_order_knobs)")
+    same, why = replayed(profile.runs[0], cand)
+    return ("same seed" if same else "independent runs"), why
+
+
 def compare(
     profile: BaselineProfile, candidates: list[RunResult], settings: ParitySettings, equal_tokens: bool = False
 ) -> ParityEvidence:
     """Judge candidate runs; ``candidates[i]`` ran with ``profile.seeds[i]``."""
     if not candidates or len(candidates) > len(profile.runs):
         raise ValueError(f"need 1..{len(profile.runs)} candidate runs, one per profiled seed; got {len(candidates)}")
+    mode, why = choose_mode(profile, candidates[0], settings, equal_tokens)
+    if mode == "independent runs":
+        return compare_independent(profile, candidates, settings, why)
+    evidence = _compare_tracking(profile, candidates, settings, equal_tokens)
+    evidence.mode_reason = why
+    return evidence
+
+
+def seed_note(profile: BaselineProfile) -> tuple[bool, str]:
+    """Whether the baseline's repeats are independent samples, and what to say about the seed."""
+    if profile.seeds[0] is not None:
+        distinct = len(set(profile.seeds)) > 1
+        return distinct, f"seeds {profile.seeds}"
+    curves = profile.curves()
+    if len(curves) > 1 and any(c != curves[0] for c in curves[1:]):
+        return True, ("the workload has no seed knob; its repeats differ (the trainer seeds itself), "
+                      "so they count as independent repeats")
+    return False, ("the workload has no seed knob and its repeats are identical (it seeds itself with a "
+                   "constant): one run per recipe is compared, its noise estimated within the run")
+
+
+def _tail(run: RunResult, total: float, share: float) -> list[float]:
+    """Logged losses whose cumulative token count lies in the last ``share`` of ``total`` tokens."""
+    tokens = _tokens(run)
+    return [s.loss for s, k in zip(run.steps, tokens, strict=True) if (1 - share) * total < k <= total * (1 + 1e-9)]
+
+
+def compare_independent(
+    profile: BaselineProfile, candidates: list[RunResult], settings: ParitySettings, why: str
+) -> ParityEvidence:
+    """End-of-run loss of independent runs: over the same last share of tokens, with the noise of each
+    run from the run itself (a logged loss averaging fewer sequences is noisier, and counted so)."""
+    independent, note = seed_note(profile)
+    pairs = list(zip(profile.runs, candidates, strict=False))
+    if not independent:
+        pairs = pairs[:1]  # identical repeats: one more copy of the same run adds nothing
+    use_val = independent and len(pairs) > 1 and all(
+        b.evals and c.evals and b.evals[-1].step == b.steps[-1].step and c.evals[-1].step == c.steps[-1].step
+        for b, c in pairs)
+    notes = [note]
+    diffs, ses, b_fin, c_fin, noise = [], [], [], [], {"baseline": [], "candidate": []}
+    short = 0
+    for base, cand in pairs:
+        total = min(_tokens(base)[-1], _tokens(cand)[-1])
+        b_tail, c_tail = _tail(base, total, settings.tail), _tail(cand, total, settings.tail)
+        short = max(short, MIN_TAIL - min(len(b_tail), len(c_tail)))
+        eb, ec = stats.mean_with_error(b_tail), stats.mean_with_error(c_tail)
+        bf, cf = (base.evals[-1].val_loss, cand.evals[-1].val_loss) if use_val else (eb.mean, ec.mean)
+        b_fin.append(bf)
+        c_fin.append(cf)
+        diffs.append(cf - bf)
+        ses.append(float(np.hypot(eb.se, ec.se)))
+        noise["baseline"].append(stats.step_noise(b_tail))
+        noise["candidate"].append(stats.step_noise(c_tail))
+    share = f"the last {100 * settings.tail:.0f}% of the tokens"
+    metric = "validation loss" if use_val else f"training loss (mean over {share})"
+    if not use_val and any(b.evals for b, _ in pairs):
+        notes.append("the trainer prints a validation loss, but one value per run has no measurable noise "
+                     "without independent repeats: the training loss is compared")
+    base_final = float(np.mean(b_fin))
+    margin = settings.margin if settings.margin is not None else max(
+        settings.floor, settings.relative_margin * abs(base_final))
+    test = stats.independent_test(diffs, ses, margin, settings.alpha, independent)
+    step_noise = {k: float(np.mean(v)) for k, v in noise.items()}
+    notes.append(f"step-to-step noise of the logged loss: baseline {step_noise['baseline']:.4f}, candidate "
+                 f"{step_noise['candidate']:.4f} nats (it shrinks with the sequences a logged loss averages)")
+    conf = f"{100 * (1 - settings.alpha):.0f}%"
+    outcome = {"non-inferior": "holds", "worse": "fails", "inconclusive": "inconclusive"}[test.outcome]
+    reasons = []
+    if short > 0:  # too few values to estimate the noise: neither "worse" nor "within margin" is shown
+        outcome = "inconclusive"
+        reasons.append(f"the runs are too short to tell: fewer than {MIN_TAIL} logged losses in {share}; "
+                       "raise guard.parity.steps")
+    elif outcome == "fails":
+        reasons.append(f"the candidate trains worse: final {metric} {test.diff:+.4f} nats vs the baseline, "
+                       f"beyond the runs' noise (one-sided {conf} lower bound {test.low:+.4f} > 0, se {test.se:.4f})")
+    elif outcome == "inconclusive":
+        reasons.append(f"the runs are too short to tell: final {metric} {test.diff:+.4f} nats vs the baseline, "
+                       f"one-sided {conf} upper bound {test.high:+.4f} is not below the margin {margin:.4f} "
+                       f"(se {test.se:.4f}); raise guard.parity.steps (or state guard.parity.margin)")
+    return ParityEvidence(
+        mode="independent runs", passed=outcome == "holds", reasons=reasons, window=settings.window,
+        seeds=profile.seeds[: len(pairs)], steps_compared=min(len(b.steps) for b, _ in pairs), gap=None, gaps=[],
+        tolerance=None, reference=test.se, reference_kind="within-run noise", tolerance_fraction=settings.tolerance,
+        final_metric=metric, baseline_finals=b_fin, candidate_finals=c_fin, mean_diff=test.diff, margin=margin,
+        p_value=float(sps.norm.sf((margin - test.diff) / test.se)) if test.se > 0 else None, alpha=settings.alpha,
+        mode_reason=why, outcome=outcome, notes=notes, se=test.se, bound=test.high, noise=step_noise,
+    )
+
+
+def _compare_tracking(
+    profile: BaselineProfile, candidates: list[RunResult], settings: ParitySettings, equal_tokens: bool
+) -> ParityEvidence:
     w = settings.window
     pairs = list(zip(profile.runs, candidates, strict=False))
     diffs: list[np.ndarray] = []
@@ -136,6 +286,7 @@ def compare(
     return ParityEvidence(
         mode="equal tokens" if equal_tokens else "same seed",
         passed=not reasons,
+        outcome="fails" if reasons else "holds",
         reasons=reasons,
         window=w,
         seeds=profile.seeds[: len(candidates)],

@@ -2,7 +2,11 @@
 
 Pairs alternate their order (A B, B A, A B, ...), so a shared machine's drift falls on both sides
 of a pair and a first-run or last-run effect on neither side alone. Warm-up steps are excluded from
-tokens/s and reported apart. Consecutive baseline runs are A/A pairs: they give the noise margin.
+tokens/s and reported apart; each run's figure is the median over windows of its steps
+(``measure.robust_rate``), so one stall moves it little, and stalls are counted per run. Consecutive
+baseline runs are A/A pairs: with the stored profile's (when plausible) they give the noise margin.
+An A/A noise above ``speed.max_noise`` is refused: the pairs are measured once more, and if the
+noise is still absurd the verdict says the machine was busy instead of deciding.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ class Pair(BaseModel):
     candidate_warmup_s: float
     baseline_dir: str
     candidate_dir: str
+    baseline_stalls: int = 0
+    candidate_stalls: int = 0
 
 
 class SpeedEvidence(BaseModel):
@@ -44,21 +50,15 @@ class SpeedEvidence(BaseModel):
     aa_log_ratios: list[float]
     faster: bool  # the CI's lower end clears 1 + noise margin
     failure: str = ""  # a candidate run that failed: then nothing else here counts
+    busy: str = ""  # the A/A noise stayed absurd after measuring again: no decision on speed
+    notes: list[str] = []  # a refused stored noise, a re-measurement
 
 
-def measure_speed(
-    workload: Workload,
-    baseline: Recipe,
-    candidate: Recipe,
-    settings: GuardConfig,
-    out_dir: Path,
-    prior_aa: list[float] | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> SpeedEvidence:
-    """``settings.speed.pairs`` interleaved pairs of ``settings.speed.steps`` steps each."""
+def _pairs(workload: Workload, baseline: Recipe, candidate: Recipe, settings: GuardConfig, out_dir: Path,
+           progress: Callable[[str], None] | None) -> tuple[list[Pair], str]:
+    """One round of interleaved pairs; a failed candidate run ends it (its message is returned)."""
     sp = settings.speed
     pairs: list[Pair] = []
-    base_tps: list[float] = []
     for i in range(sp.pairs):
         order = "AB" if i % 2 == 0 else "BA"
         runs: dict[str, RunResult] = {}
@@ -72,30 +72,66 @@ def measure_speed(
             if not result.ok and side == "A":
                 raise GuardError(f"baseline speed run failed ({result.status}: {result.cause}); see {folder}")
             if not result.ok:
-                return SpeedEvidence(pairs=pairs, speedup=None, ci_low=None, ci_high=None, confidence=sp.confidence,
-                                     ci_method="", noise_margin=0.0, noise_source="", aa_log_ratios=[],
-                                     faster=False, failure=f"candidate speed run {result.status}: {result.cause}")
+                return pairs, f"candidate speed run {result.status}: {result.cause}"
             runs[side] = result
         a, b = runs["A"].summary(), runs["B"].summary()
-        base_tps.append(a.tokens_per_s_per_device)
         pairs.append(Pair(
             index=i + 1, order=order,
             baseline_tokens_per_s=a.tokens_per_s_per_device, candidate_tokens_per_s=b.tokens_per_s_per_device,
             ratio=b.tokens_per_s_per_device / a.tokens_per_s_per_device,
             baseline_warmup_s=a.warmup_time_s, candidate_warmup_s=b.warmup_time_s,
             baseline_dir=runs["A"].out_dir, candidate_dir=runs["B"].out_dir,
+            baseline_stalls=a.stalls, candidate_stalls=b.stalls,
         ))
+    return pairs, ""
 
+
+def own_aa(pairs: list[Pair]) -> list[float]:
+    """A/A log ratios of the pairs' consecutive baseline runs."""
+    base = [p.baseline_tokens_per_s for p in pairs]
+    return [float(x) for x in stats.log_ratios(base[1:], base[:-1])] if len(base) > 1 else []
+
+
+def measure_speed(
+    workload: Workload,
+    baseline: Recipe,
+    candidate: Recipe,
+    settings: GuardConfig,
+    out_dir: Path,
+    prior_aa: list[float] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> SpeedEvidence:
+    """``settings.speed.pairs`` interleaved pairs of ``settings.speed.steps`` steps each."""
+    sp = settings.speed
+    notes: list[str] = []
+    pairs, failure = _pairs(workload, baseline, candidate, settings, out_dir, progress)
+    aa = own_aa(pairs)
+    if not failure and sp.noise_margin is None and stats.noise_margin(aa, 0.0) > sp.max_noise:
+        notes.append(f"A/A noise {100 * stats.noise_margin(aa, 0.0):.0f}% over the first round of pairs is above "
+                     f"speed.max_noise {100 * sp.max_noise:.0f}%: measured again")
+        pairs, failure = _pairs(workload, baseline, candidate, settings, out_dir / "again", progress)
+        aa = own_aa(pairs)
+    if failure:
+        return SpeedEvidence(pairs=pairs, speedup=None, ci_low=None, ci_high=None, confidence=sp.confidence,
+                             ci_method="", noise_margin=0.0, noise_source="", aa_log_ratios=[], faster=False,
+                             failure=failure, notes=notes)
     ratios = stats.log_ratios([p.candidate_tokens_per_s for p in pairs], [p.baseline_tokens_per_s for p in pairs])
     ci = stats.speedup_ci(ratios, sp.confidence, sp.resamples)
-    aa = [*(prior_aa or []), *(float(x) for x in stats.log_ratios(base_tps[1:], base_tps[:-1]))]
+    own = stats.noise_margin(aa, 0.0)
+    busy = ""
+    if sp.noise_margin is None and own > sp.max_noise:
+        busy = (f"the machine was busy: the A/A noise of the verdict's own pairs is {100 * own:.0f}%, above "
+                f"speed.max_noise {100 * sp.max_noise:.0f}% even after measuring again; no decision on speed "
+                "(rerun on a quiet machine)")
+    aa = [*(prior_aa or []), *aa]
     if sp.noise_margin is not None:
         margin, source = sp.noise_margin, "configured"
     else:
         margin = stats.noise_margin(aa, sp.min_noise_margin)
-        source = f"A/A: RMS of {len(aa)} baseline-vs-baseline log ratios, at least {sp.min_noise_margin:g}"
+        source = (f"A/A: RMS of {len(aa)} baseline-vs-baseline log ratios ({len(prior_aa or [])} from the profile, "
+                  f"{len(aa) - len(prior_aa or [])} from these pairs), at least {sp.min_noise_margin:g}")
     return SpeedEvidence(
         pairs=pairs, speedup=ci.speedup, ci_low=ci.low, ci_high=ci.high, confidence=ci.confidence,
         ci_method=ci.method, noise_margin=margin, noise_source=source, aa_log_ratios=aa,
-        faster=stats.clears(ci, margin),
+        faster=stats.clears(ci, margin) and not busy, busy=busy, notes=notes,
     )

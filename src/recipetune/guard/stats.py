@@ -66,8 +66,81 @@ def batch_noise_spread(curve: Sequence[float], window: int) -> float:
     x = np.asarray(curve, dtype=float)
     if len(x) < 3:
         return 0.0
-    sigma = float(np.std(np.diff(x), ddof=1)) / math.sqrt(2)
-    return sigma * math.sqrt(2 / max(1, min(window, len(x))))
+    return step_noise(x) * math.sqrt(2 / max(1, min(window, len(x))))
+
+
+def step_noise(curve: Sequence[float]) -> float:
+    """Step-to-step noise sigma of a logged loss, from successive differences (var(x_t - x_t-1) =
+    2 sigma^2 when the trend is slow). It shrinks with the sequences the logged loss averages."""
+    x = np.asarray(curve, dtype=float)
+    return float(np.std(np.diff(x), ddof=1)) / math.sqrt(2) if len(x) >= 3 else 0.0
+
+
+@dataclass(frozen=True)
+class MeanEstimate:
+    mean: float
+    se: float  # standard error of the mean, autocorrelation included
+    n: int
+    sigma: float  # residual standard deviation about the linear trend
+    tau: float  # integrated autocorrelation time: the series holds n / tau independent values
+
+
+def mean_with_error(values: Sequence[float]) -> MeanEstimate:
+    """Mean of a noisy loss series and its standard error, from the series alone.
+
+    Residuals about a least-squares line (a loss curve's slow descent is not noise) give sigma; their
+    autocorrelations rho_k give the integrated autocorrelation time tau = 1 + 2 sum rho_k, summed
+    while rho_k > 0 (the initial positive sequence) and k < n / 3. Slow wander of a run's loss, the
+    mark of its own trajectory, shows up as positive rho_k and widens the error. SE = sigma sqrt(tau / n).
+    """
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < 4:
+        return MeanEstimate(float(x.mean()) if n else math.nan, math.inf, n, math.nan, math.nan)
+    t = np.arange(n)
+    r = x - np.polyval(np.polyfit(t, x, 1), t)
+    var = float(r @ r) / (n - 2)
+    tau = 1.0
+    if var > 0:
+        for k in range(1, n // 3):
+            rho = float(r[:-k] @ r[k:]) / (n - 2) / var
+            if rho <= 0:
+                break
+            tau += 2 * rho
+    return MeanEstimate(float(x.mean()), math.sqrt(var * tau / n), n, math.sqrt(var), tau)
+
+
+@dataclass(frozen=True)
+class IndependentTest:
+    diff: float  # candidate - baseline, averaged over the pairs of runs (positive: the candidate is worse)
+    se: float
+    low: float  # one-sided bounds at level alpha: diff -/+ z_(1-alpha) se
+    high: float
+    margin: float
+    alpha: float
+    outcome: str  # "non-inferior" | "worse" | "inconclusive"
+
+
+def independent_test(diffs: Sequence[float], ses: Sequence[float], margin: float, alpha: float,
+                     repeats_independent: bool) -> IndependentTest:
+    """End-of-run losses of independent runs (different samples), judged against a margin.
+
+    Per pair k: d_k with standard error s_k (the two runs' errors added in quadrature). Pooled:
+    d = mean(d_k), se = sqrt(sum s_k^2) / n; with independent repeats also at least the empirical
+    std(d_k) / sqrt(n), which catches the run-to-run wander the within-run errors miss.
+    non-inferior when d + z se < margin; worse when d - z se > 0 and not non-inferior; else the runs
+    cannot tell (too short or too noisy).
+    """
+    d, s = np.asarray(diffs, dtype=float), np.asarray(ses, dtype=float)
+    n = len(d)
+    mean = float(d.mean())
+    se = float(np.sqrt(np.sum(s**2))) / n
+    if repeats_independent and n > 1:
+        se = max(se, float(np.std(d, ddof=1)) / math.sqrt(n))
+    z = float(sps.norm.ppf(1 - alpha))
+    low, high = mean - z * se, mean + z * se
+    outcome = "non-inferior" if high < margin else "worse" if low > 0 else "inconclusive"
+    return IndependentTest(mean, se, low, high, margin, alpha, outcome)
 
 
 def tolerance(reference: float, fraction: float, floor: float) -> float:

@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from recipetune.guard.baseline import BaselineProfile, profile_baseline, with_seed
+from recipetune.guard.baseline import BaselineProfile, profile_baseline, trusted_aa, with_seed
 from recipetune.guard.config import GuardConfig
-from recipetune.guard.parity import compare
+from recipetune.guard.parity import compare, seed_note
 from recipetune.guard.speed import measure_speed
 from recipetune.guard.static import StaticReport, static_report
 from recipetune.recipe import Recipe
@@ -41,6 +41,7 @@ class Verdict(BaseModel):
     baseline: dict[str, Any] = Field(default_factory=dict)
     candidate: dict[str, Any] = Field(default_factory=dict)
     change: str = ""
+    notes: list[str] = Field(default_factory=list)  # how the evidence was gathered: mode, seeds, noise refused
     settings: dict[str, Any] = Field(default_factory=dict)
     out_dir: str = ""
 
@@ -90,14 +91,19 @@ def final_verdict(
         return _finish(verdict, out_dir)  # nothing ran
 
     parity_cfg = settings.parity
-    prior_aa = list(profile.aa_log_ratios) if profile is not None else []
+    prior_aa: list[float] = []
+    if profile is not None:
+        prior_aa, refused = trusted_aa(profile, settings)
+        verdict.notes += [n for n in (profile.noise_note, refused) if n]
     # A campaign's profile serves when it measured this baseline at enough seeds for at least as many
     # steps; otherwise the baseline is profiled again at the parity settings.
     reusable = (profile is not None and profile.recipe == dict(baseline) and profile.steps >= parity_cfg.steps
                 and len(profile.runs) >= parity_cfg.seeds)
     if not reusable:
         profile = profile_baseline(workload, baseline, parity_cfg.steps, settings, out_dir / "baseline", progress)
-        prior_aa += profile.aa_log_ratios
+        fresh, refused = trusted_aa(profile, settings)
+        prior_aa += fresh
+        verdict.notes += [n for n in (profile.noise_note, refused) if n]
     assert profile is not None
 
     # Parity: the candidate at every profiled seed, for the same tokens as the baseline.
@@ -108,6 +114,9 @@ def final_verdict(
         if tb and tc:
             steps = max(2, round(profile.steps * tb / tc))
     seeds = profile.seeds[: parity_cfg.seeds]
+    independent, _ = seed_note(profile)
+    if seeds[0] is None and not independent:
+        seeds = seeds[:1]  # a trainer that seeds itself with a constant repeats itself: one run says it all
     runs = []
     for k, seed in enumerate(seeds):
         if progress:
@@ -120,6 +129,11 @@ def final_verdict(
         runs.append(result)
     evidence = compare(profile, runs, parity_cfg, equal_tokens=equal_tokens)
     verdict.parity = evidence.model_dump(mode="json")
+    verdict.notes += [f"loss parity mode: {evidence.mode}, because {evidence.mode_reason}", *evidence.notes]
+    if evidence.outcome == "inconclusive":
+        verdict.decision = "KEEP BASELINE"  # never APPROVED on runs that cannot tell
+        verdict.reasons = evidence.reasons
+        return _finish(verdict, out_dir)
     if not evidence.passed:
         verdict.reasons = evidence.reasons
         return _finish(verdict, out_dir)
@@ -128,18 +142,24 @@ def final_verdict(
     speed = measure_speed(workload, baseline, candidate, settings, out_dir / "speed", prior_aa, progress)
     verdict.pairs = [p.model_dump(mode="json") for p in speed.pairs]
     verdict.speed = speed.model_dump(mode="json", exclude={"pairs"})
+    verdict.notes += speed.notes
     if speed.failure:
         verdict.reasons = [speed.failure]
         return _finish(verdict, out_dir)
+    stalls = sum(p.baseline_stalls + p.candidate_stalls for p in speed.pairs)
+    if stalls:
+        verdict.notes.append(f"{stalls} stalled step(s) in the speed runs, outweighed by each run's median over "
+                             "windows (see pairs)")
     verdict.speedup, verdict.ci_low, verdict.ci_high = speed.speedup, speed.ci_low, speed.ci_high
     verdict.noise_margin, verdict.confidence = speed.noise_margin, speed.confidence
     figures = (f"speed-up {speed.speedup:.3f}x, {100 * speed.confidence:.0f}% CI [{speed.ci_low:.3f}, "
                f"{speed.ci_high:.3f}] over {len(speed.pairs)} interleaved pairs; noise margin "
                f"{100 * speed.noise_margin:.1f}%")
-    loss = (f"loss parity holds ({evidence.mode}: gap {evidence.gap:.4f}"
-            + (f" <= {evidence.tolerance:.4f}" if evidence.tolerance is not None else "")
-            + f", final {evidence.mean_diff:+.4f} within margin {evidence.margin:.4f})")
-    if speed.faster:
+    loss = f"loss parity holds ({evidence.summary()})"
+    if speed.busy:
+        verdict.decision = "KEEP BASELINE"
+        verdict.reasons = [speed.busy, loss]
+    elif speed.faster:
         verdict.decision = "APPROVED"
         verdict.reasons = [f"{figures}: the CI's lower end clears 1 + margin", loss]
     else:

@@ -100,8 +100,12 @@ def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe, store: Campa
         noise = getattr(v, "noise_margin", None)
         lines.append(Text(f"speed-up: {v.speedup:.3f}x{ci}" + (f"  noise margin {noise:.3f}" if noise else "")))
         parity = getattr(v, "parity", None) or {}
-        if "gap" in parity:
-            lines.append(Text(f"loss parity: gap {parity['gap']:+.4f}, tolerance {parity.get('tolerance', 0):.4f}"))
+        if parity.get("gap") is not None:
+            tol = parity.get("tolerance")
+            lines.append(Text(f"loss parity: gap {parity['gap']:+.4f}" + (f", tolerance {tol:.4f}" if tol else "")))
+        elif parity.get("bound") is not None:  # independent runs: the end-of-run loss against the margin
+            lines.append(Text(f"loss parity ({parity['mode']}): final {parity['mean_diff']:+.4f}, upper bound "
+                              f"{parity['bound']:+.4f} < margin {parity['margin']:.4f}"))
     for reason in outcome.reasons:
         lines.append(Text(f"- {reason}"))
     if store is not None and store.name != STUDY_NAME:  # a shared database: the URL without its password

@@ -45,6 +45,9 @@ class Workload(ABC):
     """One trainer, seen from recipetune. Every run is a fresh subprocess."""
 
     kind: str
+    # True when the trainer draws the same batches whatever its speed knobs: a candidate must then
+    # replay them (the guard's same-seed test). Unknown for outside trainers: the guard finds out.
+    sample_order_fixed: bool = False
 
     @abstractmethod
     def knobs(self) -> KnobSet: ...

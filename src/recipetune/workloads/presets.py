@@ -106,6 +106,18 @@ PRESETS: dict[str, LogPreset] = {
             rf"\bvalidate step:\s*(?P<step>\d+)\s+loss:\s*(?P<val_loss>{NUM})",
             help="torchtitan train.py (set --metrics.log_freq=1 to measure every step)",
         ),
+        # Megatron-LM's training_log (set --log-interval 1: the time is averaged over the interval):
+        # " iteration       10/    1000 | consumed samples: 160 | elapsed time per iteration (ms): 1147.6 |
+        # learning rate: 1.0E-04 | global batch size: 16 | lm loss: 7.399415E+00 | loss scale: 1.0 |
+        # grad norm: 2.918 | ...", and " validation loss at iteration 100 | lm loss value: 7.1E+00 |".
+        # The line prints sequences, not tokens: the campaign gives tokens_per_step.
+        make_preset(
+            "megatron",
+            rf"\biteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*"
+            rf"(?P<step_time_ms>{NUM}).*?\|\s*lm loss:\s*(?P<loss>{NUM})(?:.*?\bgrad norm:\s*(?P<grad_norm>{NUM}))?",
+            rf"\bvalidation loss at iteration\s+(?P<step>\d+)[^|]*\|\s*lm loss value:\s*(?P<val_loss>{NUM})",
+            help="Megatron-LM pretrain_gpt.py (set --log-interval 1 to measure every step)",
+        ),
     )
 }
 

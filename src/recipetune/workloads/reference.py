@@ -16,6 +16,7 @@ from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_res
 
 class ReferenceWorkload(Workload):
     kind = "reference"
+    sample_order_fixed = True  # its sampler draws the same global batches whatever the micro-batching
 
     def __init__(self) -> None:
         self._knobs = reference_knobs()

@@ -1,0 +1,75 @@
+"""The nanoGPT-style trainer end to end (tests/fixtures/nanogpt_trainer.py, examples/nanogpt-campaign.yaml).
+
+No seed flag, batches from the global RNG (32 x 1 trains on other sequences than 2 x 16), the last
+micro-batch's loss printed, a stall every 15 iterations: the coupled move is APPROVED through
+``recipetune verify``; its poisoned variants are REJECTED; an A/A comparison is not approved.
+Real training runs (one thread): the slowest tests of the guard.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from recipetune.cli import app
+from recipetune.config import load_campaign
+from recipetune.guard.baseline import profile_baseline
+from recipetune.guard.verdict import final_verdict
+
+CAMPAIGN = Path(__file__).resolve().parents[1] / "examples" / "nanogpt-campaign.yaml"
+ONE_SEED = ["guard.parity.seeds=1"]  # the trainer repeats itself exactly: one run per recipe says it all
+
+
+@pytest.mark.slow
+def test_verify_the_coupled_move_is_approved(tmp_path):
+    res = CliRunner().invoke(app, ["verify", str(CAMPAIGN), str(CAMPAIGN), "batch_size=32", "grad_accum=1",
+                                   *ONE_SEED, "--out", str(tmp_path / "v"), "--json"])
+    verdict = json.loads(res.stdout)
+    assert res.exit_code == 0 and verdict["decision"] == "APPROVED", verdict["reasons"]
+    assert verdict["parity"]["mode"] == "independent runs" and "differ" in verdict["parity"]["mode_reason"]
+    assert any("no seed knob" in n for n in verdict["notes"])
+    assert verdict["parity"]["noise"]["baseline"] > 2 * verdict["parity"]["noise"]["candidate"]
+    assert sum(p["baseline_stalls"] + p["candidate_stalls"] for p in verdict["pairs"]) > 0
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    # 250 steps: the poisons cost 10% or more and show long before; the A/A replays itself at any length
+    c = load_campaign(CAMPAIGN, [*ONE_SEED, "guard.parity.steps=250"])
+    folder = tmp_path_factory.mktemp("nanogpt")
+    profile = profile_baseline(c.workload, c.baseline, c.config.guard.parity.steps, c.config.guard,
+                               folder / "baseline")
+    return c, profile, folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("poison", ["drop", "stale", "short"])
+def test_poisoned_coupled_moves_are_rejected(campaign, poison):
+    c, profile, folder = campaign
+    cand = c.baseline.with_(batch_size=32, grad_accum=1, poison=poison)
+    v = final_verdict(c.workload, c.baseline, cand, c.config.guard, folder / poison, profile=profile)
+    assert v.decision == "REJECTED" and v.parity["mode"] == "independent runs", v.reasons
+    assert "trains worse" in v.reasons[0] and not v.pairs  # never timed
+
+
+@pytest.mark.slow
+def test_aa_is_not_approved(campaign):
+    c, profile, folder = campaign
+    settings = c.config.guard.model_copy(update={"speed": c.config.guard.speed.model_copy(update={"pairs": 2})})
+    v = final_verdict(c.workload, c.baseline, c.baseline, settings, folder / "aa", profile=profile)
+    assert v.decision == "KEEP BASELINE", v.reasons
+    assert v.parity["mode"] == "same seed" and "match" in v.parity["mode_reason"]  # it replays itself exactly
+
+
+@pytest.mark.slow
+def test_tune_from_2x16_approves_a_no_accumulation_recipe(tmp_path):
+    # The analyst knows the flags through `means:`; its first proposal is the coupled move 32 x 1.
+    folder = tmp_path / "campaign"
+    res = CliRunner().invoke(app, ["tune", str(CAMPAIGN), *ONE_SEED, "--budget", "1", "--out", str(folder)])
+    verdict = json.loads((folder / "verdict.json").read_text())
+    assert res.exit_code == 0 and verdict["decision"] == "APPROVED", (res.output[-2000:], verdict["reasons"])
+    assert verdict["recipe"]["grad_accum"] == 1 and verdict["recipe"]["batch_size"] == 32
+    assert verdict["verdict"]["parity"]["mode"] == "independent runs"
