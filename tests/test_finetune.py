@@ -148,3 +148,20 @@ def test_bad_input_exits_2_names_file_and_field_and_writes_nothing(setup):
             assert str(path) in text.replace(" ", "") or "exp.yaml" in text, (name, res.output)
             assert field in text, (name, field, res.output)
             assert not out.exists() and "Traceback" not in res.output, name
+
+
+def test_data_run_prints_the_chain_and_writes_the_version(setup):
+    tmp_path, files, model = setup
+    chain = [{"op": "dedup_exact", "fields": ["word"]}, {"op": "augment", "rules": ["uppercase"]},
+             {"op": "export", "path": "augmented.jsonl"}]
+    out = tmp_path / "data"
+    res = runner.invoke(app, ["data", "run", str(experiment_file(tmp_path, files, model, data=chain)),
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "dedup_exact" in res.output and "decontaminate" in res.output and "always" in res.output
+    version = json.loads((out / "data_version.json").read_text())
+    assert version["operators"][2]["implicit"]
+    assert [s["op"] for s in version["operators"]] == ["dedup_exact", "augment", "decontaminate", "export"]
+    assert version["operators"][0]["rows_out"] == 18 and version["rows_out"] == 36
+    assert len((out / "train.jsonl").read_text().splitlines()) == 36
+    assert len((out / "augmented.jsonl").read_text().splitlines()) == 36

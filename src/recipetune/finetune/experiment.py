@@ -179,7 +179,9 @@ def train_and_validate(
     base = dict(id=exp.id, task=task.name, route=route.name, data=version, experiment=resolved,
                 environment=environment_fingerprint(), run_dir=str(out_dir))
 
-    pairs = [(task.render(r), task.answer(r)) for r in rows]
+    # the answer is followed by the stop string, so the model learns where to stop (and the HF route
+    # also gets its end token from TRL)
+    pairs = [(task.render(r), task.answer(r) + task.generation.stop) for r in rows]
     log(f"training on {len(pairs)} examples ({route.name} route, {spec.recipe.method}) ...")
     status, cause, train_log = "ok", "", TrainLog()
     try:

@@ -12,6 +12,7 @@ bf16 is far slower than fp32 on most CPUs (TRL would turn it on by default).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -19,13 +20,33 @@ import torch
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe
 from recipetune.finetune.routes import Generation, ModelError, TrainLog, resolve_path
 from recipetune.finetune.task import GenerationSettings
+from recipetune.trainer.data import ByteTokenizer
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 GEN_BATCH = 32
 
 
+def hf_path(spec: ModelSpec, base_dir: Path) -> Path:
+    """``tiny``: a tiny Llama (random weights, BPE tokenizer trained on stdlib text), built once and cached."""
+    if spec.path != "tiny":
+        return resolve_path(spec.path, base_dir)
+    from recipetune.measure import cache_dir
+    from recipetune.trainer.data import load_corpus
+
+    folder = cache_dir() / "base" / "hf-tiny-llama-v1"
+    if not (folder / "config.json").is_file():
+        text = ByteTokenizer().decode(load_corpus("stdlib").train[:2_000_000])
+        tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
+        build_tiny_llama(tmp, text.splitlines(), vocab_size=2048, hidden=128, layers=4)
+        if not folder.exists():
+            os.replace(tmp, folder)
+    return folder
+
+
 def check_hf(spec: ModelSpec, base_dir: Path) -> None:
+    if spec.path == "tiny":
+        return
     path = resolve_path(spec.path, base_dir)
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ModelError("model.path", f"{path} is not a Hugging Face model folder (needs config.json, "
@@ -48,7 +69,7 @@ class HFRoute:
     def __init__(self, spec: ModelSpec, base_dir: Path, recipe: TrainRecipe):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.path = resolve_path(spec.path, base_dir)
+        self.path = hf_path(spec, base_dir)
         self.checkpoint = str(self.path)
         self.tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         if self.tok.pad_token is None:

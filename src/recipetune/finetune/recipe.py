@@ -52,12 +52,13 @@ class TrainRecipe(BaseModel):
 
 class ModelSpec(BaseModel):
     """``reference``: a checkpoint of the reference trainer (``base`` = the stdlib-pretrained model,
-    built once and cached); ``hf``: a local Hugging Face causal-LM folder."""
+    built once and cached); ``hf``: a local Hugging Face causal-LM folder (``tiny`` = a tiny Llama
+    with random weights and a tokenizer trained on stdlib text, built once and cached)."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["reference", "hf"] = "reference"
-    path: str = Field("base", description="reference: a .pt checkpoint or 'base'; hf: a model folder")
+    path: str = Field("base", description="reference: a .pt checkpoint or 'base'; hf: a model folder or 'tiny'")
     # how 'base' is built (reference trainer on the stdlib corpus); part of its cache key
     preset: str = "tiny"
     pretrain_steps: int = Field(600, ge=1, le=10**6)

@@ -4,7 +4,7 @@ A short loop rather than transformers' Trainer: wrapping the reference ``Transfo
 ``PreTrainedModel`` would need a config class, a forward with HF's signature and a generation
 mixin, all for a model that has none of HF's conventions; the loop below is ~80 lines a reader
 checks top to bottom. LoRA still comes from ``peft`` (``inject_adapter_in_model`` works on any
-``nn.Module``). The answer ends with a newline, which the byte model also stops on.
+``nn.Module``). Completions end with the task's stop string (a byte model has no end token).
 
 ``path: base`` is a small model pretrained on the stdlib corpus by the reference trainer, built
 on first use and cached under ``<cache>/base/`` (``RECIPETUNE_CACHE``, default ~/.cache/recipetune).
@@ -29,7 +29,6 @@ from recipetune.finetune.task import GenerationSettings
 from recipetune.trainer.data import ByteTokenizer
 from recipetune.trainer.model import PRESETS, Transformer, get_model_config
 
-STOP = "\n"
 IGNORE = -100
 GEN_BATCH = 64
 DEFAULT_LORA_TARGETS = ["wq", "wv"]
@@ -116,7 +115,7 @@ class ReferenceRoute:
 
     def encode(self, prompt: str, completion: str, max_len: int, completion_only: bool):
         p = self.tok.encode(prompt).tolist()
-        c = self.tok.encode(completion + STOP).tolist()
+        c = self.tok.encode(completion).tolist()  # the experiment appends the task's stop string
         ids = p + c
         labels = ([IGNORE] * len(p) if completion_only else p) + c
         cut = max(0, len(ids) - (max_len + 1))  # cut the prompt on the left: the answer must stay
