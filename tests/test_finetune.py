@@ -165,3 +165,18 @@ def test_data_run_prints_the_chain_and_writes_the_version(setup):
     assert version["operators"][0]["rows_out"] == 18 and version["rows_out"] == 36
     assert len((out / "train.jsonl").read_text().splitlines()) == 36
     assert len((out / "augmented.jsonl").read_text().splitlines()) == 36
+
+
+def test_module_entry_point_runs_a_child_experiment(setup):
+    from recipetune.finetune.__main__ import main
+
+    tmp_path, files, model = setup
+    path = experiment_file(tmp_path, files, model)
+    child = tmp_path / "child.json"
+    child.write_text(json.dumps({"recipe": {"lr": 5e-4, "max_steps": 2}, "data": [{"op": "sample", "n": 12}]}))
+    assert main([str(path), "--out", str(tmp_path / "child"), "--child", str(child)]) == 0
+    report = json.loads((tmp_path / "child" / "report.json").read_text())
+    assert report["experiment"]["recipe"]["lr"] == 5e-4 and report["data"]["operators"][0]["rows_out"] == 12
+    child.write_text(json.dumps({"recipe": {"method": "qlora"}}))
+    assert main([str(path), "--out", str(tmp_path / "never"), "--child", str(child)]) == 2
+    assert not (tmp_path / "never").exists()
