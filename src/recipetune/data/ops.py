@@ -22,7 +22,7 @@ from recipetune.expr import ExprError
 from recipetune.expr import evaluate as eval_expr
 
 Row = dict[str, Any]
-EXAMPLES_KEPT = 3  # removed rows shown per operator in the data version
+EXAMPLES_KEPT = 2  # removed rows shown per operator and reason in the data version
 
 
 class OpBase(BaseModel):
@@ -220,7 +220,7 @@ class Outcome:
 
     def drop(self, row: Row, reason: str) -> None:
         self.removed[reason] += 1
-        if len(self.examples) < EXAMPLES_KEPT:
+        if sum(e["reason"] == reason for e in self.examples) < EXAMPLES_KEPT:
             # a training row that overlaps test is (nearly) test text: the search must not read it
             shown = "(withheld: overlaps the test split)" if reason.startswith("overlaps test") else row
             self.examples.append({"reason": reason, "row": shown})

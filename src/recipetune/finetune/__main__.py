@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, json.JSONDecodeError) as e:
                 raise ConfigError(args.child, "", f"not a readable JSON file: {e}") from None
             exp = exp.derive(recipe=child.get("recipe"), data=child.get("data"))
-        rows, version = prepare_data(exp)
+        rows, version = prepare_data(exp, args.out)
         report = run_experiment(exp, args.out, rows, version)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import sys
 import sysconfig
 from collections import Counter
@@ -112,6 +113,8 @@ def builtin_files(name: str, cache: Path | None = None) -> dict[str, Path]:
     tmp.mkdir(parents=True, exist_ok=True)
     for split, rows in GENERATORS[name]().items():
         (tmp / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if not folder.exists():
+    if folder.exists():
+        shutil.rmtree(tmp, ignore_errors=True)  # another process generated it first
+    else:
         os.replace(tmp, folder)  # atomic: concurrent experiments never read half a task
     return files

@@ -130,7 +130,7 @@ def ft_run(
     try:
         exp = load_experiment(experiment_file, overrides or [])
         folder = out or Path("runs") / f"ft-{exp.spec.task.name}-{_stamp()}-{exp.id}"
-        rows, version = prepare_data(exp)
+        rows, version = prepare_data(exp, folder)  # an export step writes into the run folder
         console.print(chain_table(version))
         with console.status("running the experiment ...") as status:
             report = run_experiment(exp, folder, rows, version, log=lambda text: status.update(text))

@@ -161,8 +161,11 @@ def train_and_validate(
     t0 = time.perf_counter()
     spec, task = exp.spec, exp.spec.task
     if rows is None or version is None:
-        rows, version = prepare_data(exp)
-    t_data = time.perf_counter()
+        rows, version = prepare_data(exp, out_dir)
+        t_data = time.perf_counter()
+    else:  # prepared by the caller: count the chain's own time
+        t0 -= sum(s.seconds for s in version.operators)
+        t_data = time.perf_counter()
     if spec.recipe.threads:
         torch.set_num_threads(spec.recipe.threads)
     try:

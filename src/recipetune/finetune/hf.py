@@ -13,6 +13,7 @@ bf16 is far slower than fp32 on most CPUs (TRL would turn it on by default).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -39,7 +40,9 @@ def hf_path(spec: ModelSpec, base_dir: Path) -> Path:
         text = ByteTokenizer().decode(load_corpus("stdlib").train[:2_000_000])
         tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
         build_tiny_llama(tmp, text.splitlines(), vocab_size=2048, hidden=128, layers=4)
-        if not folder.exists():
+        if folder.exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # another process built it first
+        else:
             os.replace(tmp, folder)
     return folder
 
@@ -127,6 +130,9 @@ class HFRoute:
         datasets.disable_progress_bars()
         trainer = SFTTrainer(model=self.model, args=args, train_dataset=datasets.Dataset.from_list(rows),
                              processing_class=self.tok, peft_config=self.peft_config)
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # the loss goes to the report, not to the console
         trainer.train()
         self.model = trainer.model
         for entry in trainer.state.log_history:
