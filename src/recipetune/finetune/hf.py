@@ -113,6 +113,10 @@ class HFRoute:
         log = TrainLog()
         rows = []
         for prompt, completion in pairs:
+            # BPE merges a prompt's trailing space into the answer's first token ("Ġos"), and TRL then
+            # drops it from the prompt: move it into the completion so training matches generation
+            stripped = prompt.rstrip()
+            prompt, completion = stripped, prompt[len(stripped):] + completion
             prompt, cut = self._cut_prompt(prompt, completion, recipe.max_seq_len)
             log.truncated += cut
             rows.append({"prompt": prompt, "completion": completion})
@@ -152,7 +156,8 @@ class HFRoute:
         device = next(self.model.parameters()).device
         out: list[Generation] = []
         for i in range(0, len(prompts), GEN_BATCH):
-            batch = self.tok(prompts[i : i + GEN_BATCH], return_tensors="pt", padding=True).to(device)
+            chunk = [p.rstrip() for p in prompts[i : i + GEN_BATCH]]  # as in training (see train)
+            batch = self.tok(chunk, return_tensors="pt", padding=True).to(device)
             ids = self.model.generate(**batch, max_new_tokens=settings.max_new_tokens, do_sample=False,
                                       pad_token_id=self.tok.pad_token_id, eos_token_id=self.tok.eos_token_id)
             for row in ids[:, batch["input_ids"].shape[1]:].tolist():
