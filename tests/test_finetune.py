@@ -57,9 +57,10 @@ def test_ft_run_end_to_end_and_final_evaluation(setup):
     tmp_path, files, model = setup
     out = tmp_path / "run"
     res = runner.invoke(app, ["ft", "run", str(experiment_file(tmp_path, files, model)), "lr=2e-3",
-                              "--out", str(out)])
+                              "--out", str(out), "--final", "--seeds", "0,1"])
     assert res.exit_code == 0, res.output
-    for label in ("validation exact_match", "train loss", "peak memory", "worst validation cases", "dedup_exact"):
+    for label in ("validation exact_match", "train loss", "peak memory", "worst validation cases", "dedup_exact",
+                  "test exact_match"):
         assert label in res.output
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "ok" and report["validation"]["split"] == "validation"
@@ -71,18 +72,14 @@ def test_ft_run_end_to_end_and_final_evaluation(setup):
     assert len(preds) == 4
     for name in ("recipe.json", "data_version.json", "train_log.jsonl"):
         assert (out / name).is_file()
-    # nothing of the test split reached the run folder: its words appear nowhere
+    # nothing of the test split reached the experiment's own files: its words appear nowhere
     test_words = [json.loads(line)["word"] for line in files["test"].read_text().splitlines()]
     blob = " ".join(p.read_text() for p in out.iterdir() if p.is_file())
-    assert not any(w in blob for w in test_words) and not (out / "final").exists()
-
-    from recipetune.finetune.final import final_evaluation
-
-    exp = load_experiment(experiment_file(tmp_path, files, model))
-    result = final_evaluation(exp, [0, 1], tmp_path / "final")
-    assert result.seeds == [0, 1] and len(result.values) == 2 and len(result.validation_values) == 2
-    assert (tmp_path / "final" / "final.json").is_file()
-    assert len((tmp_path / "final" / "seed-1" / "test_predictions.jsonl").read_text().splitlines()) == 4
+    assert not any(w in blob for w in test_words)
+    # the final evaluation is the one place that scores test, over the seeds asked for
+    result = json.loads((out / "final" / "final.json").read_text())
+    assert result["seeds"] == [0, 1] and len(result["values"]) == 2 and len(result["validation_values"]) == 2
+    assert len((out / "final" / "seed-1" / "test_predictions.jsonl").read_text().splitlines()) == 4
 
 
 def test_lora_on_the_reference_model(setup):
