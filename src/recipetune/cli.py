@@ -116,6 +116,12 @@ def _mount_subcommands() -> None:
 
     app.command()(report)
     app.command()(show)
+    from recipetune.finetune.cli import data_app, data_run, ft_app, ft_run
+
+    data_app.command("run")(data_run)
+    ft_app.command("run")(ft_run)
+    app.add_typer(data_app, name="data")
+    app.add_typer(ft_app, name="ft")
 
 
 _mount_subcommands()

@@ -1,0 +1,228 @@
+"""One experiment: (task, data chain, training recipe) -> data -> fine-tune -> evaluate -> report.
+
+The Executor's interface for the search (issue 11): ``load_experiment`` checks a file (nothing
+written on bad input), ``Experiment.derive`` makes a child with another chain or recipe (never
+another task, model or evaluation data), ``run_experiment`` runs it into a folder and returns the
+``ExperimentReport`` (validation only). The test split is opened by ``final.final_evaluation`` alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from recipetune.config import ConfigError, apply_overrides, read_yaml
+from recipetune.data.chain import ChainError, DataVersion, run_chain
+from recipetune.data.ops import Operator, Row
+from recipetune.finetune import metrics as M
+from recipetune.finetune.recipe import ModelSpec, TrainRecipe
+from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, LossCurve, Prediction
+from recipetune.finetune.routes import ModelError, Route, TrainLog, check_model, load_route
+from recipetune.finetune.task import Splits, TaskConfig, TaskError, load_splits
+
+WORST_PER_KIND = 5
+
+
+class ExperimentSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: TaskConfig
+    data: list[Operator] = Field(default_factory=list, description="the data chain over the train split")
+    model: ModelSpec = ModelSpec()
+    recipe: TrainRecipe = TrainRecipe()
+
+
+@dataclass
+class Experiment:
+    """A checked experiment file: its spec, where it lives, and its task's splits (test closed)."""
+
+    path: Path
+    spec: ExperimentSpec
+    splits: Splits
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.resolve().parent
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.spec.model_dump_json().encode()).hexdigest()[:12]
+
+    def derive(self, recipe: dict[str, Any] | None = None, data: list[dict] | None = None) -> Experiment:
+        """A child experiment: recipe changes and/or a new chain. Raises ConfigError on bad values."""
+        raw = self.spec.model_dump(mode="json")
+        raw["recipe"].update(recipe or {})
+        if data is not None:
+            raw["data"] = data
+        spec = _validate(self.path, raw)
+        if spec.task != self.spec.task or spec.model != self.spec.model:
+            raise ConfigError(self.path, "task", "a child experiment cannot change the task or the model")
+        return Experiment(self.path, spec, self.splits)
+
+
+def _validate(path: Path, raw: dict) -> ExperimentSpec:
+    try:
+        return ExperimentSpec.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        raise ConfigError(path, loc, err["msg"].removeprefix("Value error, ")) from None
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:
+    """Read, override (``lr=1e-3`` is a recipe knob; dotted keys reach any field) and check a file."""
+    path = Path(path)
+    raw = apply_overrides(read_yaml(path), overrides or [], fields=ExperimentSpec.model_fields,
+                          default_section="recipe")
+    spec = _validate(path, raw)
+    try:
+        splits = load_splits(spec.task, path.resolve().parent)
+        check_model(spec.model, path.resolve().parent)
+    except (TaskError, ModelError) as e:
+        raise ConfigError(path, e.field, str(e)) from None
+    return Experiment(path, spec, splits)
+
+
+def prepare_data(exp: Experiment, out_dir: Path | None = None) -> tuple[list[Row], DataVersion]:
+    """Run the data chain (cached); ConfigError when it is bad or leaves nothing."""
+    try:
+        return run_chain(exp.spec.data, exp.splits, exp.base_dir, out_dir)
+    except ChainError as e:
+        raise ConfigError(exp.path, e.field, str(e)) from None
+
+
+def loss_curve(losses: list[tuple[int, float]]) -> LossCurve:
+    if not losses:
+        return LossCurve(steps=0)
+    values = [v for _, v in losses]
+    tail = values[-max(1, len(values) // 10):]
+    stride = max(1, math.ceil(len(losses) / 50))
+    points = losses[::stride] + ([losses[-1]] if (len(losses) - 1) % stride else [])
+    return LossCurve(steps=len(losses), first=values[0], last=sum(tail) / len(tail), min=min(values),
+                     points=[(s, round(v, 5)) for s, v in points])
+
+
+def evaluate(route: Route, task: TaskConfig, rows: list[dict], split: str,
+             labels: set[str] | None) -> tuple[Evaluation, list[Prediction]]:
+    """Generate for every row, score with the task's metrics, group the wrong answers by kind."""
+    prompts = [task.render(r) for r in rows]
+    targets = [task.answer(r) for r in rows]
+    gens = route.generate(prompts, task.generation)
+    preds = [g.text.strip() for g in gens]
+    pattern = re.compile(task.answer_pattern) if task.answer_pattern else None
+    predictions = [
+        Prediction(index=i, prompt=prompts[i], target=targets[i], prediction=preds[i],
+                   score=M.example_score(task.metric, preds[i], targets[i]), truncated=gens[i].truncated,
+                   error=M.error_kind(preds[i], targets[i], gens[i].truncated, pattern, labels))
+        for i in range(len(rows))
+    ]
+    values = {m: M.score(m, preds, targets) for m in dict.fromkeys([task.metric, *task.metrics])}
+    groups: dict[str, list[Prediction]] = {}
+    for p in predictions:
+        if p.error is not None:
+            groups.setdefault(p.error, []).append(p)
+    errors = [
+        ErrorGroup(kind=kind, count=len(ps), share=len(ps) / len(rows),
+                   examples=sorted(ps, key=lambda p: (p.score, -M.edit_distance(p.prediction, p.target)))[
+                       :WORST_PER_KIND])
+        for kind, ps in sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    ]
+    ev = Evaluation(split=split, metric=task.metric, value=values[task.metric], metrics=values,
+                    n_examples=len(rows), errors=errors)
+    return ev, predictions
+
+
+def class_labels(task: TaskConfig, train_rows: list[Row]) -> set[str] | None:
+    if task.labels:
+        return set(task.labels)
+    if task.metric in ("accuracy", "macro_f1"):
+        return {task.answer(r) for r in train_rows}
+    return None
+
+
+def train_and_validate(
+    exp: Experiment, out_dir: Path, rows: list[Row] | None = None, version: DataVersion | None = None,
+    log=lambda text: None,
+) -> tuple[ExperimentReport, Route | None]:
+    """The experiment, returning the trained route too (final.py evaluates it on test)."""
+    from recipetune.measure import environment_fingerprint
+    from recipetune.trainer.loop import peak_memory_bytes
+
+    t0 = time.perf_counter()
+    spec, task = exp.spec, exp.spec.task
+    if rows is None or version is None:
+        rows, version = prepare_data(exp, out_dir)
+        t_data = time.perf_counter()
+    else:  # prepared by the caller: count the chain's own time
+        t0 -= sum(s.seconds for s in version.operators)
+        t_data = time.perf_counter()
+    if spec.recipe.threads:
+        torch.set_num_threads(spec.recipe.threads)
+    try:
+        route = load_route(spec.model, exp.base_dir, spec.recipe)
+    except ModelError as e:
+        raise ConfigError(exp.path, e.field, str(e)) from None
+    t_load = time.perf_counter()
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resolved = spec.model_dump(mode="json")
+    resolved["model"]["resolved"] = getattr(route, "checkpoint", resolved["model"]["path"])
+    (out_dir / "recipe.json").write_text(json.dumps(resolved, indent=2))
+    (out_dir / "data_version.json").write_text(version.model_dump_json(indent=2))
+    base = dict(id=exp.id, task=task.name, route=route.name, data=version, experiment=resolved,
+                environment=environment_fingerprint(), run_dir=str(out_dir))
+
+    # the answer is followed by the stop string, so the model learns where to stop (and the HF route
+    # also gets its end token from TRL)
+    pairs = [(task.render(r), task.answer(r) + task.generation.stop) for r in rows]
+    log(f"training on {len(pairs)} examples ({route.name} route, {spec.recipe.method}) ...")
+    status, cause, train_log = "ok", "", TrainLog()
+    try:
+        train_log = route.train(pairs, spec.recipe, out_dir)
+    except torch.OutOfMemoryError as e:
+        status, cause = "oom", str(e).splitlines()[0]
+    except FloatingPointError as e:
+        status, cause = "nan", str(e)
+    except Exception as e:  # recorded with its cause: a failed experiment is a result, not a crash
+        status, cause = "crash", f"{type(e).__name__}: {e}".splitlines()[0][:500]
+    t_train = time.perf_counter()
+    with (out_dir / "train_log.jsonl").open("w") as f:
+        for step, loss in train_log.losses:
+            f.write(json.dumps({"step": step, "loss": loss}) + "\n")
+
+    validation = None
+    if status == "ok":
+        val_rows = list(exp.splits.validation)[: task.max_eval_examples]
+        log(f"evaluating on {len(val_rows)} validation examples ...")
+        validation, predictions = evaluate(route, task, val_rows, "validation", class_labels(task, rows))
+        with (out_dir / "predictions.jsonl").open("w") as f:
+            for p in predictions:
+                f.write(p.model_dump_json() + "\n")
+    t_eval = time.perf_counter()
+    report = ExperimentReport(
+        **base, status=status, cause=cause, validation=validation, params=route.params(),
+        loss=loss_curve(train_log.losses),
+        timings_s={"data": round(t_data - t0, 3), "load": round(t_load - t_data, 3),
+                   "train": round(t_train - t_load, 3), "eval": round(t_eval - t_train, 3),
+                   "total": round(t_eval - t0, 3)},
+        peak_mem_bytes=peak_memory_bytes(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        tokens_trained=train_log.tokens, truncated_train_examples=train_log.truncated,
+    )
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2))
+    return report, (route if status == "ok" else None)
+
+
+def run_experiment(exp: Experiment, out_dir: Path, rows: list[Row] | None = None,
+                   version: DataVersion | None = None, log=lambda text: None) -> ExperimentReport:
+    """Run one experiment into ``out_dir``; return its report (also saved as report.json)."""
+    return train_and_validate(exp, out_dir, rows, version, log)[0]

@@ -1,0 +1,196 @@
+"""The Hugging Face route: any local causal-LM folder, fine-tuned with TRL's ``SFTTrainer``.
+
+The dataset is in TRL's prompt-completion form, so ``completion_only_loss`` and ``packing`` are
+TRL's own; LoRA is ``peft``'s through ``peft_config``. TRL keeps the start of an over-long
+sequence, which would cut the answer: prompts are cut on the left here first, as on the
+reference route. Nothing is downloaded (``local_files_only``); bf16 is off because CPU autocast to
+bf16 is far slower than fp32 on most CPUs (TRL would turn it on by default).
+
+``build_tiny_llama`` makes a small Llama from a config, with a BPE tokenizer trained locally by
+``tokenizers``: what the tests and the benchmark's HF route use.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from recipetune.finetune.recipe import ModelSpec, TrainRecipe
+from recipetune.finetune.routes import Generation, ModelError, TrainLog, resolve_path
+from recipetune.finetune.task import GenerationSettings
+from recipetune.trainer.data import ByteTokenizer
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+GEN_BATCH = 32
+
+
+def hf_path(spec: ModelSpec, base_dir: Path) -> Path:
+    """``tiny``: a tiny Llama (random weights, BPE tokenizer trained on stdlib text), built once and cached."""
+    if spec.path != "tiny":
+        return resolve_path(spec.path, base_dir)
+    from recipetune.measure import cache_dir
+    from recipetune.trainer.data import load_corpus
+
+    folder = cache_dir() / "base" / "hf-tiny-llama-v1"
+    if not (folder / "config.json").is_file():
+        text = ByteTokenizer().decode(load_corpus("stdlib").train[:2_000_000])
+        tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
+        build_tiny_llama(tmp, text.splitlines(), vocab_size=2048, hidden=128, layers=4)
+        if folder.exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # another process built it first
+        else:
+            os.replace(tmp, folder)
+    return folder
+
+
+def check_hf(spec: ModelSpec, base_dir: Path) -> None:
+    if spec.path == "tiny":
+        return
+    path = resolve_path(spec.path, base_dir)
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise ModelError("model.path", f"{path} is not a Hugging Face model folder (needs config.json, "
+                                       "weights and a tokenizer; save one with save_pretrained)")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise ModelError("model.path", f"{path} holds no weights (one of {', '.join(WEIGHT_FILES)})")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise ModelError("model.path", f"{path} holds no tokenizer (tokenizer.json)")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e:
+        raise ModelError("model.path", f"{path}: config.json is not a transformers config: {str(e)[:200]}") from None
+
+
+class HFRoute:
+    name = "hf"
+
+    def __init__(self, spec: ModelSpec, base_dir: Path, recipe: TrainRecipe):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.path = hf_path(spec, base_dir)
+        self.checkpoint = str(self.path)
+        self.tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        torch.manual_seed(recipe.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=torch.float32)
+        self.peft_config = None
+        if recipe.method == "lora":
+            from peft import LoraConfig
+
+            self.peft_config = LoraConfig(
+                r=recipe.lora_rank, lora_alpha=recipe.lora_alpha, lora_dropout=recipe.lora_dropout,
+                target_modules=recipe.target_modules(["q_proj", "v_proj"]), task_type="CAUSAL_LM")
+            names = {n.rsplit(".", 1)[-1] for n, _ in self.model.named_modules()}
+            missing = [t for t in self.peft_config.target_modules if t not in names]
+            if missing:
+                raise ModelError("recipe.lora_targets", f"no module named {', '.join(sorted(missing))} in "
+                                                        f"{self.path}; e.g. q_proj, k_proj, v_proj, o_proj")
+
+    def params(self) -> dict[str, int]:
+        ps = list(self.model.parameters())
+        trainable = sum(p.numel() for p in ps if p.requires_grad)
+        if self.peft_config is not None and not any("lora_" in n for n, _ in self.model.named_parameters()):
+            trainable = -1  # not wrapped yet: known after training
+        return {"total": sum(p.numel() for p in ps), "trainable": trainable}
+
+    def _cut_prompt(self, prompt: str, completion: str, max_len: int) -> tuple[str, bool]:
+        room = max_len - len(self.tok(completion, add_special_tokens=False)["input_ids"]) - 2  # bos/eos
+        ids = self.tok(prompt, add_special_tokens=False)["input_ids"]
+        if len(ids) <= room:
+            return prompt, False
+        return self.tok.decode(ids[len(ids) - max(1, room):]), True
+
+    def train(self, pairs: list[tuple[str, str]], recipe: TrainRecipe, out_dir: Path) -> TrainLog:
+        import datasets
+        from trl import SFTConfig, SFTTrainer
+
+        log = TrainLog()
+        rows = []
+        for prompt, completion in pairs:
+            # BPE merges a prompt's trailing space into the answer's first token ("Ġos"), and TRL then
+            # drops it from the prompt: move it into the completion so training matches generation
+            stripped = prompt.rstrip()
+            prompt, completion = stripped, prompt[len(stripped):] + completion
+            prompt, cut = self._cut_prompt(prompt, completion, recipe.max_seq_len)
+            log.truncated += cut
+            rows.append({"prompt": prompt, "completion": completion})
+        args = SFTConfig(
+            output_dir=str(out_dir / "hf"), learning_rate=recipe.lr, num_train_epochs=recipe.epochs,
+            max_steps=recipe.max_steps or -1, per_device_train_batch_size=recipe.batch_size,
+            gradient_accumulation_steps=recipe.grad_accum, warmup_steps=recipe.warmup_ratio,
+            lr_scheduler_type=recipe.scheduler, weight_decay=recipe.weight_decay, max_length=recipe.max_seq_len,
+            packing=recipe.packing, packing_strategy="wrapped" if recipe.packing else "bfd",
+            completion_only_loss=recipe.completion_only, seed=recipe.seed, data_seed=recipe.seed,
+            logging_steps=1, report_to="none", save_strategy="no", bf16=False, fp16=False,
+            use_cpu=not torch.cuda.is_available(), dataloader_pin_memory=False, disable_tqdm=True,
+            max_grad_norm=1.0, activation_checkpointing=False,  # TRL turns it on: ~20% slower, memory is no issue here
+        )
+        datasets.disable_progress_bars()
+        trainer = SFTTrainer(model=self.model, args=args, train_dataset=datasets.Dataset.from_list(rows),
+                             processing_class=self.tok, peft_config=self.peft_config)
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # the loss goes to the report, not to the console
+        trainer.train()
+        self.model = trainer.model
+        for entry in trainer.state.log_history:
+            if "loss" in entry and "step" in entry:
+                if not torch.isfinite(torch.tensor(float(entry["loss"]))):
+                    raise FloatingPointError(f"non-finite training loss at step {entry['step']}")
+                log.losses.append((int(entry["step"]), float(entry["loss"])))
+        log.tokens = int(trainer.state.num_input_tokens_seen or 0)
+        self.model.eval()
+        return log
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], settings: GenerationSettings) -> list[Generation]:
+        """Greedy decoding, left-padded batches; the answer ends at the end token or the stop string."""
+        self.model.eval()
+        self.tok.padding_side = "left"
+        device = next(self.model.parameters()).device
+        out: list[Generation] = []
+        for i in range(0, len(prompts), GEN_BATCH):
+            chunk = [p.rstrip() for p in prompts[i : i + GEN_BATCH]]  # as in training (see train)
+            batch = self.tok(chunk, return_tensors="pt", padding=True).to(device)
+            ids = self.model.generate(**batch, max_new_tokens=settings.max_new_tokens, do_sample=False,
+                                      pad_token_id=self.tok.pad_token_id, eos_token_id=self.tok.eos_token_id)
+            for row in ids[:, batch["input_ids"].shape[1]:].tolist():
+                ended = self.tok.eos_token_id in row
+                text = self.tok.decode(row, skip_special_tokens=True)
+                stopped = bool(settings.stop) and settings.stop in text
+                if stopped:
+                    text = text[: text.index(settings.stop)]
+                out.append(Generation(text, truncated=not (ended or stopped)))
+        return out
+
+
+def build_tiny_llama(folder: Path, texts: list[str], vocab_size: int = 512, hidden: int = 64, layers: int = 2,
+                     seed: int = 0) -> Path:
+    """A small Llama (random weights) with a byte-level BPE tokenizer trained on ``texts``; saved."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|pad|>", "<|bos|>", "<|eos|>"]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>",
+                                   eos_token="<|eos|>")
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(fast), hidden_size=hidden, intermediate_size=hidden * 4 // 1, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder

@@ -1,0 +1,94 @@
+"""Task metrics (offline: scikit-learn, rouge_score) and the kinds of error a Researcher reads.
+
+Every metric is in [0, 1], higher is better. Answers are compared after stripping surrounding
+whitespace. Each wrong prediction gets one error kind, checked in this order:
+
+- ``empty``: nothing generated;
+- ``truncated``: generation hit ``max_new_tokens`` before its stop string or end token;
+- ``wrong_format``: the task's ``answer_pattern`` does not match (classification: not a label);
+- ``near_miss``: within an edit distance of max(1, 20% of the target's length);
+- ``wrong_label`` (classification: another label), ``wrong_number`` (the target is a number), or
+  ``wrong``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+METRICS = ("exact_match", "accuracy", "macro_f1", "rouge_l")
+ERROR_KINDS = ("empty", "truncated", "wrong_format", "near_miss", "wrong_label", "wrong_number", "wrong")
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def exact_match(preds: Sequence[str], targets: Sequence[str]) -> float:
+    return sum(p.strip() == t.strip() for p, t in zip(preds, targets, strict=True)) / max(1, len(targets))
+
+
+def macro_f1(preds: Sequence[str], targets: Sequence[str]) -> float:
+    """Macro-F1 over the labels present in the targets (an invented label scores against them all)."""
+    from sklearn.metrics import f1_score
+
+    labels = sorted({t.strip() for t in targets})
+    return float(f1_score([t.strip() for t in targets], [p.strip() for p in preds], labels=labels,
+                          average="macro", zero_division=0))
+
+
+def rouge_l(preds: Sequence[str], targets: Sequence[str]) -> float:
+    """Mean ROUGE-L F-measure (rouge_score's tokenizer: lower-case alphanumeric words, so
+    ``get_item`` and ``get item`` are the same two words)."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    total = sum(scorer.score(t, p)["rougeL"].fmeasure for p, t in zip(preds, targets, strict=True))
+    return total / max(1, len(targets))
+
+
+def score(metric: str, preds: Sequence[str], targets: Sequence[str]) -> float:
+    if metric in ("exact_match", "accuracy"):  # accuracy is exact match on labels
+        return exact_match(preds, targets)
+    if metric == "macro_f1":
+        return macro_f1(preds, targets)
+    if metric == "rouge_l":
+        return rouge_l(preds, targets)
+    raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
+
+
+def example_score(metric: str, pred: str, target: str) -> float:
+    """One example's contribution, to rank the worst cases (macro-F1 ranks by correctness)."""
+    if metric == "rouge_l":
+        return rouge_l([pred], [target])
+    return float(pred.strip() == target.strip())
+
+
+def edit_distance(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def error_kind(pred: str, target: str, truncated: bool, pattern: re.Pattern | None,
+               labels: set[str] | None) -> str | None:
+    """The kind of a wrong answer (see the module docstring); None when it is right."""
+    p, t = pred.strip(), target.strip()
+    if p == t:
+        return None
+    if not p:
+        return "empty"
+    if truncated:
+        return "truncated"
+    if labels is not None and p not in labels:
+        return "wrong_format"
+    if pattern is not None and not pattern.fullmatch(p):
+        return "wrong_format"
+    if edit_distance(p, t) <= max(1, round(0.2 * len(t))):
+        return "near_miss"
+    if labels is not None:
+        return "wrong_label"
+    if _NUMBER.fullmatch(t) and _NUMBER.fullmatch(p):
+        return "wrong_number"
+    return "wrong"

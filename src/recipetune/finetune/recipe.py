@@ -1,0 +1,65 @@
+"""The training recipe of a fine-tuning experiment, and the base model it starts from.
+
+``TrainRecipe`` is flat (every value a scalar), so it maps onto the search's ``Recipe`` (canonical
+JSON identity) and a proposal can change one knob at a time. LoRA target modules are one
+comma-separated string for the same reason.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TrainRecipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-3, gt=0.0, le=1.0, description="peak learning rate")
+    epochs: float = Field(1.0, gt=0.0, le=1000.0, description="passes over the training rows (unless max_steps)")
+    max_steps: int = Field(0, ge=0, description="optimizer steps; 0 = from epochs")
+    batch_size: int = Field(16, ge=1, le=4096, description="examples (or packed windows) per micro-batch")
+    grad_accum: int = Field(1, ge=1, le=1024, description="micro-batches per optimizer step")
+    warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0, description="share of steps with linear warm-up")
+    scheduler: Literal["constant", "linear", "cosine"] = "cosine"
+    weight_decay: float = Field(0.0, ge=0.0, le=10.0)
+    max_seq_len: int = Field(128, ge=8, le=32768, description="tokens per training sequence (prompt cut on the left)")
+    packing: bool = Field(False, description="concatenate examples into full windows instead of padding")
+    completion_only: bool = Field(True, description="loss on the answer tokens only")
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    method: Literal["full", "lora"] = "full"
+    lora_rank: int = Field(8, ge=1, le=1024)
+    lora_alpha: float = Field(16.0, gt=0.0)
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    lora_targets: str = Field("", description="comma-separated module names; '' = the route's default")
+    threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = PyTorch's default")
+
+    @model_validator(mode="after")
+    def _targets(self) -> TrainRecipe:
+        names = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+        if any(not n.replace(".", "").replace("_", "").isalnum() for n in names):
+            raise ValueError("lora_targets: comma-separated module names such as 'wq,wv' or 'q_proj,v_proj'")
+        return self
+
+    def target_modules(self, default: list[str]) -> list[str]:
+        return [t.strip() for t in self.lora_targets.split(",") if t.strip()] or default
+
+    def total_steps(self, batches_per_epoch: int) -> int:
+        if self.max_steps:
+            return self.max_steps
+        return max(1, round(self.epochs * batches_per_epoch / self.grad_accum))
+
+
+class ModelSpec(BaseModel):
+    """``reference``: a checkpoint of the reference trainer (``base`` = the stdlib-pretrained model,
+    built once and cached); ``hf``: a local Hugging Face causal-LM folder (``tiny`` = a tiny Llama
+    with random weights and a tokenizer trained on stdlib text, built once and cached)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["reference", "hf"] = "reference"
+    path: str = Field("base", description="reference: a .pt checkpoint or 'base'; hf: a model folder or 'tiny'")
+    # how 'base' is built (reference trainer on the stdlib corpus); part of its cache key
+    preset: str = "tiny"
+    pretrain_steps: int = Field(600, ge=1, le=10**6)
+    pretrain_seq_len: int = Field(256, ge=16, le=8192)

@@ -1,0 +1,228 @@
+"""The reference route: fine-tune a checkpoint of the reference trainer (byte tokenizer).
+
+A short loop rather than transformers' Trainer: wrapping the reference ``Transformer`` as a
+``PreTrainedModel`` would need a config class, a forward with HF's signature and a generation
+mixin, all for a model that has none of HF's conventions; the loop below is ~80 lines a reader
+checks top to bottom. LoRA still comes from ``peft`` (``inject_adapter_in_model`` works on any
+``nn.Module``). Completions end with the task's stop string (a byte model has no end token).
+
+``path: base`` is a small model pretrained on the stdlib corpus by the reference trainer, built
+on first use and cached under ``<cache>/base/`` (``RECIPETUNE_CACHE``, default ~/.cache/recipetune).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from recipetune.finetune.recipe import ModelSpec, TrainRecipe
+from recipetune.finetune.routes import Generation, ModelError, TrainLog, resolve_path
+from recipetune.finetune.task import GenerationSettings
+from recipetune.trainer.data import ByteTokenizer
+from recipetune.trainer.model import PRESETS, Transformer, get_model_config
+
+IGNORE = -100
+GEN_BATCH = 64
+DEFAULT_LORA_TARGETS = ["wq", "wv"]
+
+
+def base_checkpoint(spec: ModelSpec, cache: Path | None = None, log=print) -> Path:
+    """The stdlib-pretrained base model, trained once by the reference trainer and cached."""
+    from recipetune.measure import cache_dir
+    from recipetune.trainer.knobs import reference_knobs
+    from recipetune.trainer.loop import train
+
+    folder = (cache or cache_dir()) / "base"
+    v = sys.version_info
+    name = f"ref-{spec.preset}-stdlib-py{v.major}.{v.minor}-s{spec.pretrain_seq_len}-n{spec.pretrain_steps}"
+    path = folder / f"{name}.pt"
+    if path.is_file():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    recipe = dict(reference_knobs().resolve({
+        "model": spec.preset, "data": "stdlib", "seq_len": spec.pretrain_seq_len, "global_batch_size": 16,
+        "micro_batch_size": 16, "lr": 3e-3, "warmup_steps": min(50, spec.pretrain_steps // 10 + 1),
+        "lr_decay_steps": spec.pretrain_steps, "seed": 0, "num_threads": 1,  # 1 thread: a shared CPU
+    }))
+    log(f"building the base model {name} ({spec.pretrain_steps} steps on the stdlib corpus; once) ...")
+    t0 = time.perf_counter()
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    train(recipe, spec.pretrain_steps, folder / f"{name}.run", save_checkpoint=tmp)
+    os.replace(tmp, path)  # atomic: a concurrent experiment never loads half a checkpoint
+    log(f"base model built in {time.perf_counter() - t0:.0f}s: {path}")
+    return path
+
+
+def check_reference(spec: ModelSpec, base_dir: Path) -> None:
+    if spec.path == "base":
+        if spec.preset not in PRESETS:
+            raise ModelError("model.preset", f"unknown preset {spec.preset!r}; valid: {', '.join(PRESETS)}")
+        return
+    path = resolve_path(spec.path, base_dir)
+    if not path.is_file():
+        raise ModelError("model.path", f"{path} is not a reference-trainer checkpoint file (.pt); "
+                                       "use 'base' or a file saved by the reference trainer")
+    _load_checkpoint(path)
+
+
+def _load_checkpoint(path: Path) -> dict:
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise ModelError("model.path", f"{path} is not a checkpoint torch can read: {str(e)[:200]}") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "recipe" not in ckpt:
+        raise ModelError("model.path", f"{path} is not a reference-trainer checkpoint (needs 'model' and 'recipe')")
+    return ckpt
+
+
+class ReferenceRoute:
+    name = "reference"
+
+    def __init__(self, spec: ModelSpec, base_dir: Path, recipe: TrainRecipe):
+        path = base_checkpoint(spec) if spec.path == "base" else resolve_path(spec.path, base_dir)
+        ckpt = _load_checkpoint(path)
+        r = ckpt["recipe"]
+        # RoPE tables are derived from max_seq_len, not learned: any length works after pretraining
+        cfg = dataclasses.replace(get_model_config(r["model"], vocab_size=256), max_seq_len=4096)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = Transformer(cfg).to(self.device)
+        self.model.load_state_dict(ckpt["model"])
+        self.checkpoint = str(path)
+        self.tok = ByteTokenizer()
+        if recipe.method == "lora":
+            from peft import LoraConfig, inject_adapter_in_model
+
+            config = LoraConfig(r=recipe.lora_rank, lora_alpha=recipe.lora_alpha, lora_dropout=recipe.lora_dropout,
+                                target_modules=recipe.target_modules(DEFAULT_LORA_TARGETS))
+            try:
+                self.model = inject_adapter_in_model(config, self.model)
+            except ValueError as e:
+                raise ModelError("recipe.lora_targets", str(e).splitlines()[0]) from None
+            for n, p in self.model.named_parameters():
+                p.requires_grad = "lora_" in n
+
+    def params(self) -> dict[str, int]:
+        ps = list(self.model.parameters())
+        return {"total": sum(p.numel() for p in ps), "trainable": sum(p.numel() for p in ps if p.requires_grad)}
+
+    def encode(self, prompt: str, completion: str, max_len: int, completion_only: bool):
+        p = self.tok.encode(prompt).tolist()
+        c = self.tok.encode(completion).tolist()  # the experiment appends the task's stop string
+        ids = p + c
+        labels = ([IGNORE] * len(p) if completion_only else p) + c
+        cut = max(0, len(ids) - (max_len + 1))  # cut the prompt on the left: the answer must stay
+        return ids[cut:], labels[cut:], cut > 0
+
+    def train(self, pairs: list[tuple[str, str]], recipe: TrainRecipe, out_dir: Path) -> TrainLog:
+        log = TrainLog()
+        seqs = []
+        for prompt, completion in pairs:
+            ids, labels, cut = self.encode(prompt, completion, recipe.max_seq_len, recipe.completion_only)
+            seqs.append((ids, labels))
+            log.truncated += cut
+        if recipe.packing:  # one stream cut into full windows: no padding, examples may span windows
+            ids = [t for s in seqs for t in s[0]]
+            labels = [t for s in seqs for t in s[1]]
+            w = recipe.max_seq_len + 1
+            seqs = [(ids[i : i + w], labels[i : i + w]) for i in range(0, len(ids) - 1, w)]
+        micro_per_epoch = math.ceil(len(seqs) / recipe.batch_size)
+        total = recipe.total_steps(micro_per_epoch)
+        warmup = round(recipe.warmup_ratio * total)
+
+        def lr_at(step: int) -> float:
+            if step < warmup:
+                return recipe.lr * (step + 1) / warmup
+            progress = (step - warmup) / max(1, total - warmup)
+            if recipe.scheduler == "linear":
+                return recipe.lr * (1 - progress)
+            if recipe.scheduler == "cosine":
+                return recipe.lr * 0.5 * (1 + math.cos(math.pi * progress))
+            return recipe.lr
+
+        def micro_batches():  # an endless stream of micro-batches, reshuffled every epoch by seed
+            epoch = 0
+            while True:
+                order = list(range(len(seqs)))
+                random.Random(recipe.seed * 100_003 + epoch).shuffle(order)
+                for i in range(0, len(order), recipe.batch_size):
+                    yield [seqs[j] for j in order[i : i + recipe.batch_size]]
+                epoch += 1
+
+        torch.manual_seed(recipe.seed)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]  # no weight decay on norms, as in the reference trainer
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                                 {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                lr=recipe.lr, betas=(0.9, 0.999))
+        self.model.train()
+        stream = micro_batches()
+        for step in range(total):
+            batch = [self._pad(next(stream)) for _ in range(recipe.grad_accum)]
+            n_tok = sum(int((y != IGNORE).sum()) for _, y in batch)
+            loss_sum = 0.0
+            for x, y in batch:  # normalised over the whole step's answer tokens: exact accumulation
+                logits, _ = self.model(x)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE,
+                                       reduction="sum") / max(1, n_tok)
+                loss.backward()
+                loss_sum += loss.item()
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if not math.isfinite(loss_sum):
+                raise FloatingPointError(f"non-finite training loss at step {step + 1}")
+            log.losses.append((step + 1, loss_sum))
+            log.tokens += n_tok
+        self.model.eval()
+        return log
+
+    def _pad(self, rows: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+        T = max(len(ids) for ids, _ in rows) - 1
+        x = torch.zeros(len(rows), T, dtype=torch.long)
+        y = torch.full((len(rows), T), IGNORE, dtype=torch.long)
+        for i, (ids, labels) in enumerate(rows):
+            x[i, : len(ids) - 1] = torch.tensor(ids[:-1])
+            y[i, : len(labels) - 1] = torch.tensor(labels[1:])
+        return x.to(self.device), y.to(self.device)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], settings: GenerationSettings) -> list[Generation]:
+        """Greedy decoding; prompts of equal length run as one batch (no padding to get wrong)."""
+        self.model.eval()
+        stop = self.tok.encode(settings.stop).tolist() if settings.stop else []
+        out: list[Generation | None] = [None] * len(prompts)
+        by_len: dict[int, list[int]] = {}
+        encoded = [self.tok.encode(p).tolist()[-(4096 - settings.max_new_tokens):] for p in prompts]
+        for i, ids in enumerate(encoded):
+            by_len.setdefault(len(ids), []).append(i)
+        for group in by_len.values():
+            for k in range(0, len(group), GEN_BATCH):
+                idx = group[k : k + GEN_BATCH]
+                x = torch.tensor([encoded[i] for i in idx], dtype=torch.long, device=self.device)
+                new = torch.empty(len(idx), 0, dtype=torch.long, device=self.device)
+                for _ in range(settings.max_new_tokens):
+                    logits, _ = self.model(torch.cat([x, new], dim=1))
+                    new = torch.cat([new, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+                    if stop and all(_find(row, stop) >= 0 for row in new.tolist()):
+                        break
+                for i, row in zip(idx, new.tolist(), strict=True):
+                    at = _find(row, stop) if stop else -1
+                    out[i] = Generation(self.tok.decode(row[:at] if at >= 0 else row), truncated=bool(stop) and at < 0)
+        return out  # type: ignore[return-value]
+
+
+def _find(row: list[int], stop: list[int]) -> int:
+    for i in range(len(row) - len(stop) + 1):
+        if row[i : i + len(stop)] == stop:
+            return i
+    return -1
