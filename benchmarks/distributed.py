@@ -66,7 +66,8 @@ def main() -> None:
 
     import ray
 
-    ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _node_ip_address="127.0.0.1")  # loopback only
     configs = {"local p1": ["execute.executor=local", "execute.parallel=1"],
                "ray p1": ["execute.executor=ray", "execute.parallel=1"],
                "ray p2": ["execute.executor=ray", "execute.parallel=2"]}

@@ -39,7 +39,8 @@ def cluster():
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), old) if p)  # the workers inherit it
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
     try:
-        ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _node_ip_address="127.0.0.1")  # loopback only
         yield
     finally:
         ray.shutdown()

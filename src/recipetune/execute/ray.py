@@ -51,7 +51,10 @@ def connect(address: str | None, file: str | Path = "campaign") -> None:
     if ray.is_initialized():
         return
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # A Ray instance started here (no address) stays on the loopback interface: it serves this
+        # machine only, and nothing of it listens on a network address.
+        local = {"_node_ip_address": "127.0.0.1"} if address is None else {}
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False, **local)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"at {address}" if address else "on this machine"
         raise ConfigError(file, "--ray-address", f"cannot reach a Ray cluster {where}: {e}") from None
