@@ -65,3 +65,38 @@ def test_relative_corpus_path_is_relative_to_the_file(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("baseline: {model: nano, data: corpus.txt, seq_len: 32}\n")
     assert load_campaign(f).baseline["data"] == str(tmp_path / "corpus.txt")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"baseline: {model: nano, lr: .nan}\n", "baseline.lr: knob 'lr': nan is not a finite number"),
+        (b"baseline: {model: nano, lr: .inf}\n", "baseline.lr: knob 'lr': inf is not a finite number"),
+        (bytes(range(256)) * 4, "not a text file: byte 128 is not UTF-8"),
+        (b"baseline: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply"),
+        (b"baseline:\n" + b"".join(b"  " * i + b"k%d:\n" % i for i in range(1, 600)) + b"  " * 600 + b"x: 1\n",
+         "nested too deeply"),
+    ],
+    ids=["nan", "inf", "binary", "deep-flow", "deep-block"],
+)
+@pytest.mark.parametrize("command", ["run", "tune"])
+def test_bad_files_exit_2_name_the_file_and_write_nothing(tmp_path, content, expected, command):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    out = tmp_path / "never"
+    res = runner.invoke(app, [command, str(bad), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert str(bad) in text.replace(" ", "") or str(bad) in text
+    assert expected in text and "Traceback" not in res.output
+    assert not out.exists()
+
+
+def test_a_nan_knob_value_is_refused_for_an_outside_trainer(tmp_path):
+    # A command workload's number knob without bounds: any finite number, never nan or inf.
+    camp = tmp_path / "c.yaml"
+    camp.write_text((EXAMPLES / "command-fake.yaml").read_text().replace("../tests", str(EXAMPLES.parent / "tests"))
+                    .replace("  grad_accum: 4\n", "  grad_accum: 4\n  lr: .nan\n")
+                    .replace("  knobs:\n", "  knobs:\n    lr: {default: 0.01}\n"))
+    with pytest.raises(ConfigError, match=r"baseline\.lr.*not a finite number"):
+        load_campaign(camp)

@@ -56,9 +56,10 @@ def test_invariant_knobs_never_change_even_when_listed():
     assert got == {"seed": "invariant", "model": "invariant"}  # one violation per knob, no duplicate
 
 
-def test_workload_consistency_problem_names_the_knob():
+def test_reference_batch_split_is_a_relation_reported_once():
+    # nproc x micro x accumulation = global batch: the relation, not again as the trainer's own check.
     [v] = static_check(REF, BASE, BASE.with_(micro_batch_size=3))
-    assert (v.knob, v.rule) == ("micro_batch_size", "recipe-check")
+    assert v.rule == "relation" and "micro_batch_size=3" in v.message and "global_batch_size=16" in v.message
 
 
 class Relations(Workload):

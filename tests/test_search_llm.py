@@ -24,13 +24,14 @@ def answer(*proposals: dict) -> str:
     return json.dumps({"proposals": list(proposals)})
 
 
-def propose(server: FakeLLMServer, k: int = 3):
+def propose(server: FakeLLMServer, k: int = 3, retries: int = 0):
     ctx = context(profile(optim_s=0.02))
     # A small tree around the node: the context must carry its path, siblings and key nodes.
     good = ctx.tree.add(BASE.with_(micro_batch_size=4), ctx.tree.root, "passed", 0.7, speedup=1.6,
                         rationale="bigger micro-batch")
     ctx.tree.add(BASE.with_(num_threads=1), ctx.tree.root, "failed", 0.0, cause="timeout: killed")
-    proposer = LLMProposer(LLMSettings(base_url=server.base_url, model="fake-model", api_key="sk-test"))
+    proposer = LLMProposer(LLMSettings(base_url=server.base_url, model="fake-model", api_key="sk-test",
+                                       retries=retries))
     return proposer.propose(good, ctx, k), ctx
 
 
@@ -119,3 +120,66 @@ def test_campaign_without_an_endpoint_is_bad_input(tmp_path, monkeypatch):
                  "  llm: {base_url: 'file:///etc/passwd'}\n")
     with pytest.raises(ConfigError, match="http"):
         plan(load_campaign(f), tmp_path / "out")
+
+
+# -- a Researcher that errs once is asked again ----------------------------------------------------
+
+GOOD = answer({"edits": {"optimizer_impl": "foreach"}, "rationale": "the optimizer takes 25% of the step"})
+
+
+@pytest.mark.parametrize("bad", ["sure! try a bigger batch", answer({"edits": {"num_threads": "2; reboot"},
+                                                                     "rationale": "x"}), 500])
+def test_one_bad_answer_is_fed_back_and_asked_again(bad):
+    with FakeLLMServer([bad, GOOD]) as server:
+        proposals, ctx = propose(server, retries=2)
+    assert [p.edits for p in proposals] == [{"optimizer_impl": "foreach"}]
+    assert len(server.requests) == 2 and len(ctx.rejections) == 1 and ctx.failed == {}
+    second = server.requests[1]["messages"]
+    if bad == 500:  # nothing to show the model: the same question again
+        assert len(second) == 2
+    else:  # the model sees its answer and why it could not be used
+        assert second[2] == {"role": "assistant", "content": bad}
+        assert "could not be used" in second[3]["content"] and ctx.rejections[0].reason in second[3]["content"]
+
+
+def test_asking_again_is_bounded_and_a_failed_node_is_told_from_an_empty_one():
+    with FakeLLMServer(["not json"]) as server:
+        proposals, ctx = propose(server, retries=2)
+    assert proposals == [] and len(server.requests) == 3 and len(ctx.rejections) == 3
+    [why] = ctx.failed.values()
+    assert "3 answers, none usable" in why and "malformed JSON" in why
+    # An empty answer is the Researcher's own: not asked again, not a failure.
+    with FakeLLMServer(['{"proposals": []}']) as server:
+        proposals, ctx = propose(server, retries=2)
+    assert proposals == [] and len(server.requests) == 1 and ctx.rejections == [] and ctx.failed == {}
+
+
+def test_the_answer_can_depend_on_the_feedback():
+    # A model that repeats a measured recipe until told so: the reason fed back is what moves it on.
+    def model(body: dict) -> str:
+        told = "already measured" in body["messages"][-1]["content"]
+        return GOOD if told else answer({"edits": {"micro_batch_size": 4}, "rationale": "bigger micro-batch"})
+
+    with FakeLLMServer([model]) as server:
+        proposals, _ = propose(server, retries=1)
+    assert [p.edits for p in proposals] == [{"optimizer_impl": "foreach"}] and len(server.requests) == 2
+
+
+def test_a_campaign_whose_first_answer_is_bad_still_runs(tmp_path):
+    # The failure: one malformed first answer marked the root exhausted, 0 runs.
+    from test_search_campaign import Recorder, fake_guard, make_campaign
+
+    from recipetune.search.campaign import run
+
+    answers = ["I think a faster impl would help", answer({"edits": {"speed": 2}, "rationale": "faster"}),
+               answer({"edits": {"speed": 3}, "rationale": "faster still"}), '{"proposals": []}']
+    with FakeLLMServer(answers) as server:
+        camp = make_campaign(tmp_path, {"speed": [1, 2, 3, 4]}, proposer="llm", children=1,
+                             budget={"trials": 3}, llm={"base_url": server.base_url})
+        reporter = Recorder()
+        outcome = run(plan(camp, tmp_path / "campaign"), guard=fake_guard(), reporter=reporter)
+    assert outcome.runs == 2 and outcome.decision == "APPROVED"
+    rejected = (tmp_path / "campaign" / "rejected_proposals.jsonl").read_text()
+    assert "malformed JSON" in rejected
+    # It then had nothing new: exhausted by its own empty answers, not by failures.
+    assert any(p.startswith("the tree is exhausted") and "failed" not in p for p in reporter.phases)

@@ -107,11 +107,20 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(path, "", "no such file")
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, "", f"not a text file: byte {e.start} is not UTF-8 (a campaign file is YAML text)") \
+            from None
+    except OSError as e:
+        raise ConfigError(path, "", f"cannot read: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(path, where, f"malformed YAML: {getattr(e, 'problem', e)}") from None
+    except RecursionError:
+        raise ConfigError(path, "", "nested too deeply to be a campaign file") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -152,6 +161,8 @@ def load_campaign(path: str | Path, overrides: list[str] | None = None) -> Campa
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
         raise ConfigError(path, field, err["msg"]) from None
+    except RecursionError:
+        raise ConfigError(path, "", "nested too deeply to be a campaign file") from None
     base_dir = path.resolve().parent
     workload = build_workload(config.workload, base_dir, path)
     baseline = check_recipe(workload, resolve_paths(workload, config.baseline, base_dir), path, "baseline")

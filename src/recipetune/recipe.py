@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,8 @@ class Knob:
     high: float | None = None
     integer: bool = False
     help: str = ""
+    means: str | None = None  # what the knob is, in the vocabulary of recipetune.meanings
+    derive: str | None = None  # computed from other knobs (recipetune.relations), never searched
 
     def __post_init__(self) -> None:
         if self.role not in KNOB_ROLES:
@@ -77,6 +80,8 @@ class Knob:
         if self.low is not None or self.high is not None:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise KnobError(self.name, f"{value!r} is not a number; expected {self.describe_domain()}")
+            if not math.isfinite(value):
+                raise KnobError(self.name, f"{value!r} is not a finite number; expected {self.describe_domain()}")
             if self.integer:
                 if float(value) != int(value):
                     raise KnobError(self.name, f"{value!r} is not an integer")

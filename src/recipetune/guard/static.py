@@ -21,7 +21,8 @@ from recipetune.workloads.base import Workload
 @dataclass(frozen=True)
 class Violation:
     knob: str  # the knob (or invariant name) at fault
-    # "unknown-knob", "out-of-domain", "invariant", "semantic-not-allowed", "recipe-check", "relation";
+    # "unknown-knob", "out-of-domain", "invariant", "semantic-not-allowed", "recipe-check", "relation",
+    # "derived";
     # a campaign adds "above-critical-batch-size" (recipetune.search.semantic)
     rule: str
     message: str  # a sentence a user understands
@@ -98,24 +99,27 @@ def static_report(
     allowed = f" except allowed {', '.join(report.allowed_semantic)}" if report.allowed_semantic else ""
     report.checked.append(f"roles: {len(fixed)} semantic/invariant knobs equal to the baseline{allowed}")
 
-    # Relations the workload declares. An 'unchanged' invariant that depends on a semantic knob the
-    # campaign allowed to change is waived: that change is judged on loss at equal tokens instead.
-    broken_relations: list[str] = []
+    # Derived knobs and relations that must hold (recipetune.relations: the search repairs a
+    # proposal that breaks one; here a recipe that still breaks one is refused).
+    broken_knobs: set[str] = set()
+    for problem in workload.relations().problems(resolved):
+        report.violations.append(Violation(problem.knob, problem.rule, problem.message))
+        broken_knobs |= problem.knobs
+    n_rel = len(workload.relations().relations) + len(workload.relations().derived)
+    if n_rel and not broken_knobs:
+        report.checked.append(f"relations: {n_rel} derived knobs and relations hold")
+
+    # 'Unchanged' invariants. One that depends on a semantic knob the campaign allowed to change is
+    # waived: that change is judged on loss at equal tokens instead.
     reported = {v.knob for v in report.violations}
     for inv in workload.invariants():
+        if inv.kind == "holds":
+            continue  # a relation, checked above
         try:
             new = expr.evaluate(inv.expr, resolved)
-            old = expr.evaluate(inv.expr, base) if inv.kind == "unchanged" else None
+            old = expr.evaluate(inv.expr, base)
         except (expr.ExprError, TypeError, ValueError) as e:
             report.violations.append(Violation(inv.name, "invariant", f"cannot be evaluated: {e}"))
-            continue
-        if inv.kind == "holds":
-            if not new:
-                used = ", ".join(f"{n}={_show(resolved[n])}" for n in sorted(expr.names(inv.expr)))
-                report.violations.append(Violation(inv.name, "relation", f"'{inv.expr}' does not hold ({used})"))
-                broken_relations.append(inv.expr)
-            else:
-                report.checked.append(f"{inv.name}: holds")
             continue
         waived = expr.names(inv.expr) & set(report.allowed_semantic)
         if waived:
@@ -128,7 +132,7 @@ def static_report(
 
     # The workload's own consistency checks (e.g. a micro-batch that does not divide the batch).
     for problem in workload.check(resolved):
-        if any(rel in problem for rel in broken_relations):
+        if set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", problem)) & broken_knobs:
             continue  # already reported as a broken relation
         report.violations.append(Violation(_knob_in(problem, knobs), "recipe-check", problem))
     report.checked.append(f"{workload.kind} workload consistency checks")

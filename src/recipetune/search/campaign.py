@@ -116,6 +116,10 @@ def check_space(campaign: Campaign) -> SearchSpace:
         raise ConfigError(path, f"search.knobs.{e.knob}", str(e)) from None
     for name in space.values:
         role = knobs[name].role
+        if knobs[name].derive:
+            raise ConfigError(path, f"search.knobs.{name}",
+                              f"'{name}' is derived from '{knobs[name].derive}' and never searched; "
+                              "search the knobs it is derived from")
         if role == INVARIANT:
             raise ConfigError(path, f"search.knobs.{name}",
                               f"'{name}' defines the experiment (an invariant knob) and cannot be searched")
@@ -169,7 +173,7 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
                                   f"differs from the campaign being resumed in {folder} "
                                   f"(was {json.dumps(old_meta.get(key))}); resume with the same file and overrides")
     # A resumed campaign draws afresh: a sampler re-seeded identically would replay its first picks.
-    sampler = make_sampler(cfg.strategy, space, campaign.baseline, cfg.seed + n_done)
+    sampler = make_sampler(cfg.strategy, space, campaign.baseline, cfg.seed + n_done, campaign.workload.relations())
     return Plan(campaign, folder, resume, space, proposer, meta, CampaignStore(folder, cfg.storage, sampler), batch)
 
 
@@ -386,7 +390,9 @@ class Search:
         while self.budget_left():
             node = tree.select()
             if node is None:
-                self.reporter.phase("the tree is exhausted: no proposer has anything new to try")
+                failed = f" ({len(context.failed)} of its nodes only because every answer failed)" \
+                    if context.failed else ""
+                self.reporter.phase(f"the tree is exhausted: no proposer has anything new to try{failed}")
                 return
             proposals = proposer.propose(node, context, self.cfg.children)
             self.record_rejections(context)
@@ -395,6 +401,9 @@ class Search:
             proposals = [p for p in proposals if self.couple(node.recipe.with_(**p.edits))[0] not in tree]
             if not proposals:
                 node.exhausted = True
+                if node.id in context.failed:  # a failed Researcher, not one with nothing new: say so
+                    self.reporter.phase(f"{proposer.name} proposer failed at "
+                                        f"{node.recipe.describe_diff(self.baseline)}: {context.failed[node.id]}")
                 continue
             for proposal in proposals:
                 if not self.budget_left():
@@ -406,7 +415,8 @@ class Search:
     def optuna(self) -> None:
         tree = self.tree
         assert tree is not None
-        strategy = OptunaStrategy(self.cfg.strategy, self.store, self.p.space, self.baseline)
+        strategy = OptunaStrategy(self.cfg.strategy, self.store, self.p.space, self.baseline,
+                                  self.workload.relations())
         repeats = 0
         while self.budget_left():
             if strategy.exhausted() or len(tree) >= strategy.space_size() or repeats > 100:

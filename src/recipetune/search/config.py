@@ -25,6 +25,8 @@ class LLMSettings(BaseModel):
     api_key: str | None = Field(None, description="bearer token, if the server wants one (env RECIPETUNE_LLM_API_KEY)")
     timeout_s: float = Field(60.0, gt=0)
     temperature: float = Field(0.2, ge=0.0, le=2.0)
+    retries: int = Field(2, ge=0, le=5, description="times to ask again, with the reason fed back, after an "
+                                                    "answer with nothing usable (malformed, refused, endpoint error)")
 
 
 class GlobalBatch(BaseModel):

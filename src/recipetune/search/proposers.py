@@ -11,6 +11,7 @@ checked against the campaign's search space here and again by the guard before a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,7 +31,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from recipetune.expr import ExprError, evaluate, names, parse
+from recipetune.meanings import Glossary
 from recipetune.recipe import KnobError, Recipe, Scalar, SearchSpace
+from recipetune.relations import Relations
 from recipetune.search.config import LLMSettings
 from recipetune.search.tree import Node, Tree
 from recipetune.workloads.base import Workload
@@ -62,9 +65,27 @@ class SearchContext:
     tree: Tree
     seed: int = 0
     rejections: list[Rejection] = field(default_factory=list)
+    # Nodes where the proposer failed (every answer unusable), as opposed to having nothing new.
+    failed: dict[str, str] = field(default_factory=dict)
+    relations: Relations = field(init=False)
+    glossary: Glossary = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.relations = self.workload.relations()
+        self.glossary = Glossary(self.workload.knobs())
 
     def seen(self, recipe: Recipe) -> bool:
         return recipe in self.tree
+
+    def complete(self, start: Recipe, edits: dict[str, Scalar], keep: bool = True) -> tuple[Recipe, str]:
+        """``start`` with ``edits``, derived knobs computed and broken relations repaired (moving
+        other searched knobs; ``keep``: the edited ones stay as asked). The note says what was
+        repaired, or why no repair exists (the guard's static check then refuses the recipe)."""
+        recipe = start.with_(**edits)
+        if not self.relations:
+            return recipe, ""
+        fix = self.relations.repair(recipe, set(edits) if keep else set(), self.space.values)
+        return fix.recipe, fix.note if fix.ok else f"no repair: {fix.note}"
 
     def reject(self, source: str, reason: str, raw: Any = "") -> None:
         text = raw if isinstance(raw, str) else json.dumps(raw, default=str)
@@ -81,12 +102,18 @@ class Proposer(Protocol):
     def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]: ...
 
 
-def _fresh(node: Node, edits: dict[str, Scalar], context: SearchContext, taken: set[str]) -> Recipe | None:
-    """The recipe ``edits`` make from ``node``, unless it is the node itself or already tried."""
-    recipe = node.recipe.with_(**edits)
+def _fresh(node: Node, edits: dict[str, Scalar], context: SearchContext, taken: set[str],
+           keep: bool = True) -> tuple[Recipe, dict[str, Scalar], str] | None:
+    """The recipe ``edits`` make from ``node`` (relations repaired), its edits from the node and the
+    repair note; None when it is the node itself or already tried."""
+    recipe, note = context.complete(node.recipe, edits, keep)
     if recipe == node.recipe or context.seen(recipe) or recipe.id in taken:
         return None
-    return recipe
+    return recipe, {n: new for n, (_, new) in recipe.diff(node.recipe).items()}, note
+
+
+def _with_note(rationale: str, note: str) -> str:
+    return f"{rationale} [{note}]" if note else rationale
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,21 +156,31 @@ def _run_info(node: Node) -> dict[str, Any]:
 def profile_facts(node: Node, context: SearchContext) -> dict[str, Any]:
     """Knob values, baseline values and the figures of the node's run, by name."""
     recipe = node.recipe
+    # An outside trainer's knobs count under the reference names their meanings give (meanings.py).
+    glossary = context.glossary
     facts: dict[str, Any] = {f"baseline_{k}": v for k, v in context.baseline.items()}
+    facts.update({f"baseline_{k}": v for k, v in glossary.facts(context.baseline).items()})
     facts.update(recipe)
+    facts.update(glossary.facts(recipe))
     facts.update(speedup=node.speedup, cpu_count=os.cpu_count() or 1)
+    if "nproc" not in facts:
+        with contextlib.suppress(ExprError, TypeError, ValueError, KeyError):
+            facts["nproc"] = context.workload.n_devices(recipe)
     info = _run_info(node)
     env = node.result.environment if node.result else {}
     device = str(info.get("device") or ("cuda" if "gpu" in env and recipe.get("device") != "cpu" else "cpu"))
     facts["device"] = device.split(":")[0]
-    accum = info.get("accumulation_steps")
-    if accum is None and {"global_batch_size", "micro_batch_size"} <= recipe.keys():
-        nproc = int(recipe.get("nproc", 1))
-        accum = max(1, int(recipe["global_batch_size"]) // (nproc * int(recipe["micro_batch_size"])))
+    accum = info.get("accumulation_steps", facts.get("accum_steps"))
+    nproc = int(facts.get("nproc", 1))
+    if accum is None and {"global_batch_size", "micro_batch_size"} <= facts.keys():
+        accum = max(1, int(facts["global_batch_size"]) // (nproc * int(facts["micro_batch_size"])))
     facts["accum_steps"] = accum
+    if "global_batch_size" not in facts and accum is not None and "micro_batch_size" in facts:
+        facts["global_batch_size"] = int(facts["micro_batch_size"]) * int(accum) * nproc
     if node.result is None or not node.result.steps:
         return facts
     s = node.result.summary()
+    facts["memory_reported"] = s.peak_mem_bytes is not None
     facts.update(tokens_per_s=s.tokens_per_s_per_device, step_s=s.mean_step_time_s, mfu=s.mfu,
                  n_devices=node.result.n_devices)
     for part in ("data_s", "compute_s", "optim_s"):
@@ -188,8 +225,10 @@ class Action(BaseModel):
             parse(self.to)
         return self
 
-    def edits(self, recipe: Recipe, space: SearchSpace, facts: dict[str, Any]) -> Iterator[dict[str, Scalar]]:
-        knobs = list(space.values) if self.knob == "*" else [self.knob]
+    def edits(self, recipe: Recipe, space: SearchSpace, facts: dict[str, Any],
+              glossary: Glossary | None = None) -> Iterator[dict[str, Scalar]]:
+        """Edits of the workload's own knobs: a playbook name maps to the knob that means it."""
+        knobs = list(space.values) if self.knob == "*" else [glossary.knob(self.knob) if glossary else self.knob]
         for knob in knobs:
             values = space.values.get(knob)
             if not values:
@@ -202,9 +241,11 @@ class Action(BaseModel):
                 except (ExprError, TypeError):
                     continue  # a fact it needs is unknown here
             if target is not None:
-                hits = [v for v in values if _member(v, (target,))]  # only a value the space lists
-                if hits:
-                    yield {knob: hits[0]}
+                # Only a value the space lists, in the trainer's own spelling (bf16 may be 'bfloat16').
+                hit = glossary.value(knob, target, values) if glossary else next(
+                    (v for v in values if _member(v, (target,))), None)
+                if hit is not None:
+                    yield {knob: hit}
             elif self.move is not None:
                 nxt = _neighbour(values, current, self.move)
                 if nxt is not None:
@@ -262,15 +303,18 @@ def load_playbook(path: str | Path | None = None) -> list[Rule]:
     else:
         where = str(path)
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise PlaybookError(where, "", f"cannot read: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise PlaybookError(where, "", f"not a text file: byte {e.start} is not UTF-8") from None
     try:
         raw = yaml.safe_load(text)
+        return Playbook.model_validate(raw).rules
     except yaml.YAMLError as e:
         raise PlaybookError(where, "", f"malformed YAML: {getattr(e, 'problem', e)}") from None
-    try:
-        return Playbook.model_validate(raw).rules
+    except RecursionError:
+        raise PlaybookError(where, "", "nested too deeply to be a playbook") from None
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
@@ -300,7 +344,7 @@ class AnalystProposer:
         rng = random.Random(f"{self.seed}-{node.id}-{len(context.tree)}")
         queues: list[tuple[Rule, list[dict[str, Scalar]]]] = []
         for rule in self.fired(facts):
-            options = list(rule.action.edits(node.recipe, context.space, facts))
+            options = list(rule.action.edits(node.recipe, context.space, facts, context.glossary))
             if rule.action.knob == "*":
                 rng.shuffle(options)  # undirected exploration: no knob goes first by accident
             queues.append((rule, options))
@@ -309,15 +353,15 @@ class AnalystProposer:
         while len(out) < k and any(opts for _, opts in queues):
             for rule, options in queues:  # round-robin: diverse children before a second idea per rule
                 while options and len(out) < k:
-                    edits = options.pop(0)
-                    recipe = _fresh(node, edits, context, taken)
-                    if recipe is None:
+                    fresh = _fresh(node, options.pop(0), context, taken)
+                    if fresh is None:
                         continue
+                    recipe, edits, note = fresh
                     taken.add(recipe.id)
                     shown = ", ".join(f"{n}={_fmt(facts[n])}" for n in sorted(names(rule.when)) if n in facts)
                     why = " ".join(rule.why.split())
                     facts_text = f" [{shown}]" if shown else ""
-                    out.append(Proposal(edits, f"{rule.name}{facts_text}: {why}", self.name))
+                    out.append(Proposal(edits, _with_note(f"{rule.name}{facts_text}: {why}", note), self.name))
                     break
         return out
 
@@ -341,12 +385,12 @@ class RandomProposer:
             if len(out) == k:
                 break
             draw = {name: rng.choice(values) for name, values in context.space.values.items()}
-            recipe = _fresh(node, draw, context, taken)
-            if recipe is None:
+            fresh = _fresh(node, draw, context, taken, keep=False)  # any drawn knob may move to repair it
+            if fresh is None:
                 continue
+            recipe, edits, note = fresh
             taken.add(recipe.id)
-            edits = {n: new for n, (_, new) in recipe.diff(node.recipe).items()}
-            out.append(Proposal(edits, "uniform draw over the search space", self.name))
+            out.append(Proposal(edits, _with_note("uniform draw over the search space", note), self.name))
         return out
 
 
@@ -362,7 +406,15 @@ device without changing what the model learns. You see the experiment tree aroun
 propose the next experiments as edits of that node's recipe.
 Answer with JSON only, exactly this shape, nothing else:
 {"proposals": [{"edits": {"<knob>": <value>}, "rationale": "<one sentence>"}]}
-Use only the knobs and values listed in "space". Do not repeat a recipe already measured."""
+Use only the knobs and values listed in "space". Do not repeat a recipe already measured.
+"relations" must hold between knobs: an edit that breaks one is repaired by moving other knobs of it;
+"derived" knobs follow from others and are never edited; "meanings" say what a trainer's knob is.
+Answer {"proposals": []} if you have nothing new to propose from this node."""
+
+RETRY_PROMPT = """Your answer could not be used:
+{reasons}
+Answer again, JSON only, exactly the shape asked for, with knobs and values from "space" and recipes
+not already measured (or {{"proposals": []}} if you have nothing new)."""
 
 
 def _node_view(node: Node, baseline: Recipe) -> dict[str, Any]:
@@ -382,8 +434,12 @@ def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3)
     profile = {n: round(v, 4) if isinstance(v, float) else v for n, v in facts.items()
                if n in ("device", "step_s", "data_share", "compute_share", "optim_share", "accum_steps",
                         "mem_headroom", "mfu", "tokens_per_s", "n_devices") and v is not None}
+    rel = context.relations
     return {
         "space": {n: list(v) for n, v in context.space.values.items()},
+        **({"relations": [r.expr for r in rel.relations]} if rel.relations else {}),
+        **({"derived": dict(rel.derived)} if rel.derived else {}),
+        **({"meanings": dict(context.glossary.word_of)} if context.glossary.word_of else {}),
         "baseline": {n: baseline[n] for n in context.space.values if n in baseline},
         "node": {**_node_view(node, baseline), "profile": profile},
         "path": [_node_view(n, baseline) | {"rationale": n.rationale[:160]} for n in tree.path(node)[:-1]],
@@ -407,6 +463,7 @@ class LLMProposer:
         self.model = settings.model or os.environ.get("RECIPETUNE_LLM_MODEL", "default")
         self.api_key = settings.api_key or os.environ.get("RECIPETUNE_LLM_API_KEY")
         self.timeout_s, self.temperature = settings.timeout_s, settings.temperature
+        self.retries = settings.retries
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError("search.llm.base_url (or RECIPETUNE_LLM_BASE_URL) must be an http(s) URL, "
                              f"got {self.base_url!r}")
@@ -422,14 +479,36 @@ class LLMProposer:
         return reply["choices"][0]["message"]["content"]
 
     def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]:
+        """Ask; an answer with nothing usable is asked again, up to ``retries`` times, with the reasons
+        fed back. An empty answer ({"proposals": []}) is the Researcher's own: nothing new here."""
         view = compress_context(node, context, k)
         messages = [{"role": "system", "content": SYSTEM_PROMPT},
                     {"role": "user", "content": json.dumps(view, separators=(",", ":"))}]
-        try:
-            content = self.ask(messages)
-        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
-            context.reject(self.name, f"endpoint error: {e}")
-            return []
+        reasons: list[str] = []
+        for _ in range(1 + self.retries):
+            before = len(context.rejections)
+            try:
+                content = self.ask(messages)
+            except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
+                context.reject(self.name, f"endpoint error: {e}")
+                reasons = [context.rejections[-1].reason]
+                continue  # nothing to show the model: the same question again
+            out = self.read_answer(content, node, context, k)
+            if out:
+                context.failed.pop(node.id, None)
+                return out
+            reasons = [r.reason for r in context.rejections[before:]]
+            if not reasons:
+                context.failed.pop(node.id, None)
+                return []  # an empty answer: nothing new to propose from this node
+            messages += [{"role": "assistant", "content": content[:4000]},
+                         {"role": "user", "content": RETRY_PROMPT.format(
+                             reasons="\n".join(f"- {r}" for r in dict.fromkeys(reasons)))}]
+        context.failed[node.id] = f"{1 + self.retries} answers, none usable; last: {'; '.join(reasons)}"
+        return []
+
+    def read_answer(self, content: str, node: Node, context: SearchContext, k: int) -> list[Proposal]:
+        """The usable proposals of one answer; every unusable item is recorded with its reason."""
         items = parse_answer(content, context, self.name)
         out: list[Proposal] = []
         taken: set[str] = set()
@@ -437,13 +516,14 @@ class LLMProposer:
             edits = check_edits(item["edits"], context, self.name)
             if edits is None:
                 continue
-            recipe = _fresh(node, edits, context, taken)
-            if recipe is None:
+            fresh = _fresh(node, edits, context, taken)
+            if fresh is None:
                 context.reject(self.name, "already measured (or no change from the node)", item)
                 continue
+            recipe, edits, note = fresh
             taken.add(recipe.id)
             rationale = " ".join(str(item["rationale"]).split())[:300]
-            out.append(Proposal(edits, rationale, self.name))
+            out.append(Proposal(edits, _with_note(rationale, note), self.name))
             if len(out) == k:
                 break
         return out

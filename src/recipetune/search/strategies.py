@@ -4,16 +4,24 @@
 campaign's space (a categorical distribution per searched knob: its listed values and the
 baseline's). They are screened and rewarded exactly like the tree's candidates; ``mcts`` (the
 default) does not use a sampler to choose, only to satisfy the study.
+
+Where knobs are related (recipetune.relations) the samplers draw only feasible points: the grid
+lists only feasible points; tpe and random draw the searched knobs jointly from their own per-knob
+choices until the point is feasible, and after a few tries repair the last draw to the nearest
+feasible point. Derived knobs are never sampled: they are computed from the sampled ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-from recipetune.recipe import Recipe, SearchSpace
+from recipetune.recipe import KnobError, Recipe, SearchSpace
+from recipetune.relations import Relations
 from recipetune.store import CampaignStore, distributions
 
 STRATEGIES = ("mcts", "tpe", "random", "grid")
@@ -27,26 +35,85 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
         pass
 
 
-def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int) -> optuna.samplers.BaseSampler:
-    """The sampler of ``strategy``; ``seed`` should differ per session so a resume draws afresh."""
+class FeasibleSampler(optuna.samplers.BaseSampler):
+    """Draws the searched knobs jointly, each from the wrapped sampler's own choice for it, until
+    the point keeps every relation; after ``tries`` draws the last one is repaired to the nearest
+    feasible point (the fewest knobs moved). The study records what ran: always a feasible point."""
+
+    def __init__(self, base: optuna.samplers.BaseSampler, dists: dict[str, BaseDistribution],
+                 relations: Relations, baseline: Recipe, tries: int = 20):
+        self.base, self.dists, self.relations, self.baseline, self.tries = base, dists, relations, baseline, tries
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> dict[str, BaseDistribution]:
+        return dict(self.dists)
+
+    def sample_relative(self, study: optuna.Study, trial: Any, search_space: dict[str, BaseDistribution]
+                        ) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        point: dict[str, Any] = {}
+        for _ in range(self.tries):
+            point = {n: self.base.sample_independent(study, trial, n, d) for n, d in search_space.items()}
+            if self.relations.feasible(self.baseline.with_(**point)):
+                return point
+        space = {n: tuple(d.choices) for n, d in search_space.items()}  # type: ignore[attr-defined]
+        fix = self.relations.repair(self.baseline.with_(**point), (), space)
+        return {n: fix.recipe[n] for n in search_space}
+
+    def sample_independent(self, study: optuna.Study, trial: Any, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self.base.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: Any) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+
+def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
+                 relations: Relations | None = None) -> optuna.samplers.BaseSampler:
+    """The sampler of ``strategy``; ``seed`` should differ per session so a resume draws afresh.
+    With ``relations``, it draws only points that keep them."""
+    dists = distributions(space, baseline)
+    sampler: optuna.samplers.BaseSampler
     if strategy == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)))
-    if strategy == "grid":
-        grid = {n: list(d.choices) for n, d in distributions(space, baseline).items()}  # type: ignore[attr-defined]
-        return AskTellGridSampler(grid, seed=seed)
-    if strategy in ("random", "mcts"):
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)))
+    elif strategy == "grid":
+        grid = AskTellGridSampler({n: list(d.choices) for n, d in dists.items()}, seed=seed)  # type: ignore[attr-defined]
+        if relations:  # the grid ids index the feasible points only
+            names = grid._param_names
+            grid._all_grids = [g for g in grid._all_grids
+                               if relations.feasible(baseline.with_(**dict(zip(names, g, strict=True))))]
+            grid._n_min_trials = len(grid._all_grids)
+        return grid
+    elif strategy in ("random", "mcts"):
+        sampler = optuna.samplers.RandomSampler(seed=seed)
+    else:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    if relations and strategy != "mcts":
+        return FeasibleSampler(sampler, dists, relations, baseline)
+    return sampler
 
 
 class OptunaStrategy:
     """Asks the study's sampler for the next recipe."""
 
-    def __init__(self, name: str, store: CampaignStore, space: SearchSpace, baseline: Recipe):
+    def __init__(self, name: str, store: CampaignStore, space: SearchSpace, baseline: Recipe,
+                 relations: Relations | None = None):
         self.name, self.store, self.baseline = name, store, baseline
+        self.relations = relations
         self.dists: dict[str, BaseDistribution] = distributions(space, baseline)
+        points = relations.feasible_points(baseline, {n: d.choices for n, d in self.dists.items()}) \
+            if relations else None  # type: ignore[attr-defined]
+        self.n_feasible = len(points) if points is not None else None
 
     def space_size(self) -> int:
+        if self.n_feasible is not None:
+            return self.n_feasible
         return math.prod(len(d.choices) for d in self.dists.values() if isinstance(d, CategoricalDistribution))
 
     def exhausted(self) -> bool:
@@ -55,4 +122,8 @@ class OptunaStrategy:
 
     def ask(self) -> tuple[optuna.trial.Trial, Recipe]:
         trial = self.store.ask(self.dists)
-        return trial, self.baseline.with_(**trial.params)
+        recipe = self.baseline.with_(**trial.params)
+        if self.relations:
+            with contextlib.suppress(KnobError):  # else the static check says why
+                recipe = self.relations.derive(recipe)
+        return trial, recipe

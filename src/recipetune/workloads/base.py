@@ -21,6 +21,7 @@ from recipetune.measure import (
     read_metrics_stream,
 )
 from recipetune.recipe import KnobSet, Recipe
+from recipetune.relations import Relations
 
 ProgressFn = Callable[[int], None]  # called with the number of steps finished so far
 
@@ -75,8 +76,13 @@ class Workload(ABC):
         progress: ProgressFn | None = None,
     ) -> RunResult: ...
 
+    def relations(self) -> Relations:
+        """Derived knobs and relations that must hold (recipetune.relations)."""
+        return Relations.of(self)
+
     def resolve(self, values: dict) -> Recipe:
-        return self.knobs().resolve(values)
+        """Defaults overlaid with ``values``, each in its domain, derived knobs computed."""
+        return self.relations().derive(self.knobs().resolve(values), given=values)
 
 
 def classify(outcome: ProcessOutcome, out_dir: Path) -> tuple[str, str]:

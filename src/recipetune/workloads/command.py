@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recipetune import expr
+from recipetune import expr, meanings
 from recipetune.execute.local import run_process
 from recipetune.measure import RunResult
 from recipetune.recipe import Knob, KnobError, KnobSet, Recipe
@@ -37,18 +37,35 @@ class KnobSpec(BaseModel):
 
     With neither ``choices`` nor bounds, the domain follows the default: any number for a number,
     true/false for a bool, any string for a string. An integer default makes an integer knob
-    (write ``1.0`` for a real-valued knob).
+    (write ``1.0`` for a real-valued knob). ``means`` says what the knob is (recipetune.meanings),
+    so the analyst's rules apply to it; ``derive`` computes it from other knobs (recipetune.relations):
+    never searched, its default the derived value.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    default: Scalar
+    default: Scalar | None = None
     role: Literal["speed", "semantic", "invariant"] = "speed"
     choices: list[Scalar] | None = None
     low: float | None = None
     high: float | None = None
     integer: bool = False
     help: str = ""
+    means: str | None = Field(None, description="what the knob is: micro_batch, grad_accum, nproc, dtype, ...")
+    derive: str | None = Field(None, description="an expression over other knobs, e.g. '32 // batch_size'")
+
+    @field_validator("means")
+    @classmethod
+    def _known_meaning(cls, word: str | None) -> str | None:
+        if word is not None:
+            meanings.check_word(word)  # a ValueError: pydantic names the field
+        return word
+
+    @model_validator(mode="after")
+    def _has_default(self) -> KnobSpec:
+        if self.default is None and self.derive is None:
+            raise ValueError("a knob needs a default (or derive: EXPR)")
+        return self
 
 
 class MetricsSpec(BaseModel):
@@ -131,7 +148,13 @@ def render(value: Scalar) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def to_knob(name: str, spec: KnobSpec) -> Knob:
+def to_knob(name: str, spec: KnobSpec, derived: Scalar | None = None) -> Knob:
+    """The knob ``spec`` declares; ``derived``: its value on the other knobs' defaults, if derived."""
+    if spec.derive is not None:
+        if spec.default is not None and derived is not None and spec.default != derived:
+            raise SpecError(f"knobs.{name}.default", f"is {spec.default!r} but '{spec.derive}' gives {derived!r} "
+                                                     "on the other knobs' defaults; leave the default out")
+        spec = spec.model_copy(update={"default": derived})
     if not name.isidentifier() or name in RESERVED:
         raise SpecError(f"knobs.{name}", f"a knob name must be an identifier and not one of {', '.join(RESERVED)}")
     if spec.choices is not None and (spec.low is not None or spec.high is not None):
@@ -146,7 +169,8 @@ def to_knob(name: str, spec: KnobSpec) -> Knob:
             low, high = -math.inf, math.inf
     # An integer default makes an integer knob, so "8" never reaches a command line as "8.0".
     integer = spec.integer or (numeric and isinstance(spec.default, int))
-    knob = Knob(name, spec.default, spec.role, choices, low, high, integer, spec.help)
+    assert spec.default is not None
+    knob = Knob(name, spec.default, spec.role, choices, low, high, integer, spec.help, spec.means, spec.derive)
     try:
         knob = dataclasses.replace(knob, default=knob.validate(spec.default))
     except KnobError as e:
@@ -162,7 +186,7 @@ class CommandWorkload(Workload):
         self.cwd = (base_dir / spec.cwd).resolve() if spec.cwd else base_dir
         if not self.cwd.is_dir():
             raise SpecError("cwd", f"{self.cwd} is not a directory")
-        self._knobs = KnobSet([to_knob(name, k) for name, k in spec.knobs.items()])
+        self._knobs = self._build_knobs(spec.knobs)
         allowed = set(self._knobs) | set(RESERVED)
         templates = {f"argv.{i}": a for i, a in enumerate(spec.argv)}
         templates |= {f"env.{k}": v for k, v in spec.env.items()}
@@ -186,6 +210,32 @@ class CommandWorkload(Workload):
             raise SpecError("tokens_per_step", f"the log preset '{self.preset.name}' does not report tokens; "
                             "set workload.tokens_per_step (an expression over knobs, e.g. 'batch * seq_len')")
         self._invariants = [self._invariant(i, text) for i, text in enumerate(spec.invariants)]
+
+    @staticmethod
+    def _build_knobs(specs: dict[str, KnobSpec]) -> KnobSet:
+        """Plain knobs first; a derived knob's default is its expression on their defaults."""
+        plain = [to_knob(name, k) for name, k in specs.items() if k.derive is None]
+        defaults = {k.name: k.default for k in plain}
+        derived = []
+        for name, k in specs.items():
+            if k.derive is None:
+                continue
+            field = f"knobs.{name}.derive"
+            try:
+                unknown = expr.names(k.derive) - set(defaults)
+                if unknown:
+                    raise SpecError(field, f"{k.derive!r} names {', '.join(sorted(unknown))}, not a plain knob; "
+                                           f"a derived knob depends on these: {', '.join(defaults) or '(none)'}")
+                value = expr.evaluate(k.derive, defaults)
+            except (expr.ExprError, TypeError, ValueError) as e:
+                if isinstance(e, SpecError):
+                    raise
+                raise SpecError(field, f"{k.derive!r} cannot be evaluated on the defaults: {e}") from None
+            if isinstance(value, float) and value.is_integer() and isinstance(k.default, int | None):
+                value = int(value)
+            derived.append(to_knob(name, k, value))
+        order = list(specs)
+        return KnobSet(sorted(plain + derived, key=lambda knob: order.index(knob.name)))
 
     def _metrics_source(self) -> presets.LogPreset | None:
         m = self.spec.metrics
@@ -236,18 +286,9 @@ class CommandWorkload(Workload):
         return list(self._invariants)
 
     def check(self, recipe: Recipe) -> list[str]:
-        problems = []
-        for inv in self._invariants:
-            if inv.kind != "holds":
-                continue
-            try:
-                ok = bool(expr.evaluate(inv.expr, recipe))
-            except (expr.ExprError, TypeError) as e:
-                problems.append(f"invariant '{inv.expr}' cannot be evaluated: {e}")
-                continue
-            if not ok:
-                used = ", ".join(f"{n}={json.dumps(recipe[n])}" for n in sorted(expr.names(inv.expr)))
-                problems.append(f"invariant '{inv.expr}' does not hold ({used})")
+        # Relations and derived knobs: recipetune.relations, the one place that evaluates them.
+        problems = [f"invariant {p.message}" if p.rule == "relation" else f"{p.knob} {p.message}"
+                    for p in self.relations().problems(recipe)]
         try:
             if self.n_devices(recipe) < 1:
                 problems.append(f"devices '{self.spec.devices}' must be at least 1")

@@ -31,6 +31,9 @@ class ReferenceWorkload(Workload):
             Invariant("sample order", "seed"),
             Invariant("model", "model"),
             Invariant("data", "data"),
+            # nproc x micro-batch x accumulation = global batch: the trainer accumulates the rest.
+            Invariant("nproc x micro_batch_size x accumulation = global_batch_size",
+                       "global_batch_size % (nproc * micro_batch_size) == 0", "holds"),
         ]
 
     def check(self, recipe: Recipe) -> list[str]:
