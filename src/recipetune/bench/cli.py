@@ -48,8 +48,8 @@ def table_cmd(
     except ValueError as e:
         raise _fail(str(e)) from None
     best, base = table.best(), table.baseline_entry()
-    console.print(f"{out}: best {best.values} at {best.mean_tokens_per_s():,.0f} tokens/s, "
-                  f"{best.mean_tokens_per_s() / base.mean_tokens_per_s():.2f}x the baseline")  # type: ignore[operator]
+    console.print(f"{out}: best {best.values} at {best.tokens_per_s():,.0f} tokens/s, "
+                  f"{best.tokens_per_s() / base.tokens_per_s():.2f}x the baseline")  # type: ignore[operator]
 
 
 @bench_app.command("replay")
@@ -84,15 +84,15 @@ def replay_cmd(
     report: dict = {"budget": budget, "seeds": seeds, "tables": {}}
     panels, texts = [], []
     for table in loaded:
-        n_ok = sum(1 for e in table.entries if e.feasible and e.mean_tokens_per_s() is not None)
+        n_ok = sum(1 for e in table.entries if e.feasible and e.tokens_per_s() is not None)
         cap = min(budget, n_ok)
         trajectories = []
         for s in names:
             for seed in range(gp_seeds if s == "gp" and gp_seeds else seeds):
                 trajectories.append(replay(table, s, cap, seed))
             console.print(f"{table.name}: {s} replayed", markup=False)
-        base = table.baseline_entry().mean_tokens_per_s()
-        best = table.best().mean_tokens_per_s() / base  # type: ignore[operator]
+        base = table.baseline_entry().tokens_per_s()
+        best = table.best().tokens_per_s() / base  # type: ignore[operator]
         summary = summarize(trajectories, best, cap)
         report["tables"][table.name] = {"best_speedup": best, "best": table.best().values, "budget": cap,
                                         "recipes": len(table.entries), "feasible": n_ok,

@@ -62,7 +62,7 @@ def markdown(name: str, summary: dict[str, Any], best: float, n_recipes: int, bu
     head = ("| strategy | trials to within 2% (median [IQR]) | reached | wall s to within 2% | "
             + " | ".join(f"speed-up at {b}" for b in cols) + " |")
     lines = [f"**{name}**: {n_recipes} recipes, best {best:.2f}x the baseline; budget {budget} trials, "
-             f"speed-ups are the true (mean over repeats) speed-up of each strategy's incumbent.", "",
+             f"speed-ups are the true (median over repeats) speed-up of each strategy's incumbent.", "",
              head, "|" + "---|" * (4 + len(cols))]
     for strategy, r in summary.items():
         m, lo, hi = r["trials_to_2pct"]

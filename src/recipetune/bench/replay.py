@@ -8,13 +8,14 @@ trial draws one of that recipe's measured repeats: its status, throughput and pr
 proposer reads, its wall time is what the trial costs (a slow or failing recipe costs time too). A
 recipe the table lists as infeasible is refused as the guard's static check would: no run, no cost.
 
-Speed-ups are relative to the mean of the baseline's repeats (the campaign's baseline profile).
-The *true* speed of a recipe is the mean of its repeats; a strategy's incumbent is the recipe it
+Speed-ups are relative to the median of the baseline's repeats (the campaign's baseline profile).
+The *true* speed of a recipe is the median of its repeats; a strategy's incumbent is the recipe it
 *observed* fastest, so noise can mislead it, as in a real campaign.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from recipetune.bench.table import Entry, Measurement, Table
 from recipetune.measure import RunResult, StepRecord
-from recipetune.recipe import Recipe, SearchSpace
+from recipetune.recipe import KnobError, Recipe, SearchSpace
 from recipetune.search.proposers import Proposal, SearchContext, make_proposer
 from recipetune.search.tree import Node, Tree, reward
 
@@ -37,7 +38,7 @@ class Trial:
     recipe_id: str
     status: str  # passed | failed
     observed: float | None  # the speed-up this trial measured (None when it failed)
-    true: float  # the recipe's mean speed-up over the table's repeats (0 when it never ran ok)
+    true: float  # the recipe's median speed-up over the table's repeats (0 when it never ran ok)
     cost_s: float  # the drawn run's wall time
 
 
@@ -77,19 +78,21 @@ class Oracle:
     def __init__(self, table: Table, rng: random.Random, scratch: Path):
         self.table, self.rng, self.scratch = table, rng, scratch
         self.entries = table.by_id()
-        base = table.baseline_entry().mean_tokens_per_s()
+        base = table.baseline_entry().tokens_per_s()
         if not base:
             raise ValueError(f"table {table.name}: the baseline has no successful run")
         self.base_tps = base
         self.baseline = Recipe(table.baseline)
         self.space = SearchSpace({n: tuple(v) for n, v in table.space.items()})
+        self.workload = table.make_workload()
+        self.relations = self.workload.relations()
 
     def entry(self, recipe: Recipe) -> Entry | None:
         e = self.entries.get(recipe.id)
         return e if e is not None and e.feasible and e.runs else None
 
     def true_speedup(self, entry: Entry) -> float:
-        tps = entry.mean_tokens_per_s()
+        tps = entry.tokens_per_s()
         return tps / self.base_tps if tps else 0.0
 
     def best_speedup(self) -> float:
@@ -149,7 +152,7 @@ def replay_mcts(oracle: Oracle, proposer_name: str, budget: int, seed: int, chil
     proposer = make_proposer(proposer_name, seed)
     base_entry = oracle.table.baseline_entry()
     tree = Tree(oracle.baseline, oracle.result(base_entry, base_entry.ok_runs()[0]))
-    context = SearchContext(None, oracle.baseline, oracle.space, tree, seed)  # type: ignore[arg-type]
+    context = SearchContext(oracle.workload, oracle.baseline, oracle.space, tree, seed)
     while rp.left():
         node = tree.select()
         if node is None:
@@ -185,18 +188,23 @@ def _add(tree: Tree, parent: Node, recipe: Recipe, proposal: Proposal,
 def replay_optuna(oracle: Oracle, strategy: str, budget: int, seed: int) -> Trajectory:
     import optuna
 
-    from recipetune.search.strategies import make_sampler
+    from recipetune.search.strategies import FeasibleSampler, make_sampler
     from recipetune.store import distributions
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = {"optuna-random": "random"}.get(strategy, strategy)
+    relations = oracle.relations or None
+    dists = distributions(oracle.space, oracle.baseline)
     if name == "gp":
         sampler: optuna.samplers.BaseSampler = optuna.samplers.GPSampler(seed=seed)
+        if relations:
+            sampler = FeasibleSampler(sampler, dists, relations, oracle.baseline)
     else:
-        sampler = make_sampler(name, oracle.space, oracle.baseline, seed)
+        sampler = make_sampler(name, oracle.space, oracle.baseline, seed, relations)
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    dists = distributions(oracle.space, oracle.baseline)
-    size = math.prod(len(d.choices) for d in dists.values())  # type: ignore[attr-defined]
+    points = relations.feasible_points(oracle.baseline, {n: d.choices for n, d in dists.items()}) \
+        if relations else None  # type: ignore[attr-defined]
+    size = len(points) if points is not None else math.prod(len(d.choices) for d in dists.values())  # type: ignore[attr-defined]
     rp = Replay(oracle, budget, seed, strategy)
     seen: dict[str, float | None] = {oracle.baseline.id: 1.0}
     repeats = 0
@@ -206,6 +214,9 @@ def replay_optuna(oracle: Oracle, strategy: str, budget: int, seed: int) -> Traj
             break
         trial = study.ask(dists)
         recipe = oracle.baseline.with_(**trial.params)
+        if relations:
+            with contextlib.suppress(KnobError):  # as OptunaStrategy.ask: derived knobs computed
+                recipe = relations.derive(recipe)
         if recipe.id in seen:  # the sampler must hear the outcome to move on; nothing runs again
             repeats += 1
             prior = seen[recipe.id]
@@ -213,7 +224,7 @@ def replay_optuna(oracle: Oracle, strategy: str, budget: int, seed: int) -> Traj
             continue
         repeats = 0
         status, observed, _ = rp.run(recipe)
-        seen[recipe.id] = observed
+        seen[recipe.id] = observed  # a refused recipe too: the campaign's tree keeps it, it is never asked again
         if observed is not None:
             study.tell(trial, observed)
         else:
@@ -261,7 +272,8 @@ def replay_greedy(oracle: Oracle, budget: int, seed: int) -> Trajectory:
 
 def replay_sequential(oracle: Oracle, budget: int, seed: int) -> Trajectory:
     """One knob at a time, in the space's order: try its every value, keep the fastest, next knob;
-    passes repeat until one changes nothing. A change a relation refuses is skipped."""
+    passes repeat until one changes nothing. A change that breaks a relation is repaired as the
+    search repairs it (the fewest other knobs move), or skipped when no repair exists."""
     rp = Replay(oracle, budget, seed, "sequential")
     current, current_speed = oracle.baseline, 1.0
     tried = {oracle.baseline.id}
@@ -272,6 +284,8 @@ def replay_sequential(oracle: Oracle, budget: int, seed: int) -> Trajectory:
             best, best_speed = current, current_speed
             for value in values:
                 recipe = current.with_(**{knob: value})
+                if oracle.relations:
+                    recipe = oracle.relations.repair(recipe, {knob}, oracle.space.values).recipe
                 if recipe.id in tried or not rp.left():
                     continue
                 tried.add(recipe.id)

@@ -16,6 +16,7 @@ import itertools
 import os
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from recipetune.config import Campaign
 from recipetune.measure import RunResult, environment_fingerprint
 from recipetune.recipe import Recipe, Scalar
 from recipetune.store import distributions
+from recipetune.workloads.base import Workload
 
 FORMAT = "recipetune-bench-table/1"
 
@@ -69,15 +71,18 @@ class Entry(BaseModel):
     def ok_runs(self) -> list[Measurement]:
         return [m for m in self.runs if m.status == "ok" and m.tokens_per_s]
 
-    def mean_tokens_per_s(self) -> float | None:
+    def tokens_per_s(self) -> float | None:
+        """The recipe's speed: the median of its successful repeats (a neighbour's burst of load
+        moves one repeat, not the median)."""
         ok = self.ok_runs()
-        return sum(m.tokens_per_s for m in ok) / len(ok) if ok else None  # type: ignore[misc]
+        return statistics.median(m.tokens_per_s for m in ok) if ok else None  # type: ignore[type-var]
 
 
 class Table(BaseModel):
     format: str = FORMAT
     name: str
     workload: str
+    workload_spec: dict[str, Any] = Field(default_factory=dict)  # the campaign's workload section
     campaign: str  # the file it was built from, as given
     baseline: dict[str, Scalar]
     baseline_id: str
@@ -98,8 +103,20 @@ class Table(BaseModel):
         return self.by_id()[self.baseline_id]
 
     def best(self) -> Entry:
-        scored = [e for e in self.entries if e.mean_tokens_per_s() is not None]
-        return max(scored, key=lambda e: e.mean_tokens_per_s())  # type: ignore[arg-type,return-value]
+        scored = [e for e in self.entries if e.tokens_per_s() is not None]
+        return max(scored, key=lambda e: e.tokens_per_s())  # type: ignore[arg-type,return-value]
+
+    def make_workload(self) -> Workload:
+        """The workload the table was measured on (its knobs, relations and meanings; never run here)."""
+        from pydantic import TypeAdapter
+
+        from recipetune.config import CampaignConfig, build_workload
+
+        spec = TypeAdapter(CampaignConfig.model_fields["workload"].annotation).validate_python(
+            self.workload_spec or {"kind": self.workload})
+        if getattr(spec, "cwd", None):
+            spec = spec.model_copy(update={"cwd": None})  # a folder of the machine that measured it
+        return build_workload(spec, Path.cwd())
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,6 +200,7 @@ def build_table(campaign: Campaign, out: Path, name: str, repeats: int, steps: i
             cause = "; ".join(f"{v.knob}: {v.message}" for v in violations)
             entries.append(Entry(id=recipe.id, values=values, feasible=not violations, cause=cause))
         table = Table(name=name, workload=workload.kind, campaign=str(campaign.path), baseline=dict(baseline),
+                      workload_spec=campaign.config.workload.model_dump(mode="json", exclude_none=True),
                       baseline_id=baseline.id, space={n: list(v) for n, v in campaign.config.search.knobs.items()},
                       steps=steps, repeats=repeats, environment=environment_fingerprint(),
                       conditions={"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_avg_start": _load_avg(),
