@@ -180,3 +180,12 @@ def test_run_and_trainer_do_not_import_what_they_do_not_use():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_table_command_refuses_bad_input_and_writes_nothing(tmp_path):
+    out = tmp_path / "t.json"
+    res = runner.invoke(app, ["bench", "table", str(tmp_path / "missing.yaml"), "--out", str(out)])
+    assert res.exit_code == 2 and "no such file" in res.output
+    res = runner.invoke(app, ["bench", "table", str(ROOT / "examples" / "tiny.yaml"), "--out", str(out)])
+    assert res.exit_code == 2 and "search.knobs" in res.output  # a campaign without a space
+    assert not out.exists()

@@ -14,10 +14,11 @@ bench_app = typer.Typer(
     no_args_is_help=True,
 )
 console = Console()
+errors = Console(soft_wrap=True)  # soft wrap: a long path must not split the message
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    errors.print(f"[bold red]error:[/] {message}", highlight=False)
     return typer.Exit(2)
 
 

@@ -105,7 +105,7 @@ def plot(panels: list[tuple[str, list[Trajectory], float, int]], path: Path) -> 
         ax.legend(fontsize=8, loc="lower right")
         ax2.axhline(budget + 2, color="grey", ls=":", lw=1)
         ax2.set_xticks(range(len(strategies)), strategies, rotation=30, ha="right", fontsize=8)
-        ax2.set(title=f"{name}: trials to within 2% of the best (bar: median; top line: never)", ylabel="trials")
+        ax2.set(title=f"{name}: trials to within 2% of the best", ylabel="trials (bar: median; dotted: never)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
