@@ -52,8 +52,8 @@ def summarize(trajectories: list[Trajectory], best: float, budget: int) -> dict[
     return out
 
 
-def _num(x: float, fmt: str = ".0f") -> str:
-    return "never" if math.isinf(x) else format(x, fmt)
+def _num(x: float) -> str:
+    return "never" if math.isinf(x) else f"{x:.1f}".removesuffix(".0")
 
 
 def markdown(name: str, summary: dict[str, Any], best: float, n_recipes: int, budget: int) -> str:

@@ -121,7 +121,7 @@ class Table(BaseModel):
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.model_dump_json(indent=1, exclude_defaults=False))
+        tmp.write_text(self.model_dump_json(exclude_none=True) + "\n")  # one line: small in the repository
         tmp.replace(path)
 
     @classmethod
