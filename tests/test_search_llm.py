@@ -183,3 +183,19 @@ def test_a_campaign_whose_first_answer_is_bad_still_runs(tmp_path):
     assert "malformed JSON" in rejected
     # It then had nothing new: exhausted by its own empty answers, not by failures.
     assert any(p.startswith("the tree is exhausted") and "failed" not in p for p in reporter.phases)
+
+
+def test_an_edit_of_a_derived_knob_is_refused_with_the_reason(tmp_path):
+    from test_relations import context_for, nanogpt_campaign
+
+    ctx = context_for(nanogpt_campaign(tmp_path, derive=True))
+    reply = answer({"edits": {"grad_accum": 1}, "rationale": "no accumulation"},
+                   {"edits": {"batch_size": 32}, "rationale": "one micro-batch per step"})
+    with FakeLLMServer([reply]) as server:
+        proposer = LLMProposer(LLMSettings(base_url=server.base_url, retries=0))
+        proposals = proposer.propose(ctx.tree.root, ctx, 3)
+    assert [p.edits for p in proposals] == [{"batch_size": 32, "grad_accum": 1}]  # the derived value follows
+    assert "derived from '32 // batch_size'" in ctx.rejections[0].reason
+    view = json.loads(server.requests[0]["messages"][1]["content"])
+    assert view["derived"] == {"grad_accum": "32 // batch_size"}
+    assert view["meanings"] == {"batch_size": "micro_batch", "grad_accum": "grad_accum"}

@@ -570,6 +570,10 @@ def check_edits(edits: dict[str, Any], context: SearchContext, source: str) -> d
         if name not in knobs:
             context.reject(source, f"unknown knob '{name}'", edits)
             return None
+        if knobs[name].derive:
+            context.reject(source, f"knob '{name}' is derived from '{knobs[name].derive}'; edit the knobs it "
+                                   "follows instead", edits)
+            return None
         if name not in context.space.values:
             allowed = ", ".join(context.space.values)
             context.reject(source, f"knob '{name}' is not searched in this campaign (searched: {allowed})", edits)
