@@ -37,7 +37,7 @@ def timed(argv: list[str], repeats: int = 3) -> float:
     return statistics.median(walls)
 
 
-def fixed_costs(campaign: Path) -> dict[str, float]:
+def fixed_costs(campaign: Path, overrides: list[str]) -> dict[str, float]:
     py = sys.executable
     out = {
         "python_s": timed([py, "-c", "pass"]),
@@ -47,7 +47,8 @@ def fixed_costs(campaign: Path) -> dict[str, float]:
     }
     scratch = Path(f"/tmp/recipetune-overhead-run-{time.time_ns()}")
     exe = str(Path(py).with_name("recipetune"))
-    out["recipetune_run_1_step_s"] = timed([exe, "run", str(campaign), "--steps", "1", "--out", str(scratch)], 1)
+    run = [exe, "run", str(campaign), *overrides, "--steps", "1", "--out", str(scratch)]
+    out["recipetune_run_1_step_s"] = timed(run, 1)
     shutil.rmtree(scratch, ignore_errors=True)
     return out
 
@@ -79,7 +80,8 @@ def main() -> None:
     subprocess.run([exe, "tune", str(args.campaign), *args.overrides, "--out", str(args.out)], check=True,
                    stdout=subprocess.DEVNULL)
     figures = split(args.out, time.perf_counter() - t0)
-    figures.update(fixed_costs(args.campaign))
+    baseline_overrides = [o for o in args.overrides if "." not in o.split("=", 1)[0]]  # knobs, not settings
+    figures.update(fixed_costs(args.campaign, baseline_overrides))
     for k, v in figures.items():
         print(f"{k:28s} {v:10.3f}" if isinstance(v, float) else f"{k:28s} {v:10d}")
     if args.json:
