@@ -92,17 +92,22 @@ def serve() -> None:
         if pid == 0:
             _child(req)
         print(json.dumps({"pid": pid}), flush=True)
+        # Wake the moment the child ends (a pidfd where Linux has one), not at the next poll.
+        pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+        watch = [0] if pidfd is None else [0, pidfd]
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
             # The driver sends nothing while a run lasts: stdin readable means it died (kill -9).
             # A trainer must not outlive it and steal the hardware from the next measurement.
-            if select.select([0], [], [], 0.2)[0] and not os.read(0, 65536):
+            if 0 in select.select(watch, [], [], 0.2)[0] and not os.read(0, 65536):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 return
+        if pidfd is not None:
+            os.close(pidfd)
         print(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
