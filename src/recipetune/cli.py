@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+
+
+@app.callback()
+def _group() -> None:
+    # Keeps `run` a named subcommand when it is the only one mounted (see _wanted).
+    pass
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -102,29 +109,53 @@ def run(
         raise typer.Exit(2 if result.status == "invalid" else 1)
 
 
-def _mount_subcommands() -> None:
-    from recipetune.cbs.cli import cbs_app
-
-    app.add_typer(cbs_app, name="cbs")
-    from recipetune.guard.cli import verify
-
-    app.command()(verify)
-    from recipetune.search.cli import tune
-
-    app.command()(tune)
-    from recipetune.report.cli import report, show
-
-    app.command()(report)
-    app.command()(show)
-    from recipetune.finetune.cli import data_app, data_run, ft_app, ft_run
-
-    data_app.command("run")(data_run)
-    ft_app.command("run")(ft_run)
-    app.add_typer(data_app, name="data")
-    app.add_typer(ft_app, name="ft")
+SUBCOMMANDS = ("cbs", "verify", "tune", "report", "show", "bench", "data", "ft")
 
 
-_mount_subcommands()
+def _wanted(argv: list[str]) -> str | None:
+    """The one subcommand this `recipetune` process runs; None (mount all) for help, tests, or a typo.
+
+    Each trial and each `recipetune run` is a fresh process: mounting only the command it runs keeps
+    matplotlib, scipy and optuna (seconds of imports) out of the processes that do not use them.
+    """
+    if not argv or Path(argv[0]).name not in ("recipetune", "cli.py"):
+        return None
+    first = next((a for a in argv[1:] if not a.startswith("-")), None)
+    return first if first == "run" or first in SUBCOMMANDS else None
+
+
+def _mount_subcommands(wanted: str | None = None) -> None:
+    if wanted in (None, "cbs"):
+        from recipetune.cbs.cli import cbs_app
+
+        app.add_typer(cbs_app, name="cbs")
+    if wanted in (None, "verify"):
+        from recipetune.guard.cli import verify
+
+        app.command()(verify)
+    if wanted in (None, "tune"):
+        from recipetune.search.cli import tune
+
+        app.command()(tune)
+    if wanted in (None, "report", "show"):
+        from recipetune.report.cli import report, show
+
+        app.command()(report)
+        app.command()(show)
+    if wanted in (None, "bench"):
+        from recipetune.bench.cli import bench_app
+
+        app.add_typer(bench_app, name="bench")
+    if wanted in (None, "data", "ft"):
+        from recipetune.finetune.cli import data_app, data_run, ft_app, ft_run
+
+        data_app.command("run")(data_run)
+        ft_app.command("run")(ft_run)
+        app.add_typer(data_app, name="data")
+        app.add_typer(ft_app, name="ft")
+
+
+_mount_subcommands(_wanted(sys.argv))
 
 
 def main() -> None:  # pragma: no cover

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from recipetune.execute import warm
 from recipetune.execute.local import run_process
 from recipetune.measure import RunResult
 from recipetune.recipe import KnobSet, Recipe
@@ -74,13 +75,11 @@ class ReferenceWorkload(Workload):
         for stale in (metrics, out_dir / "status.json", out_dir / "run.json"):
             stale.unlink(missing_ok=True)
         on_poll = (lambda: progress(count_lines(metrics))) if progress else None
-        outcome = run_process(
-            self.command(recipe, steps, out_dir) + (extra_args or []),
-            log_dir=out_dir,
-            timeout_s=timeout_s,
-            env={"PYTHONUNBUFFERED": "1"},
-            on_poll=on_poll,
-        )
+        argv = self.command(recipe, steps, out_dir) + (extra_args or [])
+        launch = run_process
+        if argv[:3] == [sys.executable, "-m", "recipetune.trainer"] and warm.enabled():
+            argv, launch = argv[3:], warm.run_warm  # a fork of a process that imported torch once
+        outcome = launch(argv, log_dir=out_dir, timeout_s=timeout_s, env={"PYTHONUNBUFFERED": "1"}, on_poll=on_poll)
         try:
             run_info = json.loads((out_dir / "run.json").read_text())
         except (OSError, json.JSONDecodeError):

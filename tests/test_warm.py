@@ -1,0 +1,65 @@
+"""Warm starts: a fork of a launcher that imported torch once is still a fresh, killable run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from recipetune.execute.warm import Launcher
+from recipetune.workloads.reference import ReferenceWorkload
+
+W = ReferenceWorkload()
+RECIPE = W.resolve({"model": "nano", "seq_len": 32, "global_batch_size": 4, "micro_batch_size": 2,
+                    "device": "cpu", "num_threads": 1, "eval_batches": 1})
+
+
+@pytest.fixture
+def warm(monkeypatch):
+    monkeypatch.setenv("RECIPETUNE_WARM_START", "1")
+    yield
+    Launcher.close()
+
+
+def test_warm_run_trains_like_a_cold_one(warm, tmp_path, monkeypatch):
+    a = W.run(RECIPE, 4, tmp_path / "warm1", timeout_s=120)
+    launcher = Launcher._proc
+    b = W.run(RECIPE, 4, tmp_path / "warm2", timeout_s=120)
+    assert Launcher._proc is launcher  # one launcher, a fresh child per run
+    monkeypatch.setenv("RECIPETUNE_WARM_START", "0")
+    cold = W.run(RECIPE, 4, tmp_path / "cold", timeout_s=120)
+    assert a.status == b.status == cold.status == "ok", (a.cause, b.cause, cold.cause)
+    assert a.losses() == b.losses() == cold.losses()  # same seed, same data: the same maths
+    assert (tmp_path / "warm2" / "stderr.log").exists() and (tmp_path / "warm2" / "run.json").exists()
+
+
+def test_warm_run_timeout_and_invalid_recipe(warm, tmp_path):
+    slow = W.run(RECIPE, 100_000, tmp_path / "slow", timeout_s=2)
+    assert slow.status == "timeout"
+    bad = W.run(RECIPE.with_(data=str(tmp_path / "missing")), 3, tmp_path / "bad", timeout_s=60)
+    assert bad.status == "invalid" and "missing" in bad.cause
+    assert W.run(RECIPE, 2, tmp_path / "after", timeout_s=120).ok  # the launcher survived both
+
+
+def test_launcher_kills_its_run_when_the_driver_dies(tmp_path):
+    # A driver killed with SIGKILL must not leave a trainer running (it would skew the next measurement).
+    code = (f"import os, sys; os.environ['RECIPETUNE_WARM_START'] = '1'; from pathlib import Path; "
+            f"from recipetune.execute.warm import Launcher; from tests.test_warm import W, RECIPE; "
+            f"W.run(RECIPE, 100_000, Path({str(tmp_path / 'run')!r}), timeout_s=600)")
+    driver = subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.pathsep
+                              .join([os.environ.get("PYTHONPATH", ""), os.getcwd()])})
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 90
+    while not (metrics.exists() and metrics.stat().st_size > 0) and time.time() < deadline:
+        time.sleep(0.2)
+    assert metrics.exists(), "the warm run never started"
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    time.sleep(1.5)  # the launcher notices within 0.2 s
+    size = metrics.stat().st_size
+    time.sleep(1.5)
+    assert metrics.stat().st_size == size, "the trainer kept running after its driver died"
