@@ -95,7 +95,8 @@ def test_a_trial_without_heartbeat_is_failed_and_its_recipe_released(tmp_path):
     store.storage.set_trial_user_attr(trial_id, "driver", "another-host:4242")  # not this host: only beats tell
     live = CampaignStore(tmp_path / "c", heartbeat_s=2)
     assert live.fail_interrupted(mine=False) == []  # its last beat is fresh
-    time.sleep(4.5)  # the grace period (two beats) passes without a beat
+    # the grace period (two beats, 4 s) passes without a beat; SQLite stamps beats to the whole second
+    time.sleep(5.5)
     failed = live.fail_interrupted(mine=False)
     assert [f.number for f in failed] == [n]
     assert failed[0].state == "FAIL" and failed[0].status == "interrupted"
