@@ -12,7 +12,7 @@ import pytest
 from recipetune.config import ConfigError, load_campaign
 from recipetune.search.campaign import plan
 from recipetune.search.config import LLMSettings
-from recipetune.search.proposers import LLMProposer
+from recipetune.search.llm import LLMProposer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))

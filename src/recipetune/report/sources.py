@@ -1,6 +1,6 @@
 """Where a campaign folder keeps what the report reads: the one module that knows the store's names.
 
-``search/campaign.py`` and the guard write these; a rename there costs one line here.
+``search/campaign.py``, ``search/finalize.py`` and the guard write these; a rename there costs one line here.
 Everything is read, nothing is written, and a missing optional file reads as empty.
 """
 

@@ -2,8 +2,8 @@
 
     plan()  check everything (space, proposer, folder, resume consistency); writes nothing
     run()   baseline profile -> loop { select, propose, static check, run, screen, backpropagate,
-            store } until the budget is spent -> final verdict on the best few -> APPROVED or
-            KEEP BASELINE, approved.yaml and the launch command
+            store } until the budget is spent -> the decision (search/finalize.py: final
+            verdict on the best few -> APPROVED or KEEP BASELINE, approved.yaml, launch command)
 
 Every trial lands in the study before its run starts (RUNNING) and is closed when it ends, so a
 campaign killed at any moment resumes from the study: finished trials are kept and never run
@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from recipetune.config import Campaign, ConfigError
 from recipetune.execute.executor import Executor, TrialLost, make_executor
 from recipetune.execute.local import kill_orphans as _kill_orphans
 from recipetune.measure import RunResult
 from recipetune.recipe import INVARIANT, SEMANTIC, KnobError, Recipe, SearchSpace
+from recipetune.search import finalize
+from recipetune.search.finalize import Outcome
 from recipetune.search.proposers import PlaybookError, Proposal, Proposer, SearchContext, make_proposer
 from recipetune.search.semantic import BatchRule, batch_rule
 from recipetune.search.strategies import OptunaStrategy, make_sampler
@@ -181,19 +180,6 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
 
 
 # -- running ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Outcome:
-    decision: str  # APPROVED or KEEP BASELINE
-    reasons: list[str]
-    tree: Tree
-    winner: Node | None = None
-    verdict: Any = None
-    verdicts: list[tuple[Node, Any]] = field(default_factory=list)
-    approved_file: Path | None = None
-    launch: list[str] = field(default_factory=list)
-    runs: int = 0
 
 
 def _speedup_text(screening: Any) -> str:
@@ -563,109 +549,10 @@ class Search:
     # the decision ----------------------------------------------------------------------------
 
     def decide(self) -> Outcome:
-        tree, store = self.tree, self.store
-        assert tree is not None
-        finalists = [n for n in tree.ranked() if (n.speedup or 0) > 1.0][: self.cfg.finalists]
-        if not finalists:
-            reasons = ["no candidate passed screening with a speed-up above 1.0x"]
-            return self.conclude(Outcome("KEEP BASELINE", reasons, tree, runs=self.runs))
-        previous = {v["candidate_id"]: v for v in store.read_json("verdicts.json") or []}
-        verdicts: list[tuple[Node, Any]] = []
-        saved: list[dict[str, Any]] = []
-        # Each verdict is one unit on one placement, so its interleaved A/B pairs see the same
-        # hardware; different finalists may be judged at once on different placements.
-        pending: dict[str, Future] = {}
-        for n in finalists:
-            if n.id not in previous:
-                self.reporter.phase(f"final verdict for {n.recipe.describe_diff(self.baseline)} "
-                                    f"(screened {n.speedup:.2f}x)")
-                pending[n.id] = self.executor.call(
-                    self.guard.final_verdict, self.workload, self.baseline, n.recipe, self.settings,
-                    store.folder / "final" / n.id, allow_semantic=self.allowed(n.recipe), profile=self.profile,
-                    progress=self.reporter.phase,
-                )
-        for n in finalists:
-            verdict = SimpleVerdict(previous[n.id]["verdict"]) if n.id in previous else pending[n.id].result()
-            verdicts.append((n, verdict))
-            saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.speedup,
-                          "verdict": _dump(verdict)})
-            store.write_json("verdicts.json", saved)  # after each: a resume does not redo a finished verdict
-        approved = [(n, v) for n, v in verdicts if v.decision == "APPROVED"]
-        if not approved:
-            reasons = [f"{n.recipe.describe_diff(self.baseline)}: {v.decision}: {'; '.join(v.reasons)}"
-                       for n, v in verdicts]
-            return self.conclude(Outcome("KEEP BASELINE", reasons, tree, verdicts=verdicts, runs=self.runs))
-        winner, verdict = max(approved, key=lambda nv: nv[1].speedup or 0.0)
-        outcome = Outcome("APPROVED", list(verdict.reasons), tree, winner, verdict, verdicts, runs=self.runs)
-        return self.conclude(outcome)
-
-    def conclude(self, outcome: Outcome) -> Outcome:
-        store = self.store
-        winner = outcome.winner
-        if winner is not None:
-            outcome.approved_file = self.write_approved(winner.recipe, outcome.verdict)
-            outcome.launch = launch_commands(self.campaign, winner.recipe, outcome.approved_file)
-        store.write_json("verdict.json", {
-            "decision": outcome.decision, "reasons": outcome.reasons,
-            "baseline": dict(self.baseline), "baseline_id": self.baseline.id,
-            "recipe": dict(winner.recipe) if winner else dict(self.baseline),
-            "recipe_id": winner.id if winner else self.baseline.id,
-            "change": winner.recipe.describe_diff(self.baseline) if winner else "(baseline)",
-            "trial": winner.trial if winner else None,
-            "verdict": _dump(outcome.verdict) if outcome.verdict is not None else None,
-            "runs": outcome.runs, "trials": len(store.records()),
-            "approved_file": str(outcome.approved_file) if outcome.approved_file else None,
-            "launch": outcome.launch,
-        })
-        store.set_meta("decision", outcome.decision)
-        return outcome
-
-    def write_approved(self, recipe: Recipe, verdict: Any) -> Path:
-        """A campaign file whose baseline is the approved recipe: ``recipetune run approved.yaml``."""
-        cfg = self.campaign.config
-        workload = cfg.workload.model_dump(mode="json", exclude_none=True)
-        if workload.get("kind") == "command":
-            # The file lives in the campaign folder: anchor a relative working directory to the original.
-            cwd = Path(workload.get("cwd") or ".")
-            workload["cwd"] = str(cwd if cwd.is_absolute() else (self.campaign.path.resolve().parent / cwd).resolve())
-        doc = {"workload": workload, "baseline": dict(recipe), "run": cfg.run.model_dump(mode="json")}
-        ci = ""
-        if getattr(verdict, "ci_low", None) is not None and getattr(verdict, "ci_high", None) is not None:
-            ci = f" (95% CI {verdict.ci_low:.3f}-{verdict.ci_high:.3f})"
-        header = (f"# Approved by `recipetune tune {self.campaign.path}` on {time.strftime('%Y-%m-%d %H:%M')}.\n"
-                  f"# Change from baseline {self.baseline.id}: {recipe.describe_diff(self.baseline)}\n"
-                  f"# Speed-up {getattr(verdict, 'speedup', 0) or 0:.3f}x{ci}; evidence in verdict.json.\n")
-        path = self.store.folder / "approved.yaml"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False))
-        tmp.replace(path)
-        return path
-
-
-class SimpleVerdict:
-    """A verdict read back from verdicts.json (attribute access like the guard's model)."""
-
-    def __init__(self, data: dict[str, Any]):
-        self._data = data
-        self.__dict__.update(data)
-
-    def model_dump(self, mode: str = "json") -> dict[str, Any]:
-        return self._data
-
-
-def _dump(obj: Any) -> Any:
-    return obj.model_dump(mode="json") if hasattr(obj, "model_dump") else obj
-
-
-def launch_commands(campaign: Campaign, recipe: Recipe, approved_file: Path) -> list[str]:
-    """How to launch the approved recipe: through recipetune, and the trainer's own command line."""
-    out = [f"recipetune run {shlex.quote(str(approved_file))}"]
-    run_dir = approved_file.parent / "approved-run"
-    with contextlib.suppress(Exception):  # a workload that cannot render its argv still has the first line
-        argv = campaign.workload.command(recipe, campaign.config.run.steps, run_dir)
-        if campaign.workload.kind != "reference":  # the reference trainer's argv needs recipe.json: use the line above
-            out.append(shlex.join(argv))
-    return out
+        assert self.tree is not None
+        return finalize.decide(self.campaign, self.store, self.tree, self.profile, self.runs,
+                               final_verdict=self.guard.final_verdict, executor=self.executor,
+                               allowed=self.allowed, phase=self.reporter.phase)
 
 
 def run(p: Plan, guard: Guard | None = None, executor: Executor | None = None,

@@ -18,7 +18,8 @@ from recipetune.execute.executor import make_executor
 from recipetune.guard.baseline import GuardError
 from recipetune.recipe import Recipe
 from recipetune.search import campaign as campaign_mod
-from recipetune.search.campaign import Outcome, Reporter, Row, default_folder, plan
+from recipetune.search.campaign import Reporter, Row, default_folder, plan
+from recipetune.search.finalize import Outcome
 from recipetune.search.tree import Node
 from recipetune.store import STUDY_NAME, CampaignStore
 

@@ -5,21 +5,16 @@ checked against the campaign's search space here and again by the guard before a
 
 - ``analyst`` (default): rules from a YAML playbook over the node's run profile.
 - ``random``: a uniform draw over the search space, seeded.
-- ``llm``: any OpenAI-compatible chat endpoint, given a compressed view of the tree (the node's
-  path, its siblings, the best and the failed nodes) and held to a JSON schema.
+- ``llm``: any OpenAI-compatible chat endpoint (search/llm.py), built on the pieces here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
-import re
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -32,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from recipetune.expr import ExprError, evaluate, names, parse
 from recipetune.meanings import Glossary
-from recipetune.recipe import KnobError, Recipe, Scalar, SearchSpace
+from recipetune.recipe import Recipe, Scalar, SearchSpace
 from recipetune.relations import Relations
 from recipetune.search.config import LLMSettings
 from recipetune.search.tree import Node, Tree
@@ -102,7 +97,7 @@ class Proposer(Protocol):
     def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]: ...
 
 
-def _fresh(node: Node, edits: dict[str, Scalar], context: SearchContext, taken: set[str],
+def fresh_recipe(node: Node, edits: dict[str, Scalar], context: SearchContext, taken: set[str],
            keep: bool = True) -> tuple[Recipe, dict[str, Scalar], str] | None:
     """The recipe ``edits`` make from ``node`` (relations repaired), its edits from the node and the
     repair note; None when it is the node itself or already tried."""
@@ -112,8 +107,13 @@ def _fresh(node: Node, edits: dict[str, Scalar], context: SearchContext, taken: 
     return recipe, {n: new for n, (_, new) in recipe.diff(node.recipe).items()}, note
 
 
-def _with_note(rationale: str, note: str) -> str:
+def with_note(rationale: str, note: str) -> str:
     return f"{rationale} [{note}]" if note else rationale
+
+
+def member(value: Scalar, values: tuple[Scalar, ...]) -> bool:
+    # bool is an int: compare type-strictly so True never stands for 1.
+    return any(v == value and isinstance(v, bool) == isinstance(value, bool) for v in values)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ class Action(BaseModel):
             if target is not None:
                 # Only a value the space lists, in the trainer's own spelling (bf16 may be 'bfloat16').
                 hit = glossary.value(knob, target, values) if glossary else next(
-                    (v for v in values if _member(v, (target,))), None)
+                    (v for v in values if member(v, (target,))), None)
                 if hit is not None:
                     yield {knob: hit}
             elif self.move is not None:
@@ -353,7 +353,7 @@ class AnalystProposer:
         while len(out) < k and any(opts for _, opts in queues):
             for rule, options in queues:  # round-robin: diverse children before a second idea per rule
                 while options and len(out) < k:
-                    fresh = _fresh(node, options.pop(0), context, taken)
+                    fresh = fresh_recipe(node, options.pop(0), context, taken)
                     if fresh is None:
                         continue
                     recipe, edits, note = fresh
@@ -361,7 +361,7 @@ class AnalystProposer:
                     shown = ", ".join(f"{n}={_fmt(facts[n])}" for n in sorted(names(rule.when)) if n in facts)
                     why = " ".join(rule.why.split())
                     facts_text = f" [{shown}]" if shown else ""
-                    out.append(Proposal(edits, _with_note(f"{rule.name}{facts_text}: {why}", note), self.name))
+                    out.append(Proposal(edits, with_note(f"{rule.name}{facts_text}: {why}", note), self.name))
                     break
         return out
 
@@ -385,216 +385,13 @@ class RandomProposer:
             if len(out) == k:
                 break
             draw = {name: rng.choice(values) for name, values in context.space.values.items()}
-            fresh = _fresh(node, draw, context, taken, keep=False)  # any drawn knob may move to repair it
+            fresh = fresh_recipe(node, draw, context, taken, keep=False)  # any drawn knob may move to repair it
             if fresh is None:
                 continue
             recipe, edits, note = fresh
             taken.add(recipe.id)
-            out.append(Proposal(edits, _with_note("uniform draw over the search space", note), self.name))
+            out.append(Proposal(edits, with_note("uniform draw over the search space", note), self.name))
         return out
-
-
-# ---------------------------------------------------------------------------------------------
-# LLM: an OpenAI-compatible chat endpoint.
-
-# Values reach a trainer's argv or environment. They are matched against the space anyway; a value
-# carrying any of these is refused by name so the record says why.
-SHELL_META = re.compile(r"[;&|$`<>\\!*?(){}\[\]'\"\n\r\t]")
-
-SYSTEM_PROMPT = """You are the researcher of a training-recipe search. Goal: raise training tokens/s per
-device without changing what the model learns. You see the experiment tree around one node and
-propose the next experiments as edits of that node's recipe.
-Answer with JSON only, exactly this shape, nothing else:
-{"proposals": [{"edits": {"<knob>": <value>}, "rationale": "<one sentence>"}]}
-Use only the knobs and values listed in "space". Do not repeat a recipe already measured.
-"relations" must hold between knobs: an edit that breaks one is repaired by moving other knobs of it;
-"derived" knobs follow from others and are never edited; "meanings" say what a trainer's knob is.
-Answer {"proposals": []} if you have nothing new to propose from this node."""
-
-RETRY_PROMPT = """Your answer could not be used:
-{reasons}
-Answer again, JSON only, exactly the shape asked for, with knobs and values from "space" and recipes
-not already measured (or {{"proposals": []}} if you have nothing new)."""
-
-
-def _node_view(node: Node, baseline: Recipe) -> dict[str, Any]:
-    view: dict[str, Any] = {"changes": {n: new for n, (_, new) in node.recipe.diff(baseline).items()},
-                            "status": node.status}
-    if node.speedup is not None:
-        view["speedup"] = round(node.speedup, 3)
-    if node.cause:
-        view["cause"] = node.cause[:200]
-    return view
-
-
-def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3) -> dict[str, Any]:
-    """TREX's compressed context: the node, its parent path, its siblings, globally key nodes."""
-    tree, baseline = context.tree, context.baseline
-    facts = profile_facts(node, context)
-    profile = {n: round(v, 4) if isinstance(v, float) else v for n, v in facts.items()
-               if n in ("device", "step_s", "data_share", "compute_share", "optim_share", "accum_steps",
-                        "mem_headroom", "mfu", "tokens_per_s", "n_devices") and v is not None}
-    rel = context.relations
-    return {
-        "space": {n: list(v) for n, v in context.space.values.items()},
-        **({"relations": [r.expr for r in rel.relations]} if rel.relations else {}),
-        **({"derived": dict(rel.derived)} if rel.derived else {}),
-        **({"meanings": dict(context.glossary.word_of)} if context.glossary.word_of else {}),
-        "baseline": {n: baseline[n] for n in context.space.values if n in baseline},
-        "node": {**_node_view(node, baseline), "profile": profile},
-        "path": [_node_view(n, baseline) | {"rationale": n.rationale[:160]} for n in tree.path(node)[:-1]],
-        "siblings": [_node_view(n, baseline) for n in tree.siblings(node)],
-        "best": [_node_view(n, baseline) for n in tree.ranked()[:n_key]],
-        "failures": [_node_view(n, baseline) for n in tree.failures()[-n_key:]],
-        "k": k,
-    }
-
-
-def chat_url(base_url: str) -> str:
-    base = base_url.rstrip("/")
-    return base if base.endswith("/chat/completions") else base + "/chat/completions"
-
-
-class LLMProposer:
-    name = "llm"
-
-    def __init__(self, settings: LLMSettings):
-        self.base_url = settings.base_url or os.environ.get("RECIPETUNE_LLM_BASE_URL", "")
-        self.model = settings.model or os.environ.get("RECIPETUNE_LLM_MODEL", "default")
-        self.api_key = settings.api_key or os.environ.get("RECIPETUNE_LLM_API_KEY")
-        self.timeout_s, self.temperature = settings.timeout_s, settings.temperature
-        self.retries = settings.retries
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError("search.llm.base_url (or RECIPETUNE_LLM_BASE_URL) must be an http(s) URL, "
-                             f"got {self.base_url!r}")
-
-    def ask(self, messages: list[dict[str, str]]) -> str:
-        body = json.dumps({"model": self.model, "messages": messages, "temperature": self.temperature}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(chat_url(self.base_url), data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # scheme checked in __init__
-            reply = json.loads(response.read().decode())
-        return reply["choices"][0]["message"]["content"]
-
-    def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]:
-        """Ask; an answer with nothing usable is asked again, up to ``retries`` times, with the reasons
-        fed back. An empty answer ({"proposals": []}) is the Researcher's own: nothing new here."""
-        view = compress_context(node, context, k)
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": json.dumps(view, separators=(",", ":"))}]
-        reasons: list[str] = []
-        for _ in range(1 + self.retries):
-            before = len(context.rejections)
-            try:
-                content = self.ask(messages)
-            except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
-                context.reject(self.name, f"endpoint error: {e}")
-                reasons = [context.rejections[-1].reason]
-                continue  # nothing to show the model: the same question again
-            out = self.read_answer(content, node, context, k)
-            if out:
-                context.failed.pop(node.id, None)
-                return out
-            reasons = [r.reason for r in context.rejections[before:]]
-            if not reasons:
-                context.failed.pop(node.id, None)
-                return []  # an empty answer: nothing new to propose from this node
-            messages += [{"role": "assistant", "content": content[:4000]},
-                         {"role": "user", "content": RETRY_PROMPT.format(
-                             reasons="\n".join(f"- {r}" for r in dict.fromkeys(reasons)))}]
-        context.failed[node.id] = f"{1 + self.retries} answers, none usable; last: {'; '.join(reasons)}"
-        return []
-
-    def read_answer(self, content: str, node: Node, context: SearchContext, k: int) -> list[Proposal]:
-        """The usable proposals of one answer; every unusable item is recorded with its reason."""
-        items = parse_answer(content, context, self.name)
-        out: list[Proposal] = []
-        taken: set[str] = set()
-        for item in items:
-            edits = check_edits(item["edits"], context, self.name)
-            if edits is None:
-                continue
-            fresh = _fresh(node, edits, context, taken)
-            if fresh is None:
-                context.reject(self.name, "already measured (or no change from the node)", item)
-                continue
-            recipe, edits, note = fresh
-            taken.add(recipe.id)
-            rationale = " ".join(str(item["rationale"]).split())[:300]
-            out.append(Proposal(edits, _with_note(rationale, note), self.name))
-            if len(out) == k:
-                break
-        return out
-
-
-def parse_answer(content: str, context: SearchContext, source: str) -> list[dict[str, Any]]:
-    """The answer's proposal objects; a malformed answer or item is recorded and dropped."""
-    text = content.strip()
-    fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.DOTALL)  # chat models like fences
-    if fence:
-        text = fence.group(1)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        context.reject(source, f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}", content)
-        return []
-    items = data.get("proposals") if isinstance(data, dict) else data
-    if not isinstance(items, list):
-        context.reject(source, 'answer does not match the schema {"proposals": [...]}', content)
-        return []
-    good = []
-    for item in items:
-        if not isinstance(item, dict) or set(item) != {"edits", "rationale"}:
-            context.reject(source, "proposal must be an object with exactly 'edits' and 'rationale'", item)
-        elif not isinstance(item["edits"], dict) or not item["edits"]:
-            context.reject(source, "'edits' must be a non-empty object of knob: value", item)
-        elif not isinstance(item["rationale"], str):
-            context.reject(source, "'rationale' must be a string", item)
-        else:
-            good.append(item)
-    return good
-
-
-def _member(value: Scalar, values: tuple[Scalar, ...]) -> bool:
-    # bool is an int: compare type-strictly so True never stands for 1.
-    return any(v == value and isinstance(v, bool) == isinstance(value, bool) for v in values)
-
-
-def check_edits(edits: dict[str, Any], context: SearchContext, source: str) -> dict[str, Scalar] | None:
-    """Edits coerced to the knobs' types, or None (recorded) if any one is not allowed."""
-    knobs = context.workload.knobs()
-    out: dict[str, Scalar] = {}
-    for name, value in edits.items():
-        if name not in knobs:
-            context.reject(source, f"unknown knob '{name}'", edits)
-            return None
-        if knobs[name].derive:
-            context.reject(source, f"knob '{name}' is derived from '{knobs[name].derive}'; edit the knobs it "
-                                   "follows instead", edits)
-            return None
-        if name not in context.space.values:
-            allowed = ", ".join(context.space.values)
-            context.reject(source, f"knob '{name}' is not searched in this campaign (searched: {allowed})", edits)
-            return None
-        if isinstance(value, str) and SHELL_META.search(value):
-            context.reject(source, f"knob '{name}': shell metacharacters in value {value!r}", edits)
-            return None
-        if not isinstance(value, bool | int | float | str) or (isinstance(value, float) and not math.isfinite(value)):
-            context.reject(source, f"knob '{name}': {value!r} is not a scalar value", edits)
-            return None
-        try:
-            value = knobs[name].validate(value)
-        except KnobError as e:
-            context.reject(source, f"out-of-domain: {e}", edits)
-            return None
-        if not _member(value, context.space.values[name]):
-            listed = ", ".join(json.dumps(v) for v in context.space.values[name])
-            context.reject(source, f"out-of-domain: knob '{name}': {value!r} is not in the space ({listed})", edits)
-            return None
-        out[name] = value
-    return out
 
 
 def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
@@ -606,5 +403,7 @@ def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
     if name == "random":
         return RandomProposer(seed)
     if name == "llm":
+        from recipetune.search.llm import LLMProposer  # llm.py builds on this module's pieces
+
         return LLMProposer(llm or LLMSettings())
     raise ValueError(f"unknown proposer {name!r}; expected analyst, random or llm")
