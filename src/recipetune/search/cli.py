@@ -144,6 +144,7 @@ def tune(
     folder = out or default_folder(campaign_file)
     try:
         campaign = load_campaign(campaign_file, extra)
+        campaign.workload.prepare(campaign.baseline)  # e.g. the warm launcher imports while we plan
         checked = plan(campaign, folder, resume)
         runner = make_executor(campaign)
     except ConfigError as e:
