@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -55,17 +56,24 @@ def fixed_costs(campaign: Path, overrides: list[str]) -> dict[str, float]:
 
 def split(folder: Path, campaign_wall_s: float) -> dict[str, float]:
     """The campaign's wall time split into training, trainer own cost and driver own cost."""
-    runs = train = 0.0
+    runs = train = evals = 0.0
     n = 0
     for path in folder.rglob("result.json"):
         result = json.loads(path.read_text())
         runs += result["wall_s"]
         train += sum(s["step_time_s"] for s in result["steps"])
+        metrics = path.with_name("metrics.jsonl")
+        if metrics.exists():  # the validations the recipe asks for (eval_batches), timed by the trainer
+            records = (json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
+            evals += sum(r.get("val_time_s", 0.0) for r in records if r.get("kind") == "val")
         n += 1
     own_trainer, own_driver = runs - train, campaign_wall_s - runs
     return {"campaign_wall_s": campaign_wall_s, "runs": n, "training_s": train, "trainer_own_s": own_trainer,
             "driver_own_s": own_driver, "own_share": (own_trainer + own_driver) / campaign_wall_s,
-            "trainer_own_per_run_s": own_trainer / max(n, 1)}
+            "trainer_own_per_run_s": own_trainer / max(n, 1),
+            # validation is model work the recipe asks for, not start-up or bookkeeping: shown apart
+            "evaluation_s": evals,
+            "own_share_evaluation_as_work": (own_trainer - evals + own_driver) / campaign_wall_s}
 
 
 def main() -> None:
@@ -76,14 +84,17 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="write the figures here")
     args = p.parse_args()
     exe = str(Path(sys.executable).with_name("recipetune"))
+    conditions = {"started_utc": time.strftime("%H:%M:%S", time.gmtime()), "load_avg_start": os.getloadavg()[0]}
     t0 = time.perf_counter()
     subprocess.run([exe, "tune", str(args.campaign), *args.overrides, "--out", str(args.out)], check=True,
                    stdout=subprocess.DEVNULL)
     figures = split(args.out, time.perf_counter() - t0)
+    conditions.update(ended_utc=time.strftime("%H:%M:%S", time.gmtime()), load_avg_end=os.getloadavg()[0])
     baseline_overrides = [o for o in args.overrides if "." not in o.split("=", 1)[0]]  # knobs, not settings
     figures.update(fixed_costs(args.campaign, baseline_overrides))
+    figures.update(conditions)
     for k, v in figures.items():
-        print(f"{k:28s} {v:10.3f}" if isinstance(v, float) else f"{k:28s} {v:10d}")
+        print(f"{k:28s} {v:10.3f}" if isinstance(v, float) else f"{k:28s} {v:>10}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
 

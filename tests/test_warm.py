@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from recipetune.execute.warm import Launcher
+from recipetune.trainer import data
 from recipetune.workloads.reference import ReferenceWorkload
 
 W = ReferenceWorkload()
@@ -26,8 +28,11 @@ def warm(monkeypatch):
 
 
 def test_warm_run_trains_like_a_cold_one(warm, tmp_path, monkeypatch):
-    a = W.run(RECIPE, 4, tmp_path / "warm1", timeout_s=120)
+    W.prepare(RECIPE)  # a campaign starts the launcher before it plans: its imports overlap the driver's
     launcher = Launcher._proc
+    assert launcher is not None
+    a = W.run(RECIPE, 4, tmp_path / "warm1", timeout_s=120)  # its corpus now preloaded in the launcher
+    assert Launcher._proc is launcher
     b = W.run(RECIPE, 4, tmp_path / "warm2", timeout_s=120)
     assert Launcher._proc is launcher  # one launcher, a fresh child per run
     monkeypatch.setenv("RECIPETUNE_WARM_START", "0")
@@ -63,3 +68,26 @@ def test_launcher_kills_its_run_when_the_driver_dies(tmp_path):
     size = metrics.stat().st_size
     time.sleep(1.5)
     assert metrics.stat().st_size == size, "the trainer kept running after its driver died"
+
+
+def test_preloaded_corpus_is_reused_until_its_file_changes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("corpus.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 50)
+    data.preload("corpus.txt")
+    first = data.load_corpus("corpus.txt")
+    assert data.load_corpus("corpus.txt") is first  # a fork finds it in memory: no read, no hash
+    assert data.load_corpus("corpus.txt", val_fraction=0.1) is not first  # another split is loaded apart
+    Path("corpus.txt").write_text("a different text, of another length\n" * 40)
+    changed = data.load_corpus("corpus.txt")
+    assert changed is not first and changed.fingerprint != first.fingerprint
+    data.preload(str(tmp_path))  # a folder's files could change unseen: never preloaded
+    assert all(key[0] != str(tmp_path) for key in data._PRELOADED)
+
+
+def test_the_driver_does_not_import_torch():
+    # Only the runs train; the driver checks recipes and counts FLOPs from the torch-free presets.
+    code = ("import sys; from pathlib import Path; from recipetune.config import load_campaign; "
+            "c = load_campaign(Path('examples/tiny-campaign.yaml'), []); c.workload.check(c.baseline); "
+            "c.workload.flops_per_token(c.baseline); import recipetune.search.campaign; "
+            "assert 'torch' not in sys.modules, 'the driver imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

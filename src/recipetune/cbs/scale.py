@@ -144,7 +144,7 @@ def run_scale(spec: ScaleSpec, out_dir: Path, progress: Progress | None = None) 
 
 
 def group_columns(group: Group, result: SweepResult) -> dict[str, Any]:
-    from recipetune.trainer.model import count_params, get_model_config  # torch: not at CLI start-up
+    from recipetune.trainer.presets import count_params, get_model_config
 
     # N: the trainer's own parameter count (run.json), else the preset's; D: the reference runs' tokens.
     params = result.params or count_params(get_model_config(group.model))

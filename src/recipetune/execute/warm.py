@@ -71,6 +71,19 @@ def _child(req: dict) -> None:
         os._exit(code)
 
 
+def _preload(req: dict) -> None:
+    """Load the run's corpus here, once: this fork and every later one inherit it instead of reading,
+    tokenizing and hashing it again. Only numpy work: still no tensor operation in the launcher."""
+    from recipetune.trainer.data import preload
+    from recipetune.trainer.knobs import reference_knobs
+
+    args = req["args"]
+    with contextlib.suppress(Exception):  # a bad recipe or corpus: the run itself says what is wrong
+        os.chdir(req["cwd"])  # a relative corpus path means what it means to the run
+        recipe = reference_knobs().resolve(json.loads(Path(args[args.index("--recipe") + 1]).read_text()))
+        preload(str(recipe["data"]))
+
+
 def serve() -> None:
     """The launcher: import once, then fork one child per request, one at a time."""
     import torch  # noqa: F401  (the point: paid once)
@@ -88,6 +101,7 @@ def serve() -> None:
             pending += chunk
         line, pending = pending.split(b"\n", 1)
         req = json.loads(line)
+        _preload(req)
         pid = os.fork()
         if pid == 0:
             _child(req)
@@ -128,6 +142,12 @@ class Launcher:
                 stderr=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
             )
         return cls._proc
+
+    @classmethod
+    def start(cls) -> None:
+        """Start the launcher now (it imports in the background); the first run then finds it ready."""
+        with cls._lock:
+            cls._get()
 
     @classmethod
     def close(cls) -> None:

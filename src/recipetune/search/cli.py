@@ -145,6 +145,8 @@ def tune(
     folder = out or default_folder(campaign_file)
     try:
         campaign = load_campaign(campaign_file, extra)
+        if campaign.config.execute.executor == "local":  # runs on this machine: e.g. the warm launcher
+            campaign.workload.prepare(campaign.baseline)  # imports torch while the driver plans
         checked = plan(campaign, folder, resume)
         runner = make_executor(campaign)
     except ConfigError as e:

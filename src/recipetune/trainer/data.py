@@ -97,6 +97,9 @@ def load_corpus(
     `vocab_size` overrides the inferred one (e.g. a tokenizer's true size for .bin corpora)."""
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction must be in (0, 1), got {val_fraction} for corpus {spec!r}")
+    key = _preload_key(spec, val_fraction, vocab_size) if cache_dir is None else None
+    if key in _PRELOADED:
+        return _PRELOADED[key]
     if str(spec) == "stdlib":
         tokens = _stdlib_tokens(_cache_dir(cache_dir))
         return _split("stdlib", tokens, val_fraction, vocab_size or ByteTokenizer.vocab_size)
@@ -124,6 +127,33 @@ def load_corpus(
     if not files:
         raise DataError(f"corpus folder {str(path)!r} holds no usable files; allowed: {ALLOWED_SPECS}")
     return _split(str(path), _byte_tokens(files, path), val_fraction, byte_vocab)
+
+
+# Corpora loaded ahead by a process that forks runs (the warm launcher): a child finds its corpus here.
+_PRELOADED: dict[tuple, TokenCorpus] = {}
+
+
+def _preload_key(spec: str | os.PathLike[str], val_fraction: float, vocab_size: int | None) -> tuple | None:
+    """What names a corpus's content without reading it: the spec, and a file's size and mtime.
+    None for a folder (its files could change unseen): folders are never preloaded."""
+    if str(spec) == "stdlib":  # the running interpreter's own sources: fixed for the process's life
+        return (str(spec), val_fraction, vocab_size)
+    path = Path(spec).expanduser()
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if not path.is_file():
+        return None
+    return (str(spec), str(path.resolve()), st.st_mtime_ns, st.st_size, val_fraction, vocab_size)
+
+
+def preload(spec: str) -> None:
+    """Load a corpus (default split) once in this process, so that processes forked from it later
+    skip reading, tokenizing and hashing it. A changed file is read again: its size or mtime differs."""
+    key = _preload_key(spec, 0.05, None)
+    if key is not None and key not in _PRELOADED:
+        _PRELOADED[key] = load_corpus(spec)
 
 
 def _split(name: str, tokens: np.ndarray, val_fraction: float, vocab_size: int) -> TokenCorpus:

@@ -6,7 +6,7 @@ from recipetune.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet
 
 
 def reference_knobs() -> KnobSet:
-    from recipetune.trainer.model import PRESETS
+    from recipetune.trainer.presets import PRESETS
 
     return KnobSet([
         # What the experiment is. Never changes within a campaign.
@@ -79,7 +79,7 @@ def reference_knobs() -> KnobSet:
 def check_recipe(recipe: dict) -> list[str]:
     """Relations between knobs that the domains alone cannot express."""
     from recipetune.trainer.layout import Layout, check_layout
-    from recipetune.trainer.model import PRESETS
+    from recipetune.trainer.presets import PRESETS
 
     problems = []
     gbs, mbs, nproc = recipe["global_batch_size"], recipe["micro_batch_size"], recipe["nproc"]

@@ -224,12 +224,14 @@ def train(
     def validate(step: int) -> bool:
         """Log the validation loss; True when the target is reached (agreed on by every rank)."""
         reached = torch.zeros((), device=d.device)
+        t0 = time.perf_counter()
         if d.main or d.layout.sharded:  # sharded parameters: every rank takes part in the forward
             with ewa.swapped_in() if ewa else nullcontext():
                 val = evaluate(raw_model, val_batches, d.device, autocast)
                 reshard(raw_model)  # FSDP keeps the root's gathered (here: averaged) weights otherwise
         if d.main:
-            log({"step": step, "val_loss": val, "kind": "val"})
+            # the time is what evaluating costs (eval_batches), for the overhead benchmark's split
+            log({"step": step, "val_loss": val, "kind": "val", "val_time_s": time.perf_counter() - t0})
             if not math.isfinite(val):
                 raise NonFiniteLoss(f"non-finite validation loss at step {step}")
             reached.fill_(stop_at_val_loss is not None and val <= stop_at_val_loss)

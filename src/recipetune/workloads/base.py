@@ -65,6 +65,11 @@ class Workload(ABC):
     def n_devices(self, recipe: Recipe) -> int:
         return 1
 
+    def prepare(self, recipe: Recipe) -> None:
+        """Called once when a campaign starts, before its planning: start, in the background, what
+        its runs will need (nothing by default), so that it overlaps the driver's own work."""
+        return None
+
     @abstractmethod
     def command(self, recipe: Recipe, steps: int, out_dir: Path) -> list[str]:
         """The argv that launches this recipe: also what a user runs to reproduce it."""
