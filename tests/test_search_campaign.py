@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from recipetune.config import Campaign, CampaignConfig, ConfigError, load_campaign
 from recipetune.execute.executor import LocalExecutor
-from recipetune.execute.local import run_process
+from recipetune.execute.local import kill_orphans, run_process
 from recipetune.guard.baseline import GuardError
 from recipetune.measure import RunResult
 from recipetune.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe
@@ -219,8 +219,8 @@ def test_mcts_campaign_searches_stores_and_approves(tmp_path, monkeypatch):
         assert r.state == ("COMPLETE" if a["status"] == "passed" else "FAIL")
     # The tree grew below the root: some trial's parent is another trial's recipe.
     assert any(r.attrs["parent"] in ids for r in recs)
-    assert outcome.decision == "APPROVED" and outcome.winner is not None and outcome.winner.speedup > 1
-    assert outcome.winner is outcome.tree.best() or outcome.winner.speedup <= outcome.tree.best().speedup
+    assert outcome.decision == "APPROVED" and outcome.winner is not None and outcome.winner.score > 1
+    assert outcome.winner is outcome.tree.best() or outcome.winner.score <= outcome.tree.best().score
     verdict = json.loads((store.folder / "verdict.json").read_text())
     assert verdict["decision"] == "APPROVED" and verdict["recipe_id"] == outcome.winner.id
     assert (store.folder / "baseline_profile.json").exists() and (store.folder / "verdicts.json").exists()
@@ -484,7 +484,7 @@ def test_orphaned_trainer_of_a_killed_campaign_is_stopped(tmp_path):
         cmdline = Path(f"/proc/{orphan.pid}/cmdline")
         while str(run_dir).encode() not in cmdline.read_bytes():  # Popen may return before exec shows
             time.sleep(0.01)
-        campaign_mod._kill_orphans(str(run_dir))
+        kill_orphans(str(run_dir))
         code = orphan.wait(timeout=10)
         assert code == -signal.SIGKILL, code
         assert bystander.poll() is None, bystander.returncode

@@ -27,7 +27,7 @@ def answer(*proposals: dict) -> str:
 def propose(server: FakeLLMServer, k: int = 3, retries: int = 0):
     ctx = context(profile(optim_s=0.02))
     # A small tree around the node: the context must carry its path, siblings and key nodes.
-    good = ctx.tree.add(BASE.with_(micro_batch_size=4), ctx.tree.root, "passed", 0.7, speedup=1.6,
+    good = ctx.tree.add(BASE.with_(micro_batch_size=4), ctx.tree.root, "passed", 0.7, score=1.6,
                         rationale="bigger micro-batch")
     ctx.tree.add(BASE.with_(num_threads=1), ctx.tree.root, "failed", 0.0, cause="timeout: killed")
     proposer = LLMProposer(LLMSettings(base_url=server.base_url, model="fake-model", api_key="sk-test",

@@ -33,8 +33,8 @@ def test_uct_formula():
 def test_backpropagation_updates_the_whole_path():
     tree = Tree(BASE)
     assert (tree.root.visits, tree.root.total) == (1, pytest.approx(0.5))
-    child = tree.add(BASE.with_(a=2), tree.root, "passed", 0.8, speedup=1.7)
-    grandchild = tree.add(child.recipe.with_(b="y"), child, "passed", 0.9, speedup=2.0)
+    child = tree.add(BASE.with_(a=2), tree.root, "passed", 0.8, score=1.7)
+    grandchild = tree.add(child.recipe.with_(b="y"), child, "passed", 0.9, score=2.0)
     assert (grandchild.visits, grandchild.q) == (1, pytest.approx(0.9))
     assert (child.visits, child.total) == (2, pytest.approx(1.7))
     assert (tree.root.visits, tree.root.total) == (3, pytest.approx(2.2))
@@ -61,8 +61,8 @@ def test_a_recipe_is_never_added_twice():
 def test_selection_follows_uct_and_skips_dead_branches():
     tree = Tree(BASE, exploration=C)
     assert tree.select() is tree.root  # nothing expanded yet
-    good = tree.add(BASE.with_(a=2), tree.root, "passed", 0.9, speedup=2.5)
-    meh = tree.add(BASE.with_(a=3), tree.root, "passed", 0.55, speedup=1.1)
+    good = tree.add(BASE.with_(a=2), tree.root, "passed", 0.9, score=2.5)
+    meh = tree.add(BASE.with_(a=3), tree.root, "passed", 0.55, score=1.1)
     failed = tree.add(BASE.with_(a=4), tree.root, "failed", 0.0, cause="crash")
     # Equal visits: the higher mean wins; the failed child has the lowest Q and cannot be expanded.
     assert tree.select() is good
@@ -99,8 +99,8 @@ def test_exploration_term_can_beat_a_higher_mean():
 
 def test_best_is_the_highest_screened_speedup_among_passed():
     tree = Tree(BASE)
-    tree.add(BASE.with_(a=2), tree.root, "passed", 0.7, speedup=1.4)
-    tree.add(BASE.with_(a=3), tree.root, "rejected", 0.0, speedup=3.0)  # fast but failed screening
-    top = tree.add(BASE.with_(a=5), tree.root, "passed", 0.8, speedup=1.9)
+    tree.add(BASE.with_(a=2), tree.root, "passed", 0.7, score=1.4)
+    tree.add(BASE.with_(a=3), tree.root, "rejected", 0.0, score=3.0)  # fast but failed screening
+    top = tree.add(BASE.with_(a=5), tree.root, "passed", 0.8, score=1.9)
     assert tree.best() is top
-    assert [n.speedup for n in tree.ranked()] == [1.9, 1.4]
+    assert [n.score for n in tree.ranked()] == [1.9, 1.4]

@@ -178,7 +178,7 @@ def _add(tree: Tree, parent: Node, recipe: Recipe, proposal: Proposal,
     if status == "rejected":
         return tree.add(recipe, parent, "rejected", None, cause="static check", source=proposal.source)
     value = reward(observed, status == "passed", span, penalty)
-    return tree.add(recipe, parent, status, value, speedup=observed, rationale=proposal.rationale,  # type: ignore[arg-type]
+    return tree.add(recipe, parent, status, value, score=observed, rationale=proposal.rationale,  # type: ignore[arg-type]
                     source=proposal.source, result=result)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -33,10 +34,24 @@ def _num(value: float | None, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
 
 
+@dataclass(frozen=True)
+class Columns:
+    """A job's three columns of the trial table (Row.figure, Row.score, Row.check) and their formats."""
+
+    figure: str = "tok/s/dev"
+    score: str = "speed-up"
+    check: str = "loss check"
+    figure_fmt: str = ",.0f"
+    score_fmt: str = ".2f"
+    unit: str = "x"
+    none_better: str = "nothing faster has passed screening"
+
+
 class LiveReporter(Reporter):
     """Keeps the rows of the trial table and redraws it as trials start, progress and end."""
 
-    def __init__(self) -> None:
+    def __init__(self, columns: Columns = Columns()) -> None:
+        self.columns = columns
         self.rows: dict[str, Row] = {}
         self.steps: dict[str, str] = {}
         self.best_text = Text("best so far: the baseline", style="bold")
@@ -44,20 +59,21 @@ class LiveReporter(Reporter):
 
     def render(self) -> Group:
         table = Table(title="trials", title_justify="left", expand=False)
-        for col, just in (("#", "right"), ("change", "left"), ("status", "left"), ("tok/s/dev", "right"),
-                          ("speed-up", "right"), ("loss check", "left"), ("proposer: rationale", "left")):
+        c = self.columns
+        for col, just in (("#", "right"), ("change", "left"), ("status", "left"), (c.figure, "right"),
+                          (c.score, "right"), (c.check, "left"), ("proposer: rationale", "left")):
             table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
         for row in list(self.rows.values())[-MAX_ROWS:]:
             status = row.status
             if row.status == "running" and row.key in self.steps:
                 status += f" {self.steps[row.key]}"
-            detail = row.loss or row.cause
+            detail = row.check or row.cause
             table.add_row(
                 "" if row.number is None else str(row.number),
                 Text(row.change),
                 Text(status, style=STATUS_STYLE.get(row.status, "red")),
-                _num(row.tokens_per_s, ",.0f"),
-                _num(row.speedup, ".2f") + ("x" if row.speedup is not None else ""),
+                _num(row.figure, c.figure_fmt),
+                _num(row.score, c.score_fmt) + (c.unit if row.score is not None else ""),
                 Text(detail[:80]),
                 Text(f"{row.source}: {row.rationale}"[:120] if row.source else row.rationale[:120], style="dim"),
             )
@@ -83,10 +99,11 @@ class LiveReporter(Reporter):
 
     def best(self, node: Node | None, baseline: Recipe) -> None:
         if node is None:
-            self.best_text = Text("best so far: the baseline (nothing faster has passed screening)", style="bold")
+            self.best_text = Text(f"best so far: the baseline ({self.columns.none_better})", style="bold")
         else:
-            self.best_text = Text(f"best so far: {node.recipe.describe_diff(baseline)}  {node.speedup:.2f}x "
-                                  f"(trial {node.trial})", style="bold green")
+            c = self.columns
+            self.best_text = Text(f"best so far: {node.recipe.describe_diff(baseline)}  "
+                                  f"{format(node.score, c.score_fmt)}{c.unit} (trial {node.trial})", style="bold green")
         self._refresh()
 
 

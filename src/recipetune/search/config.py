@@ -47,27 +47,34 @@ class GlobalBatch(BaseModel):
     lr_knob: str = Field("lr", description="the workload's learning-rate knob")
 
 
-class SearchConfig(BaseModel):
+class TreeSearchConfig(BaseModel):
+    """What every job's search has: the space, the strategy, the Researcher, the budget, the store."""
+
     model_config = ConfigDict(extra="forbid")
 
     knobs: dict[str, list[bool | int | float | str]] = Field(default_factory=dict)
-    allow_semantic: list[str] = Field(default_factory=list)
-    global_batch: GlobalBatch | None = Field(None, description="needed to list the global batch in allow_semantic")
     strategy: Literal["mcts", "tpe", "random", "grid"] = "mcts"
     proposer: Literal["analyst", "random", "llm"] = "analyst"
     budget: Budget = Budget()
-    steps_per_trial: int = Field(30, ge=2)
     seed: int = 0
     # Tree search (TREX): a node is one measured recipe.
     children: int = Field(3, ge=1, le=8, description="proposals asked for per expansion (TREX uses 3-5)")
     exploration: float = Field(
         1 / math.sqrt(2), ge=0.0, description="UCT constant c in Q/N + c*sqrt(ln N_parent / N); rewards lie in [0, 1]"
     )
+    failure_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward of a rejected or failed trial")
+    playbook: str | None = Field(None, description="extra analyst rules (YAML), added before the built-in ones")
+    storage: str | None = Field(None, description="SQLAlchemy URL of the study; default sqlite in the campaign folder")
+    llm: LLMSettings = LLMSettings()
+
+
+class SearchConfig(TreeSearchConfig):
+    """The speed job's search: semantic knobs only on opt-in, screened at a fixed number of steps."""
+
+    allow_semantic: list[str] = Field(default_factory=list)
+    global_batch: GlobalBatch | None = Field(None, description="needed to list the global batch in allow_semantic")
+    steps_per_trial: int = Field(30, ge=2)
     reward_span: float = Field(
         4.0, gt=1.0, description="speed-up that earns the full reward 1 (its inverse earns 0; 1.0x earns 0.5)"
     )
-    failure_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward of a rejected or failed trial")
-    playbook: str | None = Field(None, description="extra analyst rules (YAML), added before the built-in ones")
     finalists: int = Field(3, ge=1, description="best screened candidates sent to the guard's final verdict")
-    storage: str | None = Field(None, description="SQLAlchemy URL of the study; default sqlite in the campaign folder")
-    llm: LLMSettings = LLMSettings()

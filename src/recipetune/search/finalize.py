@@ -12,7 +12,6 @@ import shlex
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +20,9 @@ import yaml
 from recipetune.config import Campaign
 from recipetune.execute.executor import Executor
 from recipetune.recipe import Recipe
+from recipetune.search.engine import Outcome
 from recipetune.search.tree import Node, Tree
 from recipetune.store import CampaignStore
-
-
-@dataclass
-class Outcome:
-    decision: str  # APPROVED or KEEP BASELINE
-    reasons: list[str]
-    tree: Tree
-    winner: Node | None = None
-    verdict: Any = None
-    verdicts: list[tuple[Node, Any]] = field(default_factory=list)
-    approved_file: Path | None = None
-    launch: list[str] = field(default_factory=list)
-    runs: int = 0
 
 
 def decide(campaign: Campaign, store: CampaignStore, tree: Tree, profile: Any, runs: int, *,
@@ -44,7 +31,7 @@ def decide(campaign: Campaign, store: CampaignStore, tree: Tree, profile: Any, r
     """Judge the best few screened candidates with ``final_verdict`` (the guard's) and conclude.
     ``allowed``: the semantic knobs a recipe may change; ``runs``: the search's runs, for the record."""
     baseline, cfg = campaign.baseline, campaign.config.search
-    finalists = [n for n in tree.ranked() if (n.speedup or 0) > 1.0][: cfg.finalists]
+    finalists = [n for n in tree.ranked() if (n.score or 0) > 1.0][: cfg.finalists]
     if not finalists:
         reasons = ["no candidate passed screening with a speed-up above 1.0x"]
         return conclude(campaign, store, Outcome("KEEP BASELINE", reasons, tree, runs=runs))
@@ -56,7 +43,7 @@ def decide(campaign: Campaign, store: CampaignStore, tree: Tree, profile: Any, r
     pending: dict[str, Future] = {}
     for n in finalists:
         if n.id not in previous:
-            phase(f"final verdict for {n.recipe.describe_diff(baseline)} (screened {n.speedup:.2f}x)")
+            phase(f"final verdict for {n.recipe.describe_diff(baseline)} (screened {n.score:.2f}x)")
             pending[n.id] = executor.call(
                 final_verdict, campaign.workload, baseline, n.recipe, campaign.config.guard,
                 store.folder / "final" / n.id, allow_semantic=allowed(n.recipe), profile=profile, progress=phase,
@@ -64,7 +51,7 @@ def decide(campaign: Campaign, store: CampaignStore, tree: Tree, profile: Any, r
     for n in finalists:
         verdict = SimpleVerdict(previous[n.id]["verdict"]) if n.id in previous else pending[n.id].result()
         verdicts.append((n, verdict))
-        saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.speedup,
+        saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.score,
                       "verdict": _dump(verdict)})
         store.write_json("verdicts.json", saved)  # after each: a resume does not redo a finished verdict
     approved = [(n, v) for n, v in verdicts if v.decision == "APPROVED"]

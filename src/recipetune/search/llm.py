@@ -18,22 +18,21 @@ from typing import Any
 
 from recipetune.recipe import KnobError, Recipe, Scalar
 from recipetune.search.config import LLMSettings
-from recipetune.search.proposers import Proposal, SearchContext, fresh_recipe, member, profile_facts, with_note
+from recipetune.search.proposers import Proposal, SearchContext, fresh_recipe, member, with_note
 from recipetune.search.tree import Node
 
 # Values reach a trainer's argv or environment. They are matched against the space anyway; a value
 # carrying any of these is refused by name so the record says why.
 SHELL_META = re.compile(r"[;&|$`<>\\!*?(){}\[\]'\"\n\r\t]")
 
-SYSTEM_PROMPT = """You are the researcher of a training-recipe search. Goal: raise training tokens/s per
-device without changing what the model learns. You see the experiment tree around one node and
-propose the next experiments as edits of that node's recipe.
+SYSTEM_PROMPT = """You are the researcher of a training-recipe search. Goal: {goal}. You see the
+experiment tree around one node and propose the next experiments as edits of that node's recipe.
 Answer with JSON only, exactly this shape, nothing else:
-{"proposals": [{"edits": {"<knob>": <value>}, "rationale": "<one sentence>"}]}
+{{"proposals": [{{"edits": {{"<knob>": <value>}}, "rationale": "<one sentence>"}}]}}
 Use only the knobs and values listed in "space". Do not repeat a recipe already measured.
 "relations" must hold between knobs: an edit that breaks one is repaired by moving other knobs of it;
 "derived" knobs follow from others and are never edited; "meanings" say what a trainer's knob is.
-Answer {"proposals": []} if you have nothing new to propose from this node."""
+Answer {{"proposals": []}} if you have nothing new to propose from this node."""
 
 RETRY_PROMPT = """Your answer could not be used:
 {reasons}
@@ -41,37 +40,68 @@ Answer again, JSON only, exactly the shape asked for, with knobs and values from
 not already measured (or {{"proposals": []}} if you have nothing new)."""
 
 
-def _node_view(node: Node, baseline: Recipe) -> dict[str, Any]:
+def _node_view(node: Node, baseline: Recipe, score_name: str = "speedup") -> dict[str, Any]:
     view: dict[str, Any] = {"changes": {n: new for n, (_, new) in node.recipe.diff(baseline).items()},
                             "status": node.status}
-    if node.speedup is not None:
-        view["speedup"] = round(node.speedup, 3)
+    if node.score is not None:
+        view[score_name] = round(node.score, 4)
     if node.cause:
         view["cause"] = node.cause[:200]
     return view
 
 
-def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3) -> dict[str, Any]:
-    """TREX's compressed context: the node, its parent path, its siblings, globally key nodes."""
+def _gain(node: Node) -> float:
+    """A node's improvement on its parent, in the job's score."""
+    if node.score is None or node.parent is None or node.parent.score is None:
+        return -float("inf")
+    return node.score - node.parent.score
+
+
+def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3,
+                     max_chars: int = 6000) -> dict[str, Any]:
+    """TREX's compressed context: the node (with the job's ``details``, e.g. its worst cases), its
+    path to the root, its siblings, and the globally key nodes (best, biggest gains on their parent,
+    latest failures). At most ``max_chars`` of JSON: the lists lose their farthest items first."""
     tree, baseline = context.tree, context.baseline
-    facts = profile_facts(node, context)
+    facts = context.facts_of(node)
     profile = {n: round(v, 4) if isinstance(v, float) else v for n, v in facts.items()
-               if n in ("device", "step_s", "data_share", "compute_share", "optim_share", "accum_steps",
-                        "mem_headroom", "mfu", "tokens_per_s", "n_devices") and v is not None}
+               if n in context.profile and v is not None}
+
+    def view(n: Node) -> dict[str, Any]:
+        return _node_view(n, baseline, context.score_name)
+
     rel = context.relations
-    return {
+    gains = sorted((n for n in tree if n.status == "passed" and _gain(n) > 0), key=_gain, reverse=True)
+    out: dict[str, Any] = {
         "space": {n: list(v) for n, v in context.space.values.items()},
         **({"relations": [r.expr for r in rel.relations]} if rel.relations else {}),
         **({"derived": dict(rel.derived)} if rel.derived else {}),
         **({"meanings": dict(context.glossary.word_of)} if context.glossary.word_of else {}),
         "baseline": {n: baseline[n] for n in context.space.values if n in baseline},
-        "node": {**_node_view(node, baseline), "profile": profile},
-        "path": [_node_view(n, baseline) | {"rationale": n.rationale[:160]} for n in tree.path(node)[:-1]],
-        "siblings": [_node_view(n, baseline) for n in tree.siblings(node)],
-        "best": [_node_view(n, baseline) for n in tree.ranked()[:n_key]],
-        "failures": [_node_view(n, baseline) for n in tree.failures()[-n_key:]],
+        "node": {**view(node), "profile": profile, **(context.details(node) if context.details else {})},
+        "path": [view(n) | {"rationale": n.rationale[:160]} for n in tree.path(node)[:-1]],
+        "siblings": [view(n) for n in tree.siblings(node)],
+        "best": [view(n) for n in tree.ranked()[:n_key]],
+        "gains": [view(n) | {"gain_on_parent": round(_gain(n), 4)} for n in gains[:n_key]],
+        "failures": [view(n) for n in tree.failures()[-n_key:]],
         "k": k,
     }
+    # Within the stated size: drop the farthest ancestors, the siblings, the key nodes' tails, and
+    # then the node's details, one item at a time, until it fits.
+    trims = [("path", 0), ("siblings", -1), ("failures", 0), ("gains", -1), ("best", -1)]
+    while len(json.dumps(out, separators=(",", ":"), default=str)) > max_chars:
+        for key, end in trims:
+            if out[key]:
+                out[key].pop(end)
+                break
+        else:
+            for value in out["node"].values():
+                if isinstance(value, list) and value:
+                    value.pop()
+                    break
+            else:
+                break  # nothing left to trim: the space itself is that large
+    return out
 
 
 def chat_url(base_url: str) -> str:
@@ -106,7 +136,7 @@ class LLMProposer:
         """Ask; an answer with nothing usable is asked again, up to ``retries`` times, with the reasons
         fed back. An empty answer ({"proposals": []}) is the Researcher's own: nothing new here."""
         view = compress_context(node, context, k)
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+        messages = [{"role": "system", "content": SYSTEM_PROMPT.format(goal=context.goal)},
                     {"role": "user", "content": json.dumps(view, separators=(",", ":"))}]
         reasons: list[str] = []
         for _ in range(1 + self.retries):

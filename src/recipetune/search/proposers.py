@@ -15,7 +15,7 @@ import json
 import os
 import random
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -27,11 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from recipetune.expr import ExprError, evaluate, names, parse
 from recipetune.meanings import Glossary
-from recipetune.recipe import Recipe, Scalar, SearchSpace
+from recipetune.recipe import KnobSet, Recipe, Scalar, SearchSpace
 from recipetune.relations import Relations
 from recipetune.search.config import LLMSettings
 from recipetune.search.tree import Node, Tree
-from recipetune.workloads.base import Workload
 
 
 @dataclass(frozen=True)
@@ -50,15 +49,37 @@ class Rejection:
     raw: str = ""
 
 
+class Subject(Protocol):
+    """What a campaign tunes, as a proposer sees it: a Workload (speed), a fine-tuning experiment
+    (finetune/space.py)."""
+
+    def knobs(self) -> KnobSet: ...
+
+    def relations(self) -> Relations: ...
+
+
+Facts = Callable[["Node", "SearchContext"], dict[str, Any]]
+
+
 @dataclass
 class SearchContext:
-    """What a proposer may look at: the campaign's space and the tree so far."""
+    """What a proposer may look at: the campaign's space and the tree so far.
 
-    workload: Workload
+    ``facts`` names what is known of a node for the analyst's conditions and the LLM's context
+    (the speed job's: ``profile_facts``); ``goal`` and ``profile`` tell the LLM what is optimised and
+    which facts to show it."""
+
+    workload: Subject
     baseline: Recipe
     space: SearchSpace
     tree: Tree
     seed: int = 0
+    facts: Facts | None = None
+    goal: str = "raise training tokens/s per device without changing what the model learns"
+    score_name: str = "speedup"  # what a node's score is, for the LLM
+    details: Callable[[Node], dict[str, Any]] | None = None  # more on the selected node (worst cases ...)
+    profile: tuple[str, ...] = ("device", "step_s", "data_share", "compute_share", "optim_share", "accum_steps",
+                                "mem_headroom", "mfu", "tokens_per_s", "n_devices")
     rejections: list[Rejection] = field(default_factory=list)
     # Nodes where the proposer failed (every answer unusable), as opposed to having nothing new.
     failed: dict[str, str] = field(default_factory=dict)
@@ -68,6 +89,9 @@ class SearchContext:
     def __post_init__(self) -> None:
         self.relations = self.workload.relations()
         self.glossary = Glossary(self.workload.knobs())
+
+    def facts_of(self, node: Node) -> dict[str, Any]:
+        return (self.facts or profile_facts)(node, self)
 
     def seen(self, recipe: Recipe) -> bool:
         return recipe in self.tree
@@ -162,10 +186,10 @@ def profile_facts(node: Node, context: SearchContext) -> dict[str, Any]:
     facts.update({f"baseline_{k}": v for k, v in glossary.facts(context.baseline).items()})
     facts.update(recipe)
     facts.update(glossary.facts(recipe))
-    facts.update(speedup=node.speedup, cpu_count=os.cpu_count() or 1)
+    facts.update(speedup=node.score, cpu_count=os.cpu_count() or 1)
     if "nproc" not in facts:
-        with contextlib.suppress(ExprError, TypeError, ValueError, KeyError):
-            facts["nproc"] = context.workload.n_devices(recipe)
+        with contextlib.suppress(ExprError, TypeError, ValueError, KeyError, AttributeError):
+            facts["nproc"] = context.workload.n_devices(recipe)  # type: ignore[attr-defined]
     info = _run_info(node)
     env = node.result.environment if node.result else {}
     device = str(info.get("device") or ("cuda" if "gpu" in env and recipe.get("device") != "cpu" else "cpu"))
@@ -296,10 +320,14 @@ class PlaybookError(ValueError):
         self.file, self.field, self.message = file, field, message
 
 
-def load_playbook(path: str | Path | None = None) -> list[Rule]:
-    """The rules of a playbook file; the built-in one when ``path`` is None."""
+SPEED_PLAYBOOK = "recipetune.search:playbook.yaml"
+
+
+def load_playbook(path: str | Path | None = None, builtin: str = SPEED_PLAYBOOK) -> list[Rule]:
+    """The rules of a playbook file; the built-in one (``package:file``) when ``path`` is None."""
     if path is None:
-        text, where = resources.files("recipetune.search").joinpath("playbook.yaml").read_text(), "playbook.yaml"
+        package, _, name = builtin.partition(":")
+        text, where = resources.files(package).joinpath(name).read_text(), name
     else:
         where = str(path)
         try:
@@ -340,7 +368,7 @@ class AnalystProposer:
         return out
 
     def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]:
-        facts = profile_facts(node, context)
+        facts = context.facts_of(node)
         rng = random.Random(f"{self.seed}-{node.id}-{len(context.tree)}")
         queues: list[tuple[Rule, list[dict[str, Scalar]]]] = []
         for rule in self.fired(facts):
@@ -395,10 +423,11 @@ class RandomProposer:
 
 
 def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
-                  llm: LLMSettings | None = None) -> Proposer:
-    """The proposer a campaign asked for. Raises PlaybookError or ValueError on bad settings."""
+                  llm: LLMSettings | None = None, builtin: str | None = None) -> Proposer:
+    """The proposer a campaign asked for; ``builtin``: the job's own playbook (``package:file``).
+    Raises PlaybookError or ValueError on bad settings."""
     if name == "analyst":
-        rules = (load_playbook(playbook) if playbook else []) + load_playbook()
+        rules = (load_playbook(playbook) if playbook else []) + load_playbook(builtin=builtin or SPEED_PLAYBOOK)
         return AnalystProposer(rules, seed)
     if name == "random":
         return RandomProposer(seed)

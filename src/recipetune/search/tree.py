@@ -4,11 +4,20 @@ The root is the baseline; every other node is one recipe that was proposed, chec
 the guard rejected it before running) measured. A round selects a node by UCT, asks the proposer
 for a few children, runs them and backpropagates their rewards along the path to the root.
 
-Rewards lie in [0, 1]: a candidate that passes screening earns ``0.5 + 0.5 * log(speedup) /
-log(span)`` clipped to [0, 1] (1.0x earns 0.5, ``span``x earns 1, 1/``span``x earns 0); a rejected or
-failed run earns the penalty (0 by default). Speed-ups compose multiplicatively along a path, so
-the logarithm makes equal ratios worth equal rewards. On rewards in [0, 1] the classic exploration
-constant is c = 1/sqrt(2) (Kocsis & Szepesvari 2006).
+The tree is the same for every job; a node's ``score`` is the job's figure of merit and its reward
+the job's normalised gain over the baseline. Rewards lie in [0, 1] and the baseline earns 0.5:
+
+- speed (``reward``): a candidate that passes screening earns ``0.5 + 0.5 * log(speedup) /
+  log(span)`` clipped to [0, 1] (1.0x earns 0.5, ``span``x earns 1, 1/``span``x earns 0). Speed-ups
+  compose multiplicatively along a path, so the logarithm makes equal ratios worth equal rewards.
+- quality (``metric_reward``): the validation metric m against the baseline's m0, for metrics in
+  [0, 1] where higher is better. The normalised gain is the share of the headroom closed,
+  ``(m - m0) / (1 - m0)``, above the baseline, and the share of the baseline lost, ``(m - m0) / m0``,
+  below it; the reward is ``0.5 + 0.5 * gain``. So 0.5 -> 0.75 and 0.9 -> 0.95 are worth the same
+  (half the headroom each), and falling to 0 earns 0.
+
+A rejected or failed trial earns the penalty (0 by default) in both. On rewards in [0, 1] the
+classic exploration constant is c = 1/sqrt(2) (Kocsis & Szepesvari 2006).
 
 Parallel search uses virtual loss (Chaslot et al. 2008): while a trial runs, every node on its
 parent's path counts one more visit with reward 0 (``pending``), so the next selection sees that
@@ -22,19 +31,33 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from recipetune.measure import RunResult
 from recipetune.recipe import Recipe
 
 NodeStatus = Literal["baseline", "passed", "rejected", "failed"]
 
 
 def reward(speedup: float | None, passed: bool, span: float = 4.0, penalty: float = 0.0) -> float:
-    """Normalised reward of one trial (see the module docstring)."""
+    """The speed job's reward of one trial (see the module docstring)."""
     if not passed or speedup is None or not speedup > 0:
         return penalty
     return min(1.0, max(0.0, 0.5 + 0.5 * math.log(speedup) / math.log(span)))
+
+
+def normalised_gain(value: float, baseline: float) -> float:
+    """The quality job's gain in [-1, 1]: the share of the headroom closed above the baseline, the
+    share of the baseline lost below it (metrics in [0, 1], higher is better)."""
+    if value >= baseline:
+        return 0.0 if baseline >= 1.0 else (value - baseline) / (1.0 - baseline)
+    return (value - baseline) / baseline  # baseline > value >= 0, so baseline > 0
+
+
+def metric_reward(value: float | None, baseline: float, ok: bool, penalty: float = 0.0) -> float:
+    """The quality job's reward of one experiment (see the module docstring)."""
+    if not ok or value is None or not math.isfinite(value):
+        return penalty
+    return min(1.0, max(0.0, 0.5 + 0.5 * normalised_gain(min(1.0, max(0.0, value)), baseline)))
 
 
 @dataclass(eq=False)
@@ -42,12 +65,12 @@ class Node:
     recipe: Recipe
     parent: Node | None
     status: NodeStatus
-    speedup: float | None = None  # screened tokens/s per device relative to the baseline
+    score: float | None = None  # the job's figure of merit: screened speed-up, or validation metric
     cause: str = ""  # why it was rejected or failed
     rationale: str = ""
     source: str = ""  # which proposer suggested it
     trial: int | None = None  # the study's trial number
-    result: RunResult | None = None  # its run: the profile the proposer reads
+    result: Any = None  # what its run reported, for the proposer: a RunResult, an ExperimentReport
     children: list[Node] = field(default_factory=list)
     visits: int = 0
     total: float = 0.0
@@ -81,11 +104,12 @@ def uct(q: float, visits: int, parent_visits: int, c: float) -> float:
 class Tree:
     """Every recipe a campaign tried, by id; a recipe is never added (hence never run) twice."""
 
-    def __init__(self, baseline: Recipe, result: RunResult | None = None, exploration: float = 1 / math.sqrt(2)):
+    def __init__(self, baseline: Recipe, result: Any = None, exploration: float = 1 / math.sqrt(2),
+                 score: float | None = 1.0):
         self.exploration = exploration
-        self.root = Node(baseline, None, "baseline", speedup=1.0, result=result)
+        self.root = Node(baseline, None, "baseline", score=score, result=result)
         self.nodes: dict[str, Node] = {baseline.id: self.root}
-        self.backpropagate(self.root, reward(1.0, True))
+        self.backpropagate(self.root, 0.5)  # the baseline's reward in every job
 
     def __contains__(self, recipe: Recipe) -> bool:
         return recipe.id in self.nodes
@@ -176,9 +200,9 @@ class Tree:
         return [] if node.parent is None else [n for n in node.parent.children if n is not node]
 
     def ranked(self) -> list[Node]:
-        """Passed candidates, highest screened speed-up first."""
-        passed = [n for n in self.nodes.values() if n.status == "passed" and n.speedup is not None]
-        return sorted(passed, key=lambda n: n.speedup, reverse=True)  # type: ignore[arg-type,return-value]
+        """Passed candidates, highest score first."""
+        passed = [n for n in self.nodes.values() if n.status == "passed" and n.score is not None]
+        return sorted(passed, key=lambda n: n.score, reverse=True)  # type: ignore[arg-type,return-value]
 
     def best(self) -> Node | None:
         ranked = self.ranked()
