@@ -109,7 +109,7 @@ def run(
         raise typer.Exit(2 if result.status == "invalid" else 1)
 
 
-SUBCOMMANDS = ("cbs", "verify", "tune", "report", "show", "bench", "data", "ft")
+SUBCOMMANDS = ("cbs", "verify", "tune", "report", "show", "bench", "data", "ft", "finetune")
 
 
 def _wanted(argv: list[str]) -> str | None:
@@ -153,6 +153,10 @@ def _mount_subcommands(wanted: str | None = None) -> None:
         ft_app.command("run")(ft_run)
         app.add_typer(data_app, name="data")
         app.add_typer(ft_app, name="ft")
+    if wanted in (None, "finetune"):
+        from recipetune.finetune.campaign_cli import finetune
+
+        app.command()(finetune)
 
 
 _mount_subcommands(_wanted(sys.argv))

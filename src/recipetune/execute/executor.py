@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from recipetune.config import Campaign, ConfigError
+from recipetune.execute.config import ExecuteConfig
 from recipetune.measure import RunResult
 from recipetune.recipe import Recipe
 from recipetune.workloads.base import ProgressFn, Workload
@@ -80,14 +81,18 @@ class LocalExecutor:
 
 def make_executor(campaign: Campaign) -> Executor:
     """The executor the campaign's ``execute`` section names; bad settings are a ConfigError (exit 2)."""
-    settings = campaign.config.execute
+    return executor_for(campaign.config.execute, campaign.workload.n_devices(campaign.baseline), campaign.path)
+
+
+def executor_for(settings: ExecuteConfig, n_devices: int, file: Path) -> Executor:
+    """The executor ``settings`` name, for trials of ``n_devices`` processes; ConfigError (exit 2) when bad."""
     if settings.executor == "local":
         if settings.parallel > 1:
-            raise ConfigError(campaign.path, "--parallel", "the local executor runs one trial at a time: two measured "
+            raise ConfigError(file, "--parallel", "the local executor runs one trial at a time: two measured "
                               "runs on one machine would share its hardware; use --executor ray")
         return LocalExecutor()
     try:
         from recipetune.execute.ray import RayExecutor
     except ImportError:
-        raise ConfigError(campaign.path, "--executor", "ray is not installed: pip install 'recipetune[ray]'") from None
-    return RayExecutor(settings, campaign.workload.n_devices(campaign.baseline), campaign.path)
+        raise ConfigError(file, "--executor", "ray is not installed: pip install 'recipetune[ray]'") from None
+    return RayExecutor(settings, n_devices, file)

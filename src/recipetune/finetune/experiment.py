@@ -79,11 +79,22 @@ def _validate(path: Path, raw: dict) -> ExperimentSpec:
         raise ConfigError(path, loc, err["msg"].removeprefix("Value error, ")) from None
 
 
-def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:
-    """Read, override (``lr=1e-3`` is a recipe knob; dotted keys reach any field) and check a file."""
-    path = Path(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], fields=ExperimentSpec.model_fields,
+CAMPAIGN_SECTIONS = ("search", "execute")  # read by `recipetune finetune` (finetune/search.py)
+
+
+def read_experiment_file(path: Path, overrides: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The file with overrides applied (``lr=1e-3`` is a recipe knob; dotted keys reach any field),
+    split into the experiment and the campaign's own sections (``search:``, ``execute:``)."""
+    raw = apply_overrides(read_yaml(path), overrides or [], fields=[*ExperimentSpec.model_fields, *CAMPAIGN_SECTIONS],
                           default_section="recipe")
+    campaign = {k: raw.pop(k) for k in CAMPAIGN_SECTIONS if k in raw}
+    return raw, campaign
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:
+    """Read, override and check an experiment file (a campaign's sections are ignored here)."""
+    path = Path(path)
+    raw, _ = read_experiment_file(path, overrides)
     spec = _validate(path, raw)
     try:
         splits = load_splits(spec.task, path.resolve().parent)

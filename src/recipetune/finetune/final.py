@@ -11,8 +11,18 @@ import statistics
 from pathlib import Path
 
 from recipetune.finetune.experiment import Experiment, class_labels, evaluate, prepare_data, train_and_validate
-from recipetune.finetune.report import FinalResult
+from recipetune.finetune.report import Evaluation, ExperimentReport, FinalResult
 from recipetune.finetune.task import _TEST_KEY
+
+
+def _finished(run_dir: Path, experiment_id: str) -> tuple[ExperimentReport, Evaluation] | None:
+    """A seed evaluated before (the same experiment): its report and test evaluation."""
+    try:
+        report = ExperimentReport.model_validate_json((run_dir / "report.json").read_text())
+        test = Evaluation.model_validate_json((run_dir / "test.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (report, test) if report.id == experiment_id and report.validation is not None else None
 
 
 def final_evaluation(exp: Experiment, seeds: list[int], out_dir: Path, log=lambda text: None) -> FinalResult:
@@ -22,15 +32,20 @@ def final_evaluation(exp: Experiment, seeds: list[int], out_dir: Path, log=lambd
     for seed in seeds:
         child = exp.derive(recipe={"seed": seed})
         run_dir = out_dir / f"seed-{seed}"
-        report, route = train_and_validate(child, run_dir, rows, version, log)
-        if route is None or report.validation is None:
-            raise RuntimeError(f"seed {seed}: the experiment failed ({report.status}: {report.cause})")
-        log(f"seed {seed}: evaluating on {len(test_rows)} test examples ...")
-        test, predictions = evaluate(route, exp.spec.task, test_rows, "test", class_labels(exp.spec.task, rows))
-        (run_dir / "test.json").write_text(test.model_dump_json(indent=2))
-        with (run_dir / "test_predictions.jsonl").open("w") as f:
-            for p in predictions:
-                f.write(p.model_dump_json() + "\n")
+        done = _finished(run_dir, child.id)
+        if done is not None:  # a resumed campaign keeps the seeds already evaluated
+            report, test = done
+        else:
+            report, route = train_and_validate(child, run_dir, rows, version, log)
+            if route is None or report.validation is None:
+                raise RuntimeError(f"seed {seed}: the experiment failed ({report.status}: {report.cause})")
+            log(f"seed {seed}: evaluating on {len(test_rows)} test examples ...")
+            test, predictions = evaluate(route, exp.spec.task, test_rows, "test", class_labels(exp.spec.task, rows))
+            with (run_dir / "test_predictions.jsonl").open("w") as f:
+                for p in predictions:
+                    f.write(p.model_dump_json() + "\n")
+            (run_dir / "test.json").write_text(test.model_dump_json(indent=2))  # last: marks the seed done
+        assert report.validation is not None
         values.append(test.value)
         all_metrics.append(test.metrics)
         val_values.append(report.validation.value)

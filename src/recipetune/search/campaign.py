@@ -160,6 +160,9 @@ class SpeedJob:
     def relations(self) -> Relations:
         return self.workload.relations()
 
+    def context_options(self) -> dict[str, Any]:
+        return {}  # SearchContext's defaults are the speed job's
+
     def snapshot(self) -> dict[str, Any]:
         snapshot = self.campaign.config.model_dump(mode="json")
         if snapshot["search"]["llm"].get("api_key"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,8 +51,9 @@ class Columns:
 class LiveReporter(Reporter):
     """Keeps the rows of the trial table and redraws it as trials start, progress and end."""
 
-    def __init__(self, columns: Columns = Columns()) -> None:
+    def __init__(self, columns: Columns = Columns(), describe: Callable[[Recipe], str] | None = None) -> None:
         self.columns = columns
+        self.describe = describe  # a node's change from the baseline, as the job words it
         self.rows: dict[str, Row] = {}
         self.steps: dict[str, str] = {}
         self.best_text = Text("best so far: the baseline", style="bold")
@@ -102,7 +104,8 @@ class LiveReporter(Reporter):
             self.best_text = Text(f"best so far: the baseline ({self.columns.none_better})", style="bold")
         else:
             c = self.columns
-            self.best_text = Text(f"best so far: {node.recipe.describe_diff(baseline)}  "
+            change = self.describe(node.recipe) if self.describe else node.recipe.describe_diff(baseline)
+            self.best_text = Text(f"best so far: {change}  "
                                   f"{format(node.score, c.score_fmt)}{c.unit} (trial {node.trial})", style="bold green")
         self._refresh()
 

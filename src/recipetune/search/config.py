@@ -62,6 +62,8 @@ class TreeSearchConfig(BaseModel):
     exploration: float = Field(
         1 / math.sqrt(2), ge=0.0, description="UCT constant c in Q/N + c*sqrt(ln N_parent / N); rewards lie in [0, 1]"
     )
+    selection: Literal["uct", "greedy", "sequential"] = Field(
+        "uct", description="which node mcts expands: uct (MCTS), or the ablation's greedy best-first / sequential")
     failure_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward of a rejected or failed trial")
     playbook: str | None = Field(None, description="extra analyst rules (YAML), added before the built-in ones")
     storage: str | None = Field(None, description="SQLAlchemy URL of the study; default sqlite in the campaign folder")

@@ -107,6 +107,9 @@ class Job(Protocol):
 
     def relations(self) -> Relations: ...
 
+    def context_options(self) -> dict[str, Any]:
+        """What proposers are told of this job (SearchContext's facts, goal, profile ...)."""
+
     def snapshot(self) -> dict[str, Any]:
         """The campaign's settings, saved as campaign.json when a study is created."""
 
@@ -374,7 +377,8 @@ class Search:
 
     def context(self) -> SearchContext:
         assert self.tree is not None
-        return SearchContext(self.job.subject, self.baseline, self.job.space, self.tree, self.cfg.seed)
+        return SearchContext(self.job.subject, self.baseline, self.job.space, self.tree, self.cfg.seed,
+                             **self.job.context_options())
 
     def mcts(self, proposer: Proposer) -> None:
         tree = self.tree
@@ -387,7 +391,7 @@ class Search:
             waiting = False  # everything new to try is running: wait for a run to land
             while len(self.inflight) < self.executor.parallel and self.budget_left():
                 if not queue:
-                    node = tree.select()
+                    node = tree.select(self.cfg.selection)
                     if node is None:
                         break
                     proposals = proposer.propose(node, context, self.cfg.children)
@@ -419,7 +423,7 @@ class Search:
                 time.sleep(1.0)  # polls the study while another driver runs what is left to try
                 self.last_sync = 0.0
             else:
-                if self.budget_left() and tree.select() is None:
+                if self.budget_left() and tree.select(self.cfg.selection) is None:
                     failed = f" ({len(context.failed)} of its nodes only because every answer failed)" \
                         if context.failed else ""
                     self.reporter.phase(f"the tree is exhausted: no proposer has anything new to try{failed}")

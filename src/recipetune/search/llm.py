@@ -57,11 +57,10 @@ def _gain(node: Node) -> float:
     return node.score - node.parent.score
 
 
-def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3,
-                     max_chars: int = 6000) -> dict[str, Any]:
+def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3) -> dict[str, Any]:
     """TREX's compressed context: the node (with the job's ``details``, e.g. its worst cases), its
     path to the root, its siblings, and the globally key nodes (best, biggest gains on their parent,
-    latest failures). At most ``max_chars`` of JSON: the lists lose their farthest items first."""
+    latest failures). At most ``context.max_chars`` of JSON: the lists lose their farthest items first."""
     tree, baseline = context.tree, context.baseline
     facts = context.facts_of(node)
     profile = {n: round(v, 4) if isinstance(v, float) else v for n, v in facts.items()
@@ -89,7 +88,7 @@ def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3,
     # Within the stated size: drop the farthest ancestors, the siblings, the key nodes' tails, and
     # then the node's details, one item at a time, until it fits.
     trims = [("path", 0), ("siblings", -1), ("failures", 0), ("gains", -1), ("best", -1)]
-    while len(json.dumps(out, separators=(",", ":"), default=str)) > max_chars:
+    while len(json.dumps(out, separators=(",", ":"), default=str)) > context.max_chars:
         for key, end in trims:
             if out[key]:
                 out[key].pop(end)

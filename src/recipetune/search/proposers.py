@@ -78,6 +78,7 @@ class SearchContext:
     goal: str = "raise training tokens/s per device without changing what the model learns"
     score_name: str = "speedup"  # what a node's score is, for the LLM
     details: Callable[[Node], dict[str, Any]] | None = None  # more on the selected node (worst cases ...)
+    max_chars: int = 6000  # the LLM's compressed context, at most this much JSON
     profile: tuple[str, ...] = ("device", "step_s", "data_share", "compute_share", "optim_share", "accum_steps",
                                 "mem_headroom", "mfu", "tokens_per_s", "n_devices")
     rejections: list[Rejection] = field(default_factory=list)
@@ -232,7 +233,8 @@ def _fmt(value: Any) -> str:
 class Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    knob: str = Field(description="a knob of the search space, or '*' for every searchable knob")
+    knob: str = Field(description="a knob of the search space; '*' for every searchable knob, 'data_*' for every "
+                                  "knob whose name starts with data_")
     set: Scalar | None = None
     move: Literal["up", "down"] | None = None
     each: bool = False
@@ -245,6 +247,8 @@ class Action(BaseModel):
             raise ValueError("an action needs exactly one of: set: VALUE, move: up|down, each: true, to: EXPR")
         if self.knob == "*" and not self.each:
             raise ValueError("knob '*' only works with each: true")
+        if self.knob.endswith("*") and self.move is not None:
+            raise ValueError("a knob pattern ending in '*' works with set or each, not move")
         if self.to is not None:
             parse(self.to)
         return self
@@ -252,7 +256,10 @@ class Action(BaseModel):
     def edits(self, recipe: Recipe, space: SearchSpace, facts: dict[str, Any],
               glossary: Glossary | None = None) -> Iterator[dict[str, Scalar]]:
         """Edits of the workload's own knobs: a playbook name maps to the knob that means it."""
-        knobs = list(space.values) if self.knob == "*" else [glossary.knob(self.knob) if glossary else self.knob]
+        if self.knob.endswith("*"):  # "*": every searchable knob; "data_*": those named data_...
+            knobs = [k for k in space.values if k.startswith(self.knob[:-1])]
+        else:
+            knobs = [glossary.knob(self.knob) if glossary else self.knob]
         for knob in knobs:
             values = space.values.get(knob)
             if not values:
@@ -373,7 +380,7 @@ class AnalystProposer:
         queues: list[tuple[Rule, list[dict[str, Scalar]]]] = []
         for rule in self.fired(facts):
             options = list(rule.action.edits(node.recipe, context.space, facts, context.glossary))
-            if rule.action.knob == "*":
+            if rule.action.knob.endswith("*"):
                 rng.shuffle(options)  # undirected exploration: no knob goes first by accident
             queues.append((rule, options))
         out: list[Proposal] = []

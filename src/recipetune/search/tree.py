@@ -155,8 +155,12 @@ class Tree:
         """Whether the subtree under ``node`` still has a node that can be expanded."""
         return node.expandable or any(self.live(c) for c in node.children)
 
-    def select(self) -> Node | None:
+    def select(self, policy: str = "uct") -> Node | None:
         """The node to expand next, or None when the whole tree is exhausted.
+
+        ``policy`` is ``uct`` (MCTS, below), or one of the baselines of TREX's ablation: ``greedy``
+        (best-first: the expandable node with the highest score, the latest on a tie) or ``sequential``
+        (a chain: the latest expandable node, so each experiment is a child of the last that ran).
 
         From the root, descend to the child with the best UCT among those with a live subtree.
         Expanding the current node again competes as one more option (progressive widening): it
@@ -164,6 +168,13 @@ class Tree:
         ``1 + len(children)`` times, so a node with few, poor children gets fresh ideas before a
         well-explored one does.
         """
+        if policy != "uct":
+            open_ = [n for n in self.nodes.values() if n.expandable]  # insertion order: oldest first
+            if not open_:
+                return None
+            if policy == "sequential":
+                return open_[-1]
+            return max(reversed(open_), key=lambda n: -math.inf if n.score is None else n.score)
         node = self.root
         if not self.live(node):
             return None

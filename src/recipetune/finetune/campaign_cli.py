@@ -1,0 +1,100 @@
+"""`recipetune finetune`: the quality search with the speed job's live table, then the test-split verdict."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.text import Text
+
+from recipetune.config import ConfigError
+from recipetune.search.cli import Columns, LiveReporter
+from recipetune.search.engine import Outcome
+
+console = Console()
+
+
+def verdict_panel(outcome: Outcome, folder: Path, describe) -> Panel:  # type: ignore[no-untyped-def]
+    v = outcome.verdict
+    lines: list[Text] = []
+    if outcome.verdicts:
+        best = outcome.verdicts[0][0]
+        lines.append(Text(f"best on validation: {describe(best.recipe)}  ({best.id}, trial {best.trial})"))
+    if v is not None:
+        lines.append(Text(f"test {v.metric}: {v.candidate_mean:.4f} vs baseline {v.baseline_mean:.4f} "
+                          f"(seeds {v.seeds}: {', '.join(f'{x:.3f}' for x in v.candidate)} vs "
+                          f"{', '.join(f'{x:.3f}' for x in v.baseline)})"))
+        lines.append(Text(f"gain {v.gain:+.4f}, {v.confidence:.0%} CI [{v.ci_low:+.4f}, {v.ci_high:+.4f}]; "
+                          f"normalised gain {v.normalised_gain:+.3f}"))
+    for reason in outcome.reasons:
+        lines.append(Text(f"- {reason}"))
+    lines.append(Text(f"{outcome.runs} experiments; study: {folder / 'study.db'}; report: recipetune report {folder}",
+                      style="dim"))
+    if outcome.approved_file:
+        lines.append(Text(f"approved experiment: {outcome.approved_file}"))
+        for cmd in outcome.launch:
+            lines.append(Text(f"run: {cmd}", style="bold"))
+    style = "green" if outcome.decision == "APPROVED" else "yellow"
+    return Panel(Group(*lines), title=f"[bold {style}]{outcome.decision}", border_style=style, expand=False)
+
+
+def finetune(
+    experiment_file: Path = typer.Argument(..., help="experiment YAML (task, data, model, recipe) with a search: "
+                                                     "section"),
+    overrides: list[str] = typer.Argument(None, help="key=value: a recipe knob (lr=1e-3), or a dotted field "
+                                                     "(search.seed=3, task.max_eval_examples=100)"),
+    budget: int | None = typer.Option(None, help="experiments to run (search.budget.trials)"),
+    strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | random | grid"),
+    proposer: str | None = typer.Option(None, help="analyst | random | llm (with --strategy mcts)"),
+    selection: str | None = typer.Option(None, help="uct | greedy | sequential: which node mcts expands"),
+    out: Path | None = typer.Option(None, help="campaign folder (default: campaigns/<file name>)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the campaign in the folder"),
+    executor: str | None = typer.Option(None, help="local (default) | ray (execute.executor)"),
+    ray_address: str | None = typer.Option(None, help="'auto', ray://host:10001 (execute.ray_address)"),
+    parallel: int | None = typer.Option(None, help="experiments in flight at once, with --executor ray"),
+) -> None:
+    """Search fine-tuning experiments (data chain + training recipe) from the file's baseline; approve
+    one only on the test split, over seeds, with the gain's confidence interval above zero."""
+    from recipetune.finetune import search as ft_search
+    from recipetune.search.campaign import default_folder
+
+    extra = list(overrides or [])
+    for key, value in (("search.budget.trials", budget), ("search.strategy", strategy), ("search.proposer", proposer),
+                       ("search.selection", selection), ("execute.executor", executor),
+                       ("execute.ray_address", ray_address), ("execute.parallel", parallel)):
+        if value is not None:
+            extra.append(f"{key}={value}")
+    folder = out or default_folder(experiment_file)
+    try:
+        campaign = ft_search.load_finetune_campaign(experiment_file, extra)
+        checked = ft_search.plan(campaign, folder, resume)
+        from recipetune.execute.executor import executor_for
+
+        runner = executor_for(campaign.settings.execute, 1, campaign.path)
+    except ConfigError as e:
+        console.print(Text.assemble(("error: ", "bold red"), str(e)))
+        raise typer.Exit(2) from None
+
+    metric = campaign.experiment.spec.task.metric
+    columns = Columns(figure="train loss", score=f"val {metric}", check="diagnosis", figure_fmt=".3f",
+                      score_fmt=".4f", unit="", none_better="no experiment has beaten it on validation yet")
+    again = shlex.join(["recipetune", "finetune", str(experiment_file), *extra, "--out", str(folder), "--resume"])
+    reporter = LiveReporter(columns, describe=lambda r: campaign.space.describe(r, campaign.baseline))
+    try:
+        with Live(reporter.render(), console=console, refresh_per_second=4) as live:
+            reporter.live = live
+            outcome = ft_search.run(checked, executor=runner, reporter=reporter)
+            reporter.live = None
+    except KeyboardInterrupt:
+        console.print(Text.assemble(("stopped. ", "bold yellow"), f"Resume with: {again}"))
+        raise typer.Exit(130) from None
+    except Exception as e:  # the study holds every finished experiment: say how to carry on
+        console.print(Text.assemble(("error: ", "bold red"), f"{type(e).__name__}: {e}\n"
+                                    f"After fixing it, resume with: {again}"))
+        raise typer.Exit(1) from None
+    console.line()
+    console.print(verdict_panel(outcome, folder, lambda r: campaign.space.describe(r, campaign.baseline)))
