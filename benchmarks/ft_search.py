@@ -1,0 +1,169 @@
+"""The quality search's ablation (TREX): MCTS vs greedy best-first vs sequential vs random proposals.
+
+    python benchmarks/ft_search.py examples/ft-arith.yaml examples/ft-module.yaml examples/ft-funcname.yaml \
+        --budget 6 --seeds 0,1,2 --out runs/ft-search [--final]
+
+Each arm is a real `recipetune finetune` campaign (the same engine, job and Researcher) at an equal
+budget of experiments, over several search seeds:
+
+    mcts        selection uct, analyst Researcher (the default)
+    greedy      selection greedy (best-first), analyst
+    sequential  selection sequential (each experiment a child of the last), analyst
+    random      selection uct, random proposals
+
+Experiments are deterministic at a fixed seed (same data order, same initialisation, one thread),
+so an experiment one arm ran is not run again for another: its folder is reused from a cache
+(keyed by the experiment file, its overrides and the child's recipe and chain), and the wall time a
+campaign would have taken counts the cached experiment's own time. ``--final`` also runs the
+decision of the first seed's MCTS campaign: its best node and the baseline on the test split over
+the file's ``search.seeds``. Writes ``summary.json`` and prints one table per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import statistics
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from recipetune.execute.executor import LocalExecutor
+from recipetune.finetune import search as ft
+from recipetune.search.engine import Outcome, Reporter, Row, Search
+
+ARMS = {
+    "mcts": ["search.selection=uct", "search.proposer=analyst"],
+    "greedy": ["search.selection=greedy", "search.proposer=analyst"],
+    "sequential": ["search.selection=sequential", "search.proposer=analyst"],
+    "random": ["search.selection=uct", "search.proposer=random"],
+}
+
+
+class MemoExecutor(LocalExecutor):
+    """Runs a child experiment once; the same experiment again is its cached folder."""
+
+    def __init__(self, cache: Path):
+        self.cache, self.hits, self.misses = cache, 0, 0
+        self.seconds = 0.0  # what the experiments took (cached ones: their first run's time)
+
+    def call(self, fn, workload, *args, **kwargs) -> Future:  # type: ignore[no-untyped-def,override]
+        if fn is not ft.run_child:
+            return super().call(fn, workload, *args, **kwargs)
+        file, overrides, child, out_dir, _timeout = args
+        kept = [o for o in overrides if not o.startswith("search.")]
+        key = hashlib.sha256(json.dumps([file, kept, child], sort_keys=True).encode()).hexdigest()[:16]
+        cached = self.cache / key
+        if not (cached / "report.json").exists():
+            self.misses += 1
+            t0 = time.perf_counter()
+            result = fn(workload, *args, **kwargs)
+            (Path(out_dir) / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.2f}\n")
+            if isinstance(result, ft.Failed):
+                self.seconds += time.perf_counter() - t0
+                future: Future = Future()
+                future.set_result(result)
+                return future
+            shutil.copytree(out_dir, cached, dirs_exist_ok=True)
+        else:
+            self.hits += 1
+            shutil.copytree(cached, out_dir, dirs_exist_ok=True)
+        self.seconds += float((Path(out_dir) / "wall_s.txt").read_text())
+        report = ft.ExperimentReport.model_validate_json((Path(out_dir) / "report.json").read_text())
+        future = Future()
+        future.set_result(report.model_copy(update={"run_dir": str(out_dir)}))
+        return future
+
+
+class Quiet(Reporter):
+    def __init__(self, label: str):
+        self.label = label
+
+    def phase(self, text: str) -> None:
+        print(f"  [{self.label}] {text}", flush=True)
+
+    def row(self, row: Row) -> None:
+        if row.status not in ("running",):
+            print(f"  [{self.label}] {row.number} {row.change}: {row.status} {row.score} {row.cause[:80]}", flush=True)
+
+
+class SearchOnly(ft.QualityJob):
+    """The ablation compares what each search found on validation; the test split is for --final."""
+
+    def decide(self, search: Search) -> Outcome:
+        assert search.tree is not None
+        return Outcome("(search only)", [], search.tree, runs=search.runs)
+
+
+def trajectory(folder: Path, baseline: float) -> list[float]:
+    """Best validation metric after each experiment (the baseline before any)."""
+    from recipetune.store import CampaignStore
+
+    best, out = baseline, []
+    for rec in sorted(CampaignStore(folder).records(), key=lambda r: r.number):
+        if not rec.attrs.get("ran"):
+            continue
+        value = rec.attrs.get("value") if rec.attrs.get("status") == "passed" else None
+        best = max(best, value) if value is not None else best
+        out.append(best)
+    return out
+
+
+def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: MemoExecutor, final: bool) -> dict:
+    folder = out / file.stem / f"{arm}-{seed}"
+    overrides = [*ARMS[arm], f"search.seed={seed}", f"search.budget.trials={budget}"]
+    c = ft.load_finetune_campaign(file, overrides)
+    p = ft.plan(c, folder, resume=folder.exists())
+    job = ft.QualityJob(p) if final else SearchOnly(p)
+    before = memo.seconds
+    t0 = time.perf_counter()
+    outcome = ft.run_search(job, p.store, p.meta, p.resume, p.proposer, memo, Quiet(f"{file.stem} {arm} {seed}"))
+    root = outcome.tree.root.score or 0.0
+    traj = trajectory(folder, root)
+    best = outcome.tree.best()
+    row: dict[str, Any] = {
+        "task": file.stem, "arm": arm, "seed": seed, "baseline": root, "best": max([root, *traj]),
+        "trajectory": traj, "best_change": c.space.describe(best.recipe, c.baseline) if best else "",
+        "experiments_s": round(memo.seconds - before, 1), "driver_s": round(time.perf_counter() - t0, 1),
+        "decision": outcome.decision,
+    }
+    if final and outcome.verdict is not None:
+        row["final"] = outcome.verdict.model_dump(mode="json")
+    elif final:
+        row["final"] = {"decision": outcome.decision, "reasons": outcome.reasons}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--budget", type=int, default=6)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--out", type=Path, default=Path("runs/ft-search"))
+    parser.add_argument("--final", action="store_true", help="the test-split decision of the first MCTS campaign")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    arms = args.arms.split(",")
+    memo = MemoExecutor(args.out / "cache")
+    rows = []
+    for file in args.files:
+        for seed in seeds:
+            for arm in arms:
+                rows.append(campaign(file, arm, seed, args.budget, args.out, memo,
+                                     final=args.final and arm == "mcts" and seed == seeds[0]))
+                (args.out / "summary.json").write_text(json.dumps(rows, indent=2))
+        print(f"\n{file.stem}: best validation metric after {args.budget} experiments (mean over seeds {seeds})")
+        for arm in arms:
+            mine = [r for r in rows if r["task"] == file.stem and r["arm"] == arm]
+            bests = [r["best"] for r in mine]
+            print(f"  {arm:<11} {statistics.fmean(bests):.4f} (per seed {', '.join(f'{b:.4f}' for b in bests)}); "
+                  f"baseline {mine[0]['baseline']:.4f}; experiments {statistics.fmean(r['experiments_s'] for r in mine):.0f}s")
+    print(f"\nexperiments run {memo.misses}, reused {memo.hits}")
+
+
+if __name__ == "__main__":
+    main()
