@@ -160,8 +160,9 @@ def main() -> None:
         for arm in arms:
             mine = [r for r in rows if r["task"] == file.stem and r["arm"] == arm]
             bests = [r["best"] for r in mine]
+            wall = statistics.fmean(r["experiments_s"] for r in mine)
             print(f"  {arm:<11} {statistics.fmean(bests):.4f} (per seed {', '.join(f'{b:.4f}' for b in bests)}); "
-                  f"baseline {mine[0]['baseline']:.4f}; experiments {statistics.fmean(r['experiments_s'] for r in mine):.0f}s")
+                  f"baseline {mine[0]['baseline']:.4f}; experiments {wall:.0f}s")
     print(f"\nexperiments run {memo.misses}, reused {memo.hits}")
 
 

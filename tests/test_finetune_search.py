@@ -1,0 +1,291 @@
+"""`recipetune finetune`: the quality job on the shared engine. The experiment space, the Researcher's
+facts and playbook, the LLM's compressed context, integrity (test split, refused proposals), the
+decision over seeds, bad input, and a whole tiny campaign killed with -9 and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ft_fixtures import experiment_file, nano_checkpoint, reverse_task
+from typer.testing import CliRunner
+
+from recipetune.cli import app
+from recipetune.config import ConfigError
+from recipetune.execute.executor import LocalExecutor
+from recipetune.finetune import decide as decide_mod
+from recipetune.finetune import search as ft
+from recipetune.finetune.analyst import experiment_facts
+from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, FinalResult, LossCurve, Prediction
+from recipetune.search.engine import Reporter, Search
+from recipetune.search.llm import check_edits, compress_context
+from recipetune.search.proposers import SearchContext, make_proposer
+from recipetune.search.tree import Tree, metric_reward, normalised_gain
+from recipetune.store import CampaignStore
+
+runner = CliRunner()
+SEARCH = {"knobs": {"lr": [0.001, 0.003, 0.01], "max_steps": [3, 6]},
+          "data": {"near_dedup": {"op": "dedup_near", "threshold": 0.9}}, "budget": {"trials": 4}, "seeds": [1, 2]}
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    files = reverse_task(tmp_path)
+    model = {"kind": "reference", "path": str(nano_checkpoint(tmp_path / "nano.pt"))}
+    return tmp_path, files, model
+
+
+def campaign_file(setup, **search) -> Path:
+    tmp_path, files, model = setup
+    return experiment_file(tmp_path, files, model, search={**SEARCH, **search})
+
+
+# -- rewards and selection ---------------------------------------------------------------------------
+
+
+def test_reward_is_the_normalised_gain_of_the_metric():
+    assert normalised_gain(0.75, 0.5) == pytest.approx(0.5) == pytest.approx(normalised_gain(0.95, 0.9))
+    assert normalised_gain(0.25, 0.5) == pytest.approx(-0.5) and normalised_gain(0.0, 0.4) == -1.0
+    assert metric_reward(0.5, 0.5, True) == 0.5 and metric_reward(1.0, 0.5, True) == 1.0
+    assert metric_reward(0.0, 0.5, True) == 0.0 and metric_reward(0.9, 0.5, False, penalty=0.1) == 0.1
+    assert metric_reward(float("nan"), 0.5, True) == 0.0
+
+
+def test_greedy_and_sequential_selection_for_the_ablation(setup):
+    c = ft.load_finetune_campaign(campaign_file(setup))
+    base = c.baseline
+    tree = Tree(base, score=0.5)
+    good = tree.add(base.with_(lr=0.01), tree.root, "passed", 0.8, score=0.8)
+    late = tree.add(base.with_(lr=0.003), tree.root, "passed", 0.6, score=0.6)
+    tree.add(base.with_(max_steps=6), tree.root, "failed", 0.0)
+    assert tree.select("greedy") is good and tree.select("sequential") is late
+    good.exhausted = late.exhausted = tree.root.exhausted = True
+    assert tree.select("greedy") is None and tree.select("sequential") is None
+
+
+# -- the space ---------------------------------------------------------------------------------------
+
+
+def test_space_maps_recipes_to_experiments_and_refuses_leaks(setup, tmp_path):
+    c = ft.load_finetune_campaign(campaign_file(setup))
+    knobs = c.space.knobs()
+    assert knobs["lr"].low == 0.0 and knobs["method"].choices == ("full", "lora") and knobs["seed"].role == "invariant"
+    child = c.baseline.with_(data_near_dedup=True, lr=0.01)
+    assert c.space.describe(child, c.baseline) == "+near_dedup, lr=0.01"
+    ops = [s["op"] for s in c.space.chain(child)]
+    assert ops == ["dedup_exact", "dedup_near"]  # decontamination is appended after it by the chain
+    exp = c.space.experiment_of(child)
+    assert exp.spec.recipe.lr == 0.01 and exp.spec.task == c.experiment.spec.task
+    # a data step that reads an evaluation split is refused before it runs
+    leak = ft.load_finetune_campaign(campaign_file(
+        setup, data={"more": {"op": "load", "path": str(setup[1]["validation"])}}))
+    p = ft.plan(leak, tmp_path / "leak")
+    cause, _ = ft.QualityJob(p).refuse(leak.baseline.with_(data_more=True))
+    assert cause.startswith("integrity: data step load reads") and "evaluation split" in cause
+
+
+def test_proposals_outside_the_recipe_are_refused_as_data(setup, tmp_path):
+    c = ft.load_finetune_campaign(campaign_file(setup))
+    p = ft.plan(c, tmp_path / "camp")
+    ctx = SearchContext(c.space, c.baseline, p.space, Tree(c.baseline, score=0.0))
+    for edits in ({"metric": "rouge_l"}, {"task.files.validation": "train.jsonl"}, {"seed": 3}, {"lr": 0.5}):
+        assert check_edits(edits, ctx, "llm") is None
+    reasons = [r.reason for r in ctx.drain()]
+    assert "unknown knob 'metric'" in reasons[0] and "unknown knob 'task.files.validation'" in reasons[1]
+    assert "not searched" in reasons[2] and "not in the space" in reasons[3]
+
+
+# -- the Researcher ------------------------------------------------------------------------------------
+
+
+def fake_report(run_dir: Path, errors: dict[str, float], loss=(2.0, 1.6), value=0.3) -> ExperimentReport:
+    from recipetune.data.chain import DataVersion
+
+    groups = [ErrorGroup(kind=k, count=int(100 * v), share=v, examples=[
+        Prediction(index=0, prompt=f"prompt of {k}", target="cba", prediction="", score=0.0, error=k)])
+        for k, v in errors.items()]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "predictions.jsonl").write_text("".join(json.dumps({"prediction": p}) + "\n" for p in "aaab"))
+    return ExperimentReport(
+        id="x", status="ok", task="reverse", route="reference",
+        validation=Evaluation(split="validation", metric="exact_match", value=value, metrics={}, n_examples=100,
+                              errors=groups),
+        loss=LossCurve(steps=10, first=loss[0], last=loss[1], min=loss[1]),
+        data=DataVersion(id="d", sources={}, rows_in=100, rows_out=80, operators=[]), experiment={},
+        run_dir=str(run_dir))
+
+
+def test_analyst_reads_the_executor_report(setup, tmp_path):
+    c = ft.load_finetune_campaign(campaign_file(setup, knobs={"lr": [0.001, 0.003], "max_steps": [3, 6],
+                                                              "completion_only": [False, True]}))
+    base = c.baseline.with_(completion_only=False)
+    p = ft.plan(c, tmp_path / "camp")
+    report = fake_report(tmp_path / "run", {"empty": 0.3, "wrong_format": 0.1})
+    tree = Tree(base, report, score=0.3)
+    ctx = SearchContext(c.space, base, p.space, tree, facts=experiment_facts)
+    facts = experiment_facts(tree.root, ctx)
+    assert facts["err_format"] == pytest.approx(0.4) and facts["loss_drop"] == pytest.approx(0.2)
+    assert facts["pred_concentration"] == 0.75 and facts["rows"] == 80
+    analyst = make_proposer("analyst", builtin=ft.PLAYBOOK)
+    proposals = analyst.propose(tree.root, ctx, 4)
+    rules = [pr.rationale.split(" ")[0].split("[")[0] for pr in proposals]
+    # underfitting (the loss fell by 20%) moves epochs/max_steps and lr; format errors set completion_only
+    assert rules[:2] == ["underfitting-lr", "format-errors"], rules
+    edits = [pr.edits for pr in proposals]
+    assert {"lr": 0.003} in edits and {"completion_only": True} in edits
+    # a child that did not help turns to the data side: every data step of the campaign
+    worse = tree.add(base.with_(lr=0.003), tree.root, "passed", 0.4, score=0.2,
+                     result=fake_report(tmp_path / "run2", {"wrong": 0.8}, loss=(2.0, 0.5), value=0.2))
+    edits = [pr.edits for pr in analyst.propose(worse, ctx, 8)]
+    assert {"data_near_dedup": True} in edits
+
+
+def test_llm_context_is_compressed_within_its_size(setup, tmp_path):
+    c = ft.load_finetune_campaign(campaign_file(setup))
+    p = ft.plan(c, tmp_path / "camp")
+    tree = Tree(c.baseline, fake_report(tmp_path / "r0", {"empty": 0.5}), score=0.3)
+    node = tree.root
+    for i, lr in enumerate([0.003, 0.01]):
+        node = tree.add(c.baseline.with_(lr=lr), node, "passed", 0.6, score=0.4 + i / 10,
+                        result=fake_report(tmp_path / f"r{i + 1}", {"near_miss": 0.2, "wrong": 0.3}))
+    options = ft.QualityJob(p).context_options()
+    big = compress_context(node, SearchContext(c.space, c.baseline, p.space, tree, **options), 3)
+    assert big["node"]["validation_exact_match"] == 0.5 and big["node"]["worst_cases"][0]["kind"] == "near_miss"
+    assert [n["changes"] for n in big["path"]] == [{}, {"lr": 0.003}] and big["gains"]
+    options["max_chars"] = 900
+    small = compress_context(node, SearchContext(c.space, c.baseline, p.space, tree, **options), 3)
+    assert len(json.dumps(small, separators=(",", ":"))) <= 900 and len(small["path"]) < 2
+
+
+# -- the decision ------------------------------------------------------------------------------------
+
+
+def final(values: list[float]) -> FinalResult:
+    import statistics
+
+    return FinalResult(experiment_id="e", metric="exact_match", seeds=[1, 2, 3], values=values,
+                       mean=statistics.fmean(values), std=statistics.stdev(values), validation_values=values, runs=[])
+
+
+def test_gain_must_clear_the_seed_to_seed_spread():
+    ok = decide_mod.judge("exact_match", [1, 2, 3], final([0.50, 0.55, 0.45]), final([0.60, 0.66, 0.54]), 0.95, .5, .6)
+    assert ok.decision == "APPROVED" and ok.ci_low > 0 and ok.gain == pytest.approx(0.1)
+    noisy = decide_mod.judge("exact_match", [1, 2, 3], final([0.50, 0.55, 0.45]), final([0.70, 0.50, 0.48]),
+                             0.95, .5, .6)
+    assert noisy.decision == "KEEP BASELINE" and noisy.ci_low < 0 < noisy.ci_high and "includes 0" in noisy.reasons[0]
+
+
+def test_decide_runs_the_test_split_for_the_best_node_and_the_baseline(setup, tmp_path, monkeypatch):
+    c = ft.load_finetune_campaign(campaign_file(setup))
+    p = ft.plan(c, tmp_path / "camp")
+    job = ft.QualityJob(p)
+    search = Search(job, p.store, p.meta, False, LocalExecutor(), Reporter())
+    p.store.create(p.meta)
+    search.tree = Tree(c.baseline, score=0.5)
+    best = search.tree.add(c.baseline.with_(lr=0.01), search.tree.root, "passed", 0.8, score=0.7, trial=3)
+    seen = []
+
+    def fake_final(exp, seeds, out_dir, log=None):
+        seen.append((exp.spec.recipe.lr, seeds))
+        result = final([0.62, 0.71, 0.66] if exp.spec.recipe.lr == 0.01 else [0.50, 0.58, 0.55])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "final.json").write_text(result.model_copy(update={"experiment_id": exp.id,
+                                                                      "seeds": seeds}).model_dump_json())
+        return result
+
+    monkeypatch.setattr(decide_mod, "final_evaluation", fake_final)
+    outcome = job.decide(search)
+    assert seen == [(0.001, [1, 2]), (0.01, [1, 2])]
+    assert outcome.decision == "APPROVED" and outcome.winner is best
+    verdict = json.loads((p.store.folder / "verdict.json").read_text())
+    assert verdict["job"] == "quality" and verdict["change"] == "lr=0.01" and verdict["verdict"]["ci_low"] > 0
+    approved = outcome.approved_file.read_text()
+    assert "lr: 0.01" in approved and str(setup[1]["validation"]) in approved  # paths made absolute
+    # a resumed decision reuses the finished test evaluations
+    seen.clear()
+    job.decide(search)
+    assert seen == []
+
+
+# -- bad input -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("search", "field"), [
+    ({"knobs": {"seed": [0, 1]}}, "search.knobs.seed"),
+    ({"knobs": {"metric": ["rouge_l"]}}, "search.knobs.metric"),
+    ({"knobs": {"lr": [0.001, 5.0]}}, "search.knobs.lr"),
+    ({"data": {"bad": {"op": "dedup_near", "threshold": 2}}}, "search.data.bad.threshold"),
+    ({"data": {"out": {"op": "export"}}}, "search.data.out"),
+    ({"seeds": [1]}, "search.seeds"),
+    ({"selection": "beam"}, "search.selection"),
+])
+def test_bad_search_section_exits_2_and_writes_nothing(setup, search, field):
+    out = setup[0] / "never"
+    res = runner.invoke(app, ["finetune", str(campaign_file(setup, **search)), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert field in " ".join(res.output.split()) and not out.exists()
+    with pytest.raises(ConfigError):
+        ft.plan(ft.load_finetune_campaign(campaign_file(setup, **search)), out)
+
+
+# -- end to end --------------------------------------------------------------------------------------------
+
+
+def finished(store: CampaignStore) -> list:
+    return [r for r in store.records() if r.status in ("passed", "rejected", "failed")]
+
+
+def test_finetune_campaign_end_to_end_resumed_after_kill(setup):
+    tmp_path, files, _ = setup
+    file, out = campaign_file(setup), tmp_path / "camp"
+    cmd = [sys.executable, "-m", "recipetune", "finetune", str(file), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:  # kill -9 while the second experiment runs
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            if not (out / "study.db").exists():
+                continue
+            recs = CampaignStore(out).records()
+            if len(finished(CampaignStore(out))) >= 1 and any(r.state == "RUNNING" for r in recs):
+                break
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    before = {r.number: r.attrs["recipe_id"] for r in finished(CampaignStore(out))}
+
+    res = runner.invoke(app, ["finetune", str(file), "--out", str(out), "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "baseline experiment loaded from the previous session" in res.output
+    store = CampaignStore(out)
+    recs = finished(store)
+    ids = [r.attrs["recipe_id"] for r in recs]
+    assert len(recs) == 4 and len(set(ids)) == 4  # the budget, each experiment once
+    assert {r.number: r.attrs["recipe_id"] for r in recs if r.number in before} == before
+    assert any(r.status == "interrupted" for r in store.records())
+    for r in recs:  # every node keeps its recipe, data version, metrics and diagnosis
+        a = r.attrs
+        assert a["status"] == "passed" and a["metric"] == "exact_match" and a["data_version"]
+        assert "value" in a and "diagnosis" in a and Path(a["run_dir"], "report.json").is_file()
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["decision"] in ("APPROVED", "KEEP BASELINE") and verdict["job"] == "quality"
+    # the search never saw the test split: its words appear in no file outside final/
+    test_words = [json.loads(line)["word"] for line in files["test"].read_text().splitlines()]
+    for path in out.rglob("*"):
+        if path.is_file() and "final" not in path.relative_to(out).parts and path.suffix in (".json", ".jsonl",
+                                                                                             ".log", ".txt"):
+            text = path.read_text(errors="replace")
+            assert not any(w in text for w in test_words), path
+    show = runner.invoke(app, ["show", str(out)])
+    assert show.exit_code == 0, show.output
