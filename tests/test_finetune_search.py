@@ -289,3 +289,27 @@ def test_finetune_campaign_end_to_end_resumed_after_kill(setup):
             assert not any(w in text for w in test_words), path
     show = runner.invoke(app, ["show", str(out)])
     assert show.exit_code == 0, show.output
+
+
+def test_llm_researcher_in_a_campaign_is_held_to_the_recipe(setup):
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+    from fake_llm_server import FakeLLMServer
+
+    reply = json.dumps({"proposals": [
+        {"edits": {"metric": "rouge_l"}, "rationale": "an easier metric"},
+        {"edits": {"task.files.train": "val.jsonl"}, "rationale": "train on what is scored"},
+        {"edits": {"lr": 0.01, "data_near_dedup": True}, "rationale": "empty answers: bigger steps, fewer copies"}]})
+    out = setup[0] / "camp"
+    with FakeLLMServer([reply, json.dumps({"proposals": []})]) as server:
+        res = runner.invoke(app, ["finetune", str(campaign_file(setup)), "--out", str(out), "--budget", "2",
+                                  "--proposer", "llm", f"search.llm.base_url={server.base_url}"])
+    assert res.exit_code == 0, res.output
+    system, user = server.requests[0]["messages"]
+    assert "primary metric on the validation split" in system["content"]
+    view = json.loads(user["content"])
+    assert view["node"]["validation_exact_match"] == 0.0 and view["node"]["worst_cases"][0]["kind"] == "empty"
+    rejected = [json.loads(line)["reason"] for line in (out / "rejected_proposals.jsonl").read_text().splitlines()]
+    assert any("unknown knob 'metric'" in r for r in rejected)
+    assert any("unknown knob 'task.files.train'" in r for r in rejected)
+    [trial] = finished(CampaignStore(out))
+    assert trial.attrs["edits"] == {"lr": 0.01, "data_near_dedup": True} and trial.attrs["proposer"] == "llm"
