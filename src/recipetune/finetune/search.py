@@ -19,7 +19,6 @@ Integrity, the quality job's control system:
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -196,8 +195,7 @@ def run_child(_subject: Any, file: str, overrides: list[str], child: dict[str, A
     (out / "child.json").write_text(json.dumps(child, indent=2))
     argv = [sys.executable, "-m", "recipetune.finetune", file, *overrides, "--out", str(out),
             "--child", str(out / "child.json")]
-    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
-    outcome = run_process(argv, log_dir=out, timeout_s=timeout_s, env={k: v for k, v in env.items() if v})
+    outcome = run_process(argv, log_dir=out, timeout_s=timeout_s, env={"PYTHONUNBUFFERED": "1"})
     report = out / "report.json"
     if outcome.timed_out:
         return Failed("timeout", f"killed after {timeout_s:.0f}s")
