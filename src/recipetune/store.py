@@ -134,6 +134,15 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def write_atomic(path: Path, text: str) -> Path:
+    """Write a campaign file atomically: a reader never sees half of it, a crash never leaves half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
 class CampaignStore:
     """A campaign folder and its study."""
 
@@ -343,13 +352,7 @@ class CampaignStore:
     # -- artifacts --------------------------------------------------------------------------
 
     def write_json(self, name: str, obj: Any) -> Path:
-        """Write atomically: a reader never sees half a file, a crash never leaves one."""
-        path = self.folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(_jsonable(obj), indent=2, sort_keys=True) + "\n")
-        tmp.replace(path)
-        return path
+        return write_atomic(self.folder / name, json.dumps(_jsonable(obj), indent=2, sort_keys=True) + "\n")
 
     def read_json(self, name: str) -> Any | None:
         path = self.folder / name

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
 from recipetune.config import ConfigError
-from recipetune.search.cli import Columns, LiveReporter
+from recipetune.recipe import Recipe
+from recipetune.search.cli import Columns, LiveReporter, decision_panel
 from recipetune.search.engine import Outcome
+from recipetune.store import CampaignStore
 
 console = Console()
 
 
-def verdict_panel(outcome: Outcome, folder: Path, describe) -> Panel:  # type: ignore[no-untyped-def]
+def verdict_panel(outcome: Outcome, folder: Path, describe: Callable[[Recipe], str],
+                  store: CampaignStore | None = None) -> Panel:
     v = outcome.verdict
     lines: list[Text] = []
     if outcome.verdicts:
@@ -30,16 +34,7 @@ def verdict_panel(outcome: Outcome, folder: Path, describe) -> Panel:  # type: i
                           f"{', '.join(f'{x:.3f}' for x in v.baseline)})"))
         lines.append(Text(f"gain {v.gain:+.4f}, {v.confidence:.0%} CI [{v.ci_low:+.4f}, {v.ci_high:+.4f}]; "
                           f"normalised gain {v.normalised_gain:+.3f}"))
-    for reason in outcome.reasons:
-        lines.append(Text(f"- {reason}"))
-    lines.append(Text(f"{outcome.runs} experiments; study: {folder / 'study.db'}; report: recipetune report {folder}",
-                      style="dim"))
-    if outcome.approved_file:
-        lines.append(Text(f"approved experiment: {outcome.approved_file}"))
-        for cmd in outcome.launch:
-            lines.append(Text(f"run: {cmd}", style="bold"))
-    style = "green" if outcome.decision == "APPROVED" else "yellow"
-    return Panel(Group(*lines), title=f"[bold {style}]{outcome.decision}", border_style=style, expand=False)
+    return decision_panel(outcome, lines, folder, store, approved="approved experiment", launch="run")
 
 
 def finetune(
@@ -97,4 +92,5 @@ def finetune(
                                     f"After fixing it, resume with: {again}"))
         raise typer.Exit(1) from None
     console.line()
-    console.print(verdict_panel(outcome, folder, lambda r: campaign.space.describe(r, campaign.baseline)))
+    console.print(verdict_panel(outcome, folder, lambda r: campaign.space.describe(r, campaign.baseline),
+                                checked.store))

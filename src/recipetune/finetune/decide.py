@@ -30,6 +30,7 @@ from recipetune.finetune.report import FinalResult
 from recipetune.recipe import Recipe
 from recipetune.search.engine import Outcome, Search
 from recipetune.search.tree import normalised_gain
+from recipetune.store import write_atomic
 
 if TYPE_CHECKING:
     from recipetune.finetune.search import QualityJob
@@ -164,8 +165,4 @@ def write_approved(job: QualityJob, folder: Path, recipe: Recipe, verdict: Any) 
               f"# Test {verdict.metric}: {verdict.candidate_mean:.4f} vs {verdict.baseline_mean:.4f} over seeds "
               f"{verdict.seeds}; gain {verdict.gain:+.4f} ({verdict.confidence:.0%} CI {verdict.ci_low:+.4f} to "
               f"{verdict.ci_high:+.4f}). Evidence in verdict.json.\n")
-    path = folder / "approved.yaml"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False))
-    tmp.replace(path)
-    return path
+    return write_atomic(folder / "approved.yaml", header + yaml.safe_dump(doc, sort_keys=False))

@@ -39,8 +39,17 @@ from recipetune.finetune.task import TaskError, load_splits
 from recipetune.recipe import INVARIANT, KnobError, Recipe, SearchSpace
 from recipetune.relations import Relations
 from recipetune.search.config import TreeSearchConfig
-from recipetune.search.engine import Landing, Outcome, Reporter, Row, Search, build_proposer, check_folder, run_search
-from recipetune.search.proposers import Proposer
+from recipetune.search.engine import (
+    Landing,
+    Outcome,
+    Plan,
+    Reporter,
+    Row,
+    Search,
+    build_proposer,
+    check_folder,
+    run_search,
+)
 from recipetune.search.strategies import make_sampler
 from recipetune.search.tree import metric_reward, normalised_gain
 from recipetune.store import CampaignStore
@@ -142,14 +151,8 @@ def check_space(c: FinetuneCampaign) -> SearchSpace:
 
 
 @dataclass
-class FinetunePlan:
+class FinetunePlan(Plan):
     campaign: FinetuneCampaign
-    folder: Path
-    resume: bool
-    space: SearchSpace
-    proposer: Proposer | None
-    meta: dict[str, Any]
-    store: CampaignStore
 
 
 RESUME_KEYS = ("baseline_id", "space", "strategy", "selection", "experiment", "data_steps", "seeds")

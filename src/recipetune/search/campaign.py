@@ -25,9 +25,8 @@ from recipetune.execute.executor import Executor, make_executor
 from recipetune.measure import RunResult
 from recipetune.recipe import INVARIANT, SEMANTIC, KnobError, Recipe, SearchSpace
 from recipetune.relations import Relations
-from recipetune.search import finalize
+from recipetune.search import engine, finalize
 from recipetune.search.engine import Landing, Outcome, Reporter, Row, Search, build_proposer, check_folder, run_search
-from recipetune.search.proposers import Proposer
 from recipetune.search.semantic import BatchRule, batch_rule
 from recipetune.search.strategies import make_sampler
 from recipetune.search.tree import reward
@@ -62,14 +61,8 @@ def real_guard() -> Guard:
 
 
 @dataclass
-class Plan:
+class Plan(engine.Plan):
     campaign: Campaign
-    folder: Path
-    resume: bool
-    space: SearchSpace
-    proposer: Proposer | None
-    meta: dict[str, Any]
-    store: CampaignStore
     batch: BatchRule | None = None  # the global batch may change, up to a measured CBS
 
 

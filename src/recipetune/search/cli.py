@@ -127,6 +127,12 @@ def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe, store: Campa
         elif parity.get("bound") is not None:  # independent runs: the end-of-run loss against the margin
             lines.append(Text(f"loss parity ({parity['mode']}): final {parity['mean_diff']:+.4f}, upper bound "
                               f"{parity['bound']:+.4f} < margin {parity['margin']:.4f}"))
+    return decision_panel(outcome, lines, folder, store)
+
+
+def decision_panel(outcome: Outcome, lines: list[Text], folder: Path, store: CampaignStore | None = None,
+                   approved: str = "approved recipe", launch: str = "launch") -> Panel:
+    """The verdict panel of any job: its evidence ``lines``, the reasons, the study, what to launch."""
     for reason in outcome.reasons:
         lines.append(Text(f"- {reason}"))
     if store is not None and store.name != STUDY_NAME:  # a shared database: the URL without its password
@@ -134,11 +140,11 @@ def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe, store: Campa
         lines.append(Text(f"{outcome.runs} runs; study '{store.name}' in {url}  (optuna-dashboard {url})", style="dim"))
     else:
         lines.append(Text(f"{outcome.runs} runs; study: {folder / 'study.db'}  (optuna-dashboard sqlite:///"
-                          f"{(folder / 'study.db').resolve()})", style="dim"))
+                          f"{(folder / 'study.db').resolve()}); report: recipetune report {folder}", style="dim"))
     if outcome.approved_file:
-        lines.append(Text(f"approved recipe: {outcome.approved_file}"))
+        lines.append(Text(f"{approved}: {outcome.approved_file}"))
         for cmd in outcome.launch:
-            lines.append(Text(f"launch: {cmd}", style="bold"))
+            lines.append(Text(f"{launch}: {cmd}", style="bold"))
     style = "green" if outcome.decision == "APPROVED" else "yellow"
     return Panel(Group(*lines), title=f"[bold {style}]{outcome.decision}", border_style=style, expand=False)
 

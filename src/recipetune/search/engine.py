@@ -141,6 +141,19 @@ class Job(Protocol):
 # -- planning helpers both jobs use -------------------------------------------------------------
 
 
+@dataclass
+class Plan:
+    """A checked campaign and its folder: everything needed to run it, nothing written yet."""
+
+    campaign: Any  # the job's checked campaign file (config.Campaign, finetune.search.FinetuneCampaign)
+    folder: Path
+    resume: bool
+    space: SearchSpace
+    proposer: Proposer | None
+    meta: dict[str, Any]
+    store: CampaignStore
+
+
 def build_proposer(cfg: TreeSearchConfig, file: Path, builtin: str | None = None) -> Proposer | None:
     """The Researcher the search section asks for (MCTS only); bad settings are a ConfigError."""
     if cfg.strategy != "mcts":

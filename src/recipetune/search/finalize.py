@@ -22,7 +22,7 @@ from recipetune.execute.executor import Executor
 from recipetune.recipe import Recipe
 from recipetune.search.engine import Outcome
 from recipetune.search.tree import Node, Tree
-from recipetune.store import CampaignStore
+from recipetune.store import CampaignStore, write_atomic
 
 
 def decide(campaign: Campaign, store: CampaignStore, tree: Tree, profile: Any, runs: int, *,
@@ -100,11 +100,7 @@ def write_approved(campaign: Campaign, folder: Path, recipe: Recipe, verdict: An
     header = (f"# Approved by `recipetune tune {campaign.path}` on {time.strftime('%Y-%m-%d %H:%M')}.\n"
               f"# Change from baseline {campaign.baseline.id}: {recipe.describe_diff(campaign.baseline)}\n"
               f"# Speed-up {getattr(verdict, 'speedup', 0) or 0:.3f}x{ci}; evidence in verdict.json.\n")
-    path = folder / "approved.yaml"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False))
-    tmp.replace(path)
-    return path
+    return write_atomic(folder / "approved.yaml", header + yaml.safe_dump(doc, sort_keys=False))
 
 
 def launch_commands(campaign: Campaign, recipe: Recipe, approved_file: Path) -> list[str]:
