@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -61,3 +62,12 @@ def tiny_llama(folder: Path, files: dict[str, Path]) -> Path:
 
     texts = [line for p in files.values() for line in p.read_text().splitlines()] + WORDS
     return build_tiny_llama(folder, texts, vocab_size=300, hidden=32, layers=1)
+
+
+@pytest.fixture
+def tiny_ft(tmp_path, monkeypatch):
+    """A tiny task and a nano reference checkpoint in ``tmp_path``, with the cache there too."""
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    files = reverse_task(tmp_path)
+    model = {"kind": "reference", "path": str(nano_checkpoint(tmp_path / "nano.pt"))}
+    return tmp_path, files, model

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from ft_fixtures import experiment_file, nano_checkpoint, reverse_task, write_jsonl
+from ft_fixtures import experiment_file, write_jsonl
 from typer.testing import CliRunner
 
 from recipetune.cli import app
@@ -17,14 +17,6 @@ from recipetune.finetune.experiment import load_experiment
 from recipetune.finetune.task import TestSplitClosed
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def setup(tmp_path, monkeypatch):
-    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
-    files = reverse_task(tmp_path)
-    model = {"kind": "reference", "path": str(nano_checkpoint(tmp_path / "nano.pt"))}
-    return tmp_path, files, model
 
 
 def test_metrics_and_error_kinds():
@@ -43,8 +35,8 @@ def test_metrics_and_error_kinds():
     assert M.error_kind("zzz", "re", False, None, {"re", "os", "json"}) == "wrong_format"
 
 
-def test_the_test_split_is_closed(setup):
-    tmp_path, files, model = setup
+def test_the_test_split_is_closed(tiny_ft):
+    tmp_path, files, model = tiny_ft
     exp = load_experiment(experiment_file(tmp_path, files, model))
     with pytest.raises(TestSplitClosed):
         exp.splits.test  # noqa: B018
@@ -53,8 +45,8 @@ def test_the_test_split_is_closed(setup):
     assert len(exp.splits.train) == 40 and len(exp.splits.validation) == 4
 
 
-def test_ft_run_end_to_end_and_final_evaluation(setup):
-    tmp_path, files, model = setup
+def test_ft_run_end_to_end_and_final_evaluation(tiny_ft):
+    tmp_path, files, model = tiny_ft
     out = tmp_path / "run"
     res = runner.invoke(app, ["ft", "run", str(experiment_file(tmp_path, files, model)), "lr=2e-3",
                               "--out", str(out), "--final", "--seeds", "0,1"])
@@ -82,8 +74,8 @@ def test_ft_run_end_to_end_and_final_evaluation(setup):
     assert len((out / "final" / "seed-1" / "test_predictions.jsonl").read_text().splitlines()) == 4
 
 
-def test_lora_on_the_reference_model(setup):
-    tmp_path, files, model = setup
+def test_lora_on_the_reference_model(tiny_ft):
+    tmp_path, files, model = tiny_ft
     from recipetune.finetune.experiment import run_experiment
 
     exp = load_experiment(experiment_file(tmp_path, files, model), ["method=lora", "lora_rank=2", "packing=true"])
@@ -96,8 +88,8 @@ def test_lora_on_the_reference_model(setup):
     assert e.value.field == "recipe.lora_targets" and not (tmp_path / "never").exists()
 
 
-def test_derive_changes_recipe_or_chain_only(setup):
-    tmp_path, files, model = setup
+def test_derive_changes_recipe_or_chain_only(tiny_ft):
+    tmp_path, files, model = tiny_ft
     exp = load_experiment(experiment_file(tmp_path, files, model))
     child = exp.derive(recipe={"lr": 5e-4}, data=[{"op": "sample", "n": 10}])
     assert child.spec.recipe.lr == 5e-4 and child.id != exp.id and child.spec.task == exp.spec.task
@@ -125,8 +117,8 @@ def _bad_cases(tmp_path, files, model):
     }
 
 
-def test_bad_input_exits_2_names_file_and_field_and_writes_nothing(setup):
-    tmp_path, files, model = setup
+def test_bad_input_exits_2_names_file_and_field_and_writes_nothing(tiny_ft):
+    tmp_path, files, model = tiny_ft
     for name, (change, field) in _bad_cases(tmp_path, files, model).items():
         task_change = {k: v for k, v in change.items() if k in ("files", "target", "metric")}
         sections = {k: v for k, v in change.items() if k not in task_change}
@@ -147,8 +139,8 @@ def test_bad_input_exits_2_names_file_and_field_and_writes_nothing(setup):
             assert not out.exists() and "Traceback" not in res.output, name
 
 
-def test_data_run_prints_the_chain_and_writes_the_version(setup):
-    tmp_path, files, model = setup
+def test_data_run_prints_the_chain_and_writes_the_version(tiny_ft):
+    tmp_path, files, model = tiny_ft
     chain = [{"op": "dedup_exact", "fields": ["word"]}, {"op": "augment", "rules": ["uppercase"]},
              {"op": "export", "path": "augmented.jsonl"}]
     out = tmp_path / "data"
@@ -164,10 +156,10 @@ def test_data_run_prints_the_chain_and_writes_the_version(setup):
     assert len((out / "augmented.jsonl").read_text().splitlines()) == 36
 
 
-def test_module_entry_point_runs_a_child_experiment(setup):
+def test_module_entry_point_runs_a_child_experiment(tiny_ft):
     from recipetune.finetune.__main__ import main
 
-    tmp_path, files, model = setup
+    tmp_path, files, model = tiny_ft
     path = experiment_file(tmp_path, files, model)
     child = tmp_path / "child.json"
     child.write_text(json.dumps({"recipe": {"lr": 5e-4, "max_steps": 2}, "data": [{"op": "sample", "n": 12}]}))

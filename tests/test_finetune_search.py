@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ft_fixtures import experiment_file, nano_checkpoint, reverse_task
+from ft_fixtures import experiment_file
 from typer.testing import CliRunner
 
 from recipetune.cli import app
@@ -34,16 +34,8 @@ SEARCH = {"knobs": {"lr": [0.001, 0.003, 0.01], "max_steps": [3, 6]},
           "data": {"near_dedup": {"op": "dedup_near", "threshold": 0.9}}, "budget": {"trials": 4}, "seeds": [1, 2]}
 
 
-@pytest.fixture
-def setup(tmp_path, monkeypatch):
-    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
-    files = reverse_task(tmp_path)
-    model = {"kind": "reference", "path": str(nano_checkpoint(tmp_path / "nano.pt"))}
-    return tmp_path, files, model
-
-
-def campaign_file(setup, **search) -> Path:
-    tmp_path, files, model = setup
+def campaign_file(tiny_ft, **search) -> Path:
+    tmp_path, files, model = tiny_ft
     return experiment_file(tmp_path, files, model, search={**SEARCH, **search})
 
 
@@ -58,8 +50,8 @@ def test_reward_is_the_normalised_gain_of_the_metric():
     assert metric_reward(float("nan"), 0.5, True) == 0.0
 
 
-def test_greedy_and_sequential_selection_for_the_ablation(setup):
-    c = ft.load_finetune_campaign(campaign_file(setup))
+def test_greedy_and_sequential_selection_for_the_ablation(tiny_ft):
+    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
     base = c.baseline
     tree = Tree(base, score=0.5)
     good = tree.add(base.with_(lr=0.01), tree.root, "passed", 0.8, score=0.8)
@@ -73,8 +65,8 @@ def test_greedy_and_sequential_selection_for_the_ablation(setup):
 # -- the space ---------------------------------------------------------------------------------------
 
 
-def test_space_maps_recipes_to_experiments_and_refuses_leaks(setup, tmp_path):
-    c = ft.load_finetune_campaign(campaign_file(setup))
+def test_space_maps_recipes_to_experiments_and_refuses_leaks(tiny_ft, tmp_path):
+    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
     knobs = c.space.knobs()
     assert knobs["lr"].low == 0.0 and knobs["method"].choices == ("full", "lora") and knobs["seed"].role == "invariant"
     child = c.baseline.with_(data_near_dedup=True, lr=0.01)
@@ -85,14 +77,14 @@ def test_space_maps_recipes_to_experiments_and_refuses_leaks(setup, tmp_path):
     assert exp.spec.recipe.lr == 0.01 and exp.spec.task == c.experiment.spec.task
     # a data step that reads an evaluation split is refused before it runs
     leak = ft.load_finetune_campaign(campaign_file(
-        setup, data={"more": {"op": "load", "path": str(setup[1]["validation"])}}))
+        tiny_ft, data={"more": {"op": "load", "path": str(tiny_ft[1]["validation"])}}))
     p = ft.plan(leak, tmp_path / "leak")
     cause, _ = ft.QualityJob(p).refuse(leak.baseline.with_(data_more=True))
     assert cause.startswith("integrity: data step load reads") and "evaluation split" in cause
 
 
-def test_proposals_outside_the_recipe_are_refused_as_data(setup, tmp_path):
-    c = ft.load_finetune_campaign(campaign_file(setup))
+def test_proposals_outside_the_recipe_are_refused_as_data(tiny_ft, tmp_path):
+    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
     p = ft.plan(c, tmp_path / "camp")
     ctx = SearchContext(c.space, c.baseline, p.space, Tree(c.baseline, score=0.0))
     for edits in ({"metric": "rouge_l"}, {"task.files.validation": "train.jsonl"}, {"seed": 3}, {"lr": 0.5}):
@@ -122,8 +114,8 @@ def fake_report(run_dir: Path, errors: dict[str, float], loss=(2.0, 1.6), value=
         run_dir=str(run_dir))
 
 
-def test_analyst_reads_the_executor_report(setup, tmp_path):
-    c = ft.load_finetune_campaign(campaign_file(setup, knobs={"lr": [0.001, 0.003], "max_steps": [3, 6],
+def test_analyst_reads_the_executor_report(tiny_ft, tmp_path):
+    c = ft.load_finetune_campaign(campaign_file(tiny_ft, knobs={"lr": [0.001, 0.003], "max_steps": [3, 6],
                                                               "completion_only": [False, True]}))
     base = c.baseline.with_(completion_only=False)
     p = ft.plan(c, tmp_path / "camp")
@@ -147,8 +139,8 @@ def test_analyst_reads_the_executor_report(setup, tmp_path):
     assert {"data_near_dedup": True} in edits
 
 
-def test_llm_context_is_compressed_within_its_size(setup, tmp_path):
-    c = ft.load_finetune_campaign(campaign_file(setup))
+def test_llm_context_is_compressed_within_its_size(tiny_ft, tmp_path):
+    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
     p = ft.plan(c, tmp_path / "camp")
     tree = Tree(c.baseline, fake_report(tmp_path / "r0", {"empty": 0.5}), score=0.3)
     node = tree.root
@@ -182,8 +174,8 @@ def test_gain_must_clear_the_seed_to_seed_spread():
     assert noisy.decision == "KEEP BASELINE" and noisy.ci_low < 0 < noisy.ci_high and "includes 0" in noisy.reasons[0]
 
 
-def test_decide_runs_the_test_split_for_the_best_node_and_the_baseline(setup, tmp_path, monkeypatch):
-    c = ft.load_finetune_campaign(campaign_file(setup))
+def test_decide_runs_the_test_split_for_the_best_node_and_the_baseline(tiny_ft, tmp_path, monkeypatch):
+    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
     p = ft.plan(c, tmp_path / "camp")
     job = ft.QualityJob(p)
     search = Search(job, p.store, p.meta, False, LocalExecutor(), Reporter())
@@ -207,7 +199,7 @@ def test_decide_runs_the_test_split_for_the_best_node_and_the_baseline(setup, tm
     verdict = json.loads((p.store.folder / "verdict.json").read_text())
     assert verdict["job"] == "quality" and verdict["change"] == "lr=0.01" and verdict["verdict"]["ci_low"] > 0
     approved = outcome.approved_file.read_text()
-    assert "lr: 0.01" in approved and str(setup[1]["validation"]) in approved  # paths made absolute
+    assert "lr: 0.01" in approved and str(tiny_ft[1]["validation"]) in approved  # paths made absolute
     # a resumed decision reuses the finished test evaluations
     seen.clear()
     job.decide(search)
@@ -226,13 +218,13 @@ def test_decide_runs_the_test_split_for_the_best_node_and_the_baseline(setup, tm
     ({"seeds": [1]}, "search.seeds"),
     ({"selection": "beam"}, "search.selection"),
 ])
-def test_bad_search_section_exits_2_and_writes_nothing(setup, search, field):
-    out = setup[0] / "never"
-    res = runner.invoke(app, ["finetune", str(campaign_file(setup, **search)), "--out", str(out)])
+def test_bad_search_section_exits_2_and_writes_nothing(tiny_ft, search, field):
+    out = tiny_ft[0] / "never"
+    res = runner.invoke(app, ["finetune", str(campaign_file(tiny_ft, **search)), "--out", str(out)])
     assert res.exit_code == 2, res.output
     assert field in " ".join(res.output.split()) and not out.exists()
     with pytest.raises(ConfigError):
-        ft.plan(ft.load_finetune_campaign(campaign_file(setup, **search)), out)
+        ft.plan(ft.load_finetune_campaign(campaign_file(tiny_ft, **search)), out)
 
 
 # -- end to end --------------------------------------------------------------------------------------------
@@ -242,9 +234,9 @@ def finished(store: CampaignStore) -> list:
     return [r for r in store.records() if r.status in ("passed", "rejected", "failed")]
 
 
-def test_finetune_campaign_end_to_end_resumed_after_kill(setup):
-    tmp_path, files, _ = setup
-    file, out = campaign_file(setup), tmp_path / "camp"
+def test_finetune_campaign_end_to_end_resumed_after_kill(tiny_ft):
+    tmp_path, files, _ = tiny_ft
+    file, out = campaign_file(tiny_ft), tmp_path / "camp"
     cmd = [sys.executable, "-m", "recipetune", "finetune", str(file), "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -291,7 +283,7 @@ def test_finetune_campaign_end_to_end_resumed_after_kill(setup):
     assert show.exit_code == 0, show.output
 
 
-def test_llm_researcher_in_a_campaign_is_held_to_the_recipe(setup):
+def test_llm_researcher_in_a_campaign_is_held_to_the_recipe(tiny_ft):
     sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
     from fake_llm_server import FakeLLMServer
 
@@ -299,9 +291,9 @@ def test_llm_researcher_in_a_campaign_is_held_to_the_recipe(setup):
         {"edits": {"metric": "rouge_l"}, "rationale": "an easier metric"},
         {"edits": {"task.files.train": "val.jsonl"}, "rationale": "train on what is scored"},
         {"edits": {"lr": 0.01, "data_near_dedup": True}, "rationale": "empty answers: bigger steps, fewer copies"}]})
-    out = setup[0] / "camp"
+    out = tiny_ft[0] / "camp"
     with FakeLLMServer([reply, json.dumps({"proposals": []})]) as server:
-        res = runner.invoke(app, ["finetune", str(campaign_file(setup)), "--out", str(out), "--budget", "2",
+        res = runner.invoke(app, ["finetune", str(campaign_file(tiny_ft)), "--out", str(out), "--budget", "2",
                                   "--proposer", "llm", f"search.llm.base_url={server.base_url}"])
     assert res.exit_code == 0, res.output
     system, user = server.requests[0]["messages"]
