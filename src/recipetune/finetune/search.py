@@ -39,17 +39,8 @@ from recipetune.finetune.task import TaskError, load_splits
 from recipetune.recipe import INVARIANT, KnobError, Recipe, SearchSpace
 from recipetune.relations import Relations
 from recipetune.search.config import TreeSearchConfig
-from recipetune.search.engine import (
-    Landing,
-    Outcome,
-    Plan,
-    Reporter,
-    Row,
-    Search,
-    build_proposer,
-    check_folder,
-    run_search,
-)
+from recipetune.search.engine import Landing, Outcome, Reporter, Row, Search, run_search
+from recipetune.search.planning import Plan, build_proposer, check_folder
 from recipetune.search.strategies import make_sampler
 from recipetune.search.tree import metric_reward, normalised_gain
 from recipetune.store import CampaignStore

@@ -25,8 +25,9 @@ from recipetune.execute.executor import Executor, make_executor
 from recipetune.measure import RunResult
 from recipetune.recipe import INVARIANT, SEMANTIC, KnobError, Recipe, SearchSpace
 from recipetune.relations import Relations
-from recipetune.search import engine, finalize
-from recipetune.search.engine import Landing, Outcome, Reporter, Row, Search, build_proposer, check_folder, run_search
+from recipetune.search import finalize, planning
+from recipetune.search.engine import Landing, Outcome, Reporter, Row, Search, run_search
+from recipetune.search.planning import build_proposer, check_folder
 from recipetune.search.semantic import BatchRule, batch_rule
 from recipetune.search.strategies import make_sampler
 from recipetune.search.tree import reward
@@ -61,7 +62,7 @@ def real_guard() -> Guard:
 
 
 @dataclass
-class Plan(engine.Plan):
+class Plan(planning.Plan):
     campaign: Campaign
     batch: BatchRule | None = None  # the global batch may change, up to a measured CBS
 

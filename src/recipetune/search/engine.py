@@ -6,9 +6,10 @@ survives kill -9, and a live view.
     Search.optuna() the same with an Optuna sampler proposing from the root
     job.decide()    the job's control system turns the tree into APPROVED or KEEP BASELINE
 
-What differs between jobs is a ``Job`` (search/campaign.py: speed, finetune/search.py: quality):
-how the baseline is measured, what is refused before running, how a run is started and judged, and
-the decision. The engine owns the rest: the tree, the budget, the study, resume, parallel trials.
+What differs between jobs is a ``Job`` (search/campaign.py: speed, finetune/search.py: quality): how
+the baseline is measured, what is refused before running, how a run is started and judged, and the
+decision. The engine owns the rest: the tree, the budget, the study, resume, parallel trials (and
+search/planning.py the checks before anything is written).
 
 Every trial lands in the study before its run starts (RUNNING) and is closed when it ends, so a
 campaign killed at any moment resumes from the study: finished trials are kept and never run
@@ -17,7 +18,6 @@ again, a trial that was running is marked failed ("interrupted") and its recipe 
 
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from collections.abc import Callable
@@ -26,13 +26,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from recipetune.config import ConfigError
 from recipetune.execute.executor import Executor, TrialLost
 from recipetune.execute.local import kill_orphans as _kill_orphans
 from recipetune.recipe import Recipe, SearchSpace
 from recipetune.relations import Relations
 from recipetune.search.config import TreeSearchConfig
-from recipetune.search.proposers import PlaybookError, Proposal, Proposer, SearchContext, Subject, make_proposer
+from recipetune.search.proposers import Proposal, Proposer, SearchContext, Subject
 from recipetune.search.strategies import OptunaStrategy
 from recipetune.search.tree import Node, NodeStatus, Tree
 from recipetune.store import CampaignStore, TrialRecord, distributions
@@ -136,58 +135,6 @@ class Job(Protocol):
     def row(self, key: str, number: int | None, recipe: Recipe, attrs: dict[str, Any]) -> Row: ...
 
     def decide(self, search: Search) -> Outcome: ...
-
-
-# -- planning helpers both jobs use -------------------------------------------------------------
-
-
-@dataclass
-class Plan:
-    """A checked campaign and its folder: everything needed to run it, nothing written yet."""
-
-    campaign: Any  # the job's checked campaign file (config.Campaign, finetune.search.FinetuneCampaign)
-    folder: Path
-    resume: bool
-    space: SearchSpace
-    proposer: Proposer | None
-    meta: dict[str, Any]
-    store: CampaignStore
-
-
-def build_proposer(cfg: TreeSearchConfig, file: Path, builtin: str | None = None) -> Proposer | None:
-    """The Researcher the search section asks for (MCTS only); bad settings are a ConfigError."""
-    if cfg.strategy != "mcts":
-        return None
-    playbook = cfg.playbook
-    if playbook and not Path(playbook).is_absolute():
-        playbook = str(file.resolve().parent / playbook)
-    try:
-        return make_proposer(cfg.proposer, cfg.seed, playbook, cfg.llm, builtin=builtin)
-    except PlaybookError as e:
-        raise ConfigError(e.file, e.field, e.message) from None
-    except ValueError as e:
-        raise ConfigError(file, f"search.{'llm' if cfg.proposer == 'llm' else 'proposer'}", str(e)) from None
-
-
-def check_folder(folder: Path, cfg: TreeSearchConfig, meta: dict[str, Any], resume: bool, keys: tuple[str, ...],
-                 file: Path) -> int:
-    """A new campaign needs an empty folder, a resumed one the same settings (``keys`` of ``meta``).
-    Returns the number of trials already in the study."""
-    found = CampaignStore(folder, cfg.storage).exists()
-    if resume and not found:
-        raise ConfigError(folder, "--resume", "no campaign to resume in this folder")
-    if not resume and found:
-        raise ConfigError(folder, "--out", "this folder already holds a campaign; add --resume to continue it, "
-                                           "or choose another --out")
-    if not resume:
-        return 0
-    old_meta, n_done = CampaignStore(folder, cfg.storage).peek()
-    for key in keys:
-        if old_meta.get(key) != meta[key]:
-            raise ConfigError(file, key.replace("_id", ""),
-                              f"differs from the campaign being resumed in {folder} "
-                              f"(was {json.dumps(old_meta.get(key))}); resume with the same file and overrides")
-    return n_done
 
 
 # -- the search ---------------------------------------------------------------------------------

@@ -1,0 +1,68 @@
+"""Planning a campaign, for any job: every check before anything is written.
+
+A job's ``plan()`` (search/campaign.py, finetune/search.py) checks its own file and space, then
+uses these for what all jobs share: the Researcher the search section names, and the campaign folder
+(a new campaign needs an empty one, a resumed one the same settings).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipetune.config import ConfigError
+from recipetune.recipe import SearchSpace
+from recipetune.search.config import TreeSearchConfig
+from recipetune.search.proposers import PlaybookError, Proposer, make_proposer
+from recipetune.store import CampaignStore
+
+
+@dataclass
+class Plan:
+    """A checked campaign and its folder: everything needed to run it, nothing written yet."""
+
+    campaign: Any  # the job's checked campaign file (config.Campaign, finetune.search.FinetuneCampaign)
+    folder: Path
+    resume: bool
+    space: SearchSpace
+    proposer: Proposer | None
+    meta: dict[str, Any]
+    store: CampaignStore
+
+
+def build_proposer(cfg: TreeSearchConfig, file: Path, builtin: str | None = None) -> Proposer | None:
+    """The Researcher the search section asks for (MCTS only); bad settings are a ConfigError."""
+    if cfg.strategy != "mcts":
+        return None
+    playbook = cfg.playbook
+    if playbook and not Path(playbook).is_absolute():
+        playbook = str(file.resolve().parent / playbook)
+    try:
+        return make_proposer(cfg.proposer, cfg.seed, playbook, cfg.llm, builtin=builtin)
+    except PlaybookError as e:
+        raise ConfigError(e.file, e.field, e.message) from None
+    except ValueError as e:
+        raise ConfigError(file, f"search.{'llm' if cfg.proposer == 'llm' else 'proposer'}", str(e)) from None
+
+
+def check_folder(folder: Path, cfg: TreeSearchConfig, meta: dict[str, Any], resume: bool, keys: tuple[str, ...],
+                 file: Path) -> int:
+    """A new campaign needs an empty folder, a resumed one the same settings (``keys`` of ``meta``).
+    Returns the number of trials already in the study."""
+    found = CampaignStore(folder, cfg.storage).exists()
+    if resume and not found:
+        raise ConfigError(folder, "--resume", "no campaign to resume in this folder")
+    if not resume and found:
+        raise ConfigError(folder, "--out", "this folder already holds a campaign; add --resume to continue it, "
+                                           "or choose another --out")
+    if not resume:
+        return 0
+    old_meta, n_done = CampaignStore(folder, cfg.storage).peek()
+    for key in keys:
+        if old_meta.get(key) != meta[key]:
+            raise ConfigError(file, key.replace("_id", ""),
+                              f"differs from the campaign being resumed in {folder} "
+                              f"(was {json.dumps(old_meta.get(key))}); resume with the same file and overrides")
+    return n_done
