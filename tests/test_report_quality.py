@@ -111,3 +111,15 @@ def test_approved_shows_the_test_comparison(approved):
     assert "+0.0560" in page  # seed 3's paired difference in the per-seed table
     assert not [w for w in SPEED_ONLY if w in page]
     assert len(re.findall(r'src="data:image/png;base64,', page)) == 3
+
+
+def test_mlflow_exports_the_quality_figures(approved, tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = runner.invoke(app, ["report", str(approved), "--out", str(tmp_path / "r.html"), "--mlflow", uri])
+    assert res.exit_code == 0, res.output
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("recipetune/approved").experiment_id])
+    by_key = {r.data.tags["recipetune.key"]: r.data.metrics for r in runs}
+    assert by_key["campaign"]["test_gain"] == pytest.approx(0.062)
+    assert "validation" in by_key["trial-0"] and "gain" in by_key["trial-0"]
