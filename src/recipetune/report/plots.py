@@ -377,7 +377,8 @@ def validation_plot(report: Report) -> bytes | None:
     ax.legend(handles=existing + handles, fontsize=8, loc="upper left", ncol=3)
     ax.set_xlabel("trial (in the order they ran)")
     ax.set_ylabel(f"validation {report.metric}")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(ran[0].number - 0.7, ran[-1].number + 0.7)
+    ax.set_xticks([t.number for t in ran][:: max(1, len(ran) // 30)])  # trial numbers only, at most ~30 labels
     ax.set_title(f"Validation {report.metric} of every experiment", loc="left", fontsize=11)
     _style(ax)
     return png(fig)
