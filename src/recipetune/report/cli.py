@@ -24,7 +24,7 @@ def _load(run_dir: Path) -> Report:
 
 
 def report(
-    run_dir: Path = typer.Argument(..., help="campaign folder written by `recipetune tune`"),
+    run_dir: Path = typer.Argument(..., help="campaign folder written by `recipetune tune` or `recipetune finetune`"),
     out: Path | None = typer.Option(None, help="HTML file to write (default: RUN_DIR/report.html); "
                                                "report.json goes beside it"),
     mlflow: str | None = typer.Option(None, help="also export every trial to this MLflow tracking URI "
@@ -74,7 +74,8 @@ def report(
         console.print(Text(f"screenshot: {screenshot}; console: " + ("; ".join(messages) or "clean")))
 
 
-def show(run_dir: Path = typer.Argument(..., help="campaign folder written by `recipetune tune`")) -> None:
+def show(run_dir: Path = typer.Argument(..., help="campaign folder written by `recipetune tune` or "
+                                                  "`recipetune finetune`")) -> None:
     """Print the campaign's verdict, its trials and its search tree."""
     from recipetune.report.terminal import render
 

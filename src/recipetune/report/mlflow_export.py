@@ -111,10 +111,15 @@ def export(folder: Path, tracking_uri: str, experiment: str | None = None) -> in
         figures = {"speedup": ev.speedup, "ci_low": ev.ci_low, "ci_high": ev.ci_high, "noise_margin": ev.noise_margin,
                    "loss_gap": ev.loss_gap, "loss_tolerance": ev.loss_tolerance} if ev else {}
         figures["baseline_tokens_per_s"] = report.baseline.tokens_per_s
+        q = report.comparison  # the quality job's test split; its figures, where the speed job has none
+        figures |= {"test_baseline": q.baseline_mean, "test_candidate": q.candidate_mean, "test_gain": q.gain,
+                    "test_ci_low": q.ci_low, "test_ci_high": q.ci_high} if q else {}
+        figures["baseline_validation"] = report.baseline.value
         parent = ex.run(f"campaign {folder.resolve().name}: {report.decision}",
                         {"recipetune.key": "campaign", "decision": report.decision, "headline": report.headline[:5000]},
                         {"baseline." + k: v for k, v in report.baseline.recipe.items()}, figures, None,
-                        [folder / n for n in (src.VERDICT, src.FINALISTS, src.PROFILE, src.CONFIG)], "FINISHED")
+                        [folder / n for n in (src.VERDICT, src.FINALISTS, src.PROFILE, src.CONFIG,
+                                              src.BASELINE_REPORT)], "FINISHED")
     for i, run in enumerate(files.profile_runs):
         key = f"baseline-{i}"
         if key not in done:
@@ -133,9 +138,11 @@ def export(folder: Path, tracking_uri: str, experiment: str | None = None) -> in
                 "parent_recipe": t.parent or "", "proposer": t.proposer, "rationale": t.rationale[:5000],
                 "change": t.change[:5000], "final": t.final or "", "winner": str(t.winner).lower()}
         figures = {"tokens_per_s": t.tokens_per_s, "speedup": t.speedup, "reward": t.reward, "mfu": t.mfu,
-                   "peak_mem_bytes": t.peak_mem_bytes, "step_time_s": t.step_time_s}
+                   "peak_mem_bytes": t.peak_mem_bytes, "step_time_s": t.step_time_s, "validation": t.value,
+                   "gain": t.gain, "time_s": t.time_s}
         run_dir = src.trial_dir(folder, rec)
-        paths = [run_dir / n for n in ("result.json", "metrics.jsonl", "recipe.json", "error.txt")] if run_dir else []
+        names = ("result.json", "metrics.jsonl", "recipe.json", "error.txt", src.EXPERIMENT_REPORT, "predictions.jsonl")
+        paths = [run_dir / n for n in names] if run_dir else []
         ex.run(f"#{t.number} {t.change}", tags, rec.attrs.get(src.A_RECIPE) or {}, figures,
                files.results.get(t.number), paths, STATE[t.status], parent)
         new += 1

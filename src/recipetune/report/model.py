@@ -10,6 +10,7 @@ import json
 import math
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,13 @@ class Trial(BaseModel):
     final: str | None = None  # its final verdict's decision, when it was a finalist
     winner: bool = False
     on_path: bool = False  # on the tree path from the baseline to the winner
+    # The quality job: the experiment's validation metric and what went wrong in its answers.
+    value: float | None = None
+    gain: float | None = None  # normalised gain of ``value`` over the baseline's, in [-1, 1]
+    diagnosis: str = ""  # error kinds and their shares, e.g. "wrong_number 31%, near_miss 5%"
+    data_version: str | None = None
+    rows: int | None = None  # training rows after the data chain
+    time_s: float | None = None
 
 
 class Evidence(BaseModel):
@@ -91,6 +99,35 @@ class Baseline(BaseModel):
     peak_mem_bytes: int | None = None
     step_time_s: float | None = None
     breakdown_s: dict[str, float] = Field(default_factory=dict)
+    # The quality job: the baseline experiment's validation metric and the data version it trained on.
+    metric: str = ""
+    value: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    data_version: str | None = None
+    rows: int | None = None
+
+
+class QualityEvidence(BaseModel):
+    """The quality job's final evidence: baseline and candidate on the test split, one run per seed."""
+
+    recipe_id: str
+    trial: int | None = None
+    change: str = ""
+    decision: str
+    reasons: list[str] = Field(default_factory=list)
+    metric: str
+    seeds: list[int] = Field(default_factory=list)
+    baseline: list[float | None] = Field(default_factory=list)  # test metric per seed
+    candidate: list[float | None] = Field(default_factory=list)
+    baseline_mean: float | None = None
+    candidate_mean: float | None = None
+    gain: float | None = None  # mean paired difference
+    ci_low: float | None = None  # None where it is unbounded (a single seed)
+    ci_high: float | None = None
+    confidence: float = 0.95
+    normalised_gain: float | None = None
+    validation_baseline: float | None = None
+    validation_candidate: float | None = None
 
 
 class Curve(BaseModel):
@@ -103,6 +140,7 @@ class Curve(BaseModel):
 
 class Report(BaseModel):
     folder: str
+    job: str = src.SPEED  # speed (`recipetune tune`) | quality (`recipetune finetune`)
     generated_at: str
     campaign: dict[str, Any]
     decision: str  # APPROVED | KEEP BASELINE | NO VERDICT YET
@@ -119,6 +157,8 @@ class Report(BaseModel):
     rejected_proposals: list[dict[str, Any]]
     environment: dict[str, str]
     commands: dict[str, list[str]]
+    metric: str = ""  # the quality job's validation and test metric
+    comparison: QualityEvidence | None = None  # the quality job's evidence, in place of ``evidence``
 
 
 # -- figures ------------------------------------------------------------------------------------
@@ -196,12 +236,63 @@ def _trial(rec: src.TrialRecord, result: RunResult | None, base: dict[str, Any],
     )
 
 
-def edit_text(t: Trial, parent: Trial | None) -> str:
-    """What ``t`` changed relative to its parent (the baseline when None), as knob=value."""
+def json_knob(knob: str, value: Any) -> str:
+    return f"{knob}={json.dumps(value)}"
+
+
+def edit_text(t: Trial, parent: Trial | None, knob_text: Callable[[str, Any], str] = json_knob) -> str:
+    """What ``t`` changed relative to its parent (the baseline when None), as ``knob_text`` writes each knob."""
     before = parent.changes if parent is not None else {}
-    parts = [f"{k}={json.dumps(v[1])}" for k, v in t.changes.items() if before.get(k) != v]
-    parts += [f"{k}={json.dumps(v[0])}" for k, v in before.items() if k not in t.changes]
+    parts = [knob_text(k, v[1]) for k, v in t.changes.items() if before.get(k) != v]
+    parts += [knob_text(k, v[0]) for k, v in before.items() if k not in t.changes]
     return ", ".join(parts) or "(same recipe)"
+
+
+def link(trials: list[Trial], knob_text: Callable[[str, Any], str] = json_knob
+         ) -> tuple[dict[int, Trial], dict[str, Trial]]:
+    """The trials by number and by recipe id (tree nodes only), each with its edit from its parent."""
+    by_number = {t.number: t for t in trials}
+    # A recipe run again after an interruption has two trials: the tree links to the finished one.
+    by_id: dict[str, Trial] = {}
+    for t in trials:
+        if t.status in TREE_STATUSES and (t.recipe_id not in by_id or by_id[t.recipe_id].status == "interrupted"):
+            by_id[t.recipe_id] = t
+    for t in trials:
+        t.edit = edit_text(t, by_id.get(t.parent or ""), knob_text)
+    return by_number, by_id
+
+
+def mark_path(winner: Trial | None, by_id: dict[str, Trial]) -> None:
+    """Flag the winner and the tree path that led to it."""
+    if winner is None:
+        return
+    winner.winner = True
+    walk: Trial | None = winner
+    while walk is not None:
+        walk.on_path = True
+        walk = by_id.get(walk.parent or "")
+        if walk is not None and walk.on_path:
+            break  # a malformed store with a parent cycle must not hang the report
+
+
+def count(trials: list[Trial], files: CampaignFiles) -> dict[str, int]:
+    counts = {"trials": len(trials), "ran": sum(t.ran for t in trials)}
+    for status in ("passed", "rejected", "failed", "interrupted", "duplicate"):
+        counts[status] = sum(t.status == status for t in trials)
+    counts["invalid proposals"] = len(files.rejected)
+    return counts
+
+
+def campaign_settings(files: CampaignFiles) -> dict[str, Any]:
+    """The campaign's settings for the page's header and report.json (the baseline recipe has its own block)."""
+    vfile = files.verdict or {}
+    campaign = {k: v for k, v in files.meta.items() if k not in ("baseline",)}
+    if src.M_ELAPSED in files.study_attrs:
+        campaign["search_elapsed_s"] = files.study_attrs[src.M_ELAPSED]
+    for key in ("approved_file", "runs"):
+        if vfile.get(key) is not None:
+            campaign[key] = vfile[key]
+    return campaign
 
 
 def _baseline(files: CampaignFiles) -> Baseline:
@@ -311,6 +402,10 @@ def headline(decision: str, ev: Evidence | None, n_trials: int, reasons: list[st
 
 
 def build_report(files: CampaignFiles) -> Report:
+    if files.job == src.QUALITY:
+        from recipetune.report.quality import build_quality  # imported here: it builds on this module
+
+        return build_quality(files)
     base = _baseline(files)
     vfile = files.verdict or {}
     decision = str(vfile.get("decision") or NO_VERDICT)
@@ -318,15 +413,7 @@ def build_report(files: CampaignFiles) -> Report:
 
     trials = [_trial(r, files.results.get(r.number), base.recipe, base.tokens_per_s)
               for r in sorted(files.records, key=lambda r: r.number) if src.A_RECIPE in r.attrs]
-    by_number = {t.number: t for t in trials}
-    # A recipe run again after an interruption has two trials: the tree links to the finished one.
-    by_id: dict[str, Trial] = {}
-    for t in trials:
-        if t.status in TREE_STATUSES and (t.recipe_id not in by_id or by_id[t.recipe_id].status == "interrupted"):
-            by_id[t.recipe_id] = t
-
-    for t in trials:
-        t.edit = edit_text(t, by_id.get(t.parent or ""))
+    by_number, by_id = link(trials)
 
     finalists = []
     for f in files.finalists:
@@ -348,14 +435,7 @@ def build_report(files: CampaignFiles) -> Report:
                              winner.change if winner else str(vfile.get("change") or ""))
     elif finalists:
         evidence = max(finalists, key=lambda e: e.speedup or 0.0)
-    if winner is not None:
-        winner.winner = True
-        walk: Trial | None = winner
-        while walk is not None:
-            walk.on_path = True
-            walk = by_id.get(walk.parent or "")
-            if walk is not None and walk.on_path:
-                break  # a malformed store with a parent cycle must not hang the report
+    mark_path(winner, by_id)
 
     curves = [_curve(r, f"baseline run {i + 1}", "baseline") for i, r in enumerate(files.profile_runs) if r.steps]
     shown = [e.trial for e in finalists if e.trial is not None]
@@ -371,11 +451,6 @@ def build_report(files: CampaignFiles) -> Report:
                 "finalist" if finalists else "candidate")
             curves.append(_curve(result, f"#{n} {by_number[n].change}" if n in by_number else f"#{n}", role, n))
 
-    counts = {"trials": len(trials), "ran": sum(t.ran for t in trials)}
-    for status in ("passed", "rejected", "failed", "interrupted", "duplicate"):
-        counts[status] = sum(t.status == status for t in trials)
-    counts["invalid proposals"] = len(files.rejected)
-
     runs = files.profile_runs or list(files.results.values())
     env = dict(runs[0].environment) if runs else {}
     if runs:
@@ -386,18 +461,11 @@ def build_report(files: CampaignFiles) -> Report:
 
     window = (files.profile or {}).get("window") or ((files.config.get("guard") or {}).get("parity") or {}).get(
         "window") or 10
-    campaign = {k: v for k, v in files.meta.items() if k not in ("baseline",)}
-    if src.M_ELAPSED in files.study_attrs:
-        campaign["search_elapsed_s"] = files.study_attrs[src.M_ELAPSED]
-    for key in ("approved_file", "runs"):
-        if vfile.get(key) is not None:
-            campaign[key] = vfile[key]
-
     return Report(
-        folder=str(files.folder), generated_at=time.strftime("%Y-%m-%d %H:%M:%S"), campaign=campaign,
+        folder=str(files.folder), generated_at=time.strftime("%Y-%m-%d %H:%M:%S"), campaign=campaign_settings(files),
         decision=decision, headline=headline(decision, evidence, len(trials), reasons), reasons=reasons,
-        evidence=evidence, finalists=finalists, baseline=base, winner=winner, trials=trials, counts=counts,
-        curves=curves, smoothing_window=int(window),
+        evidence=evidence, finalists=finalists, baseline=base, winner=winner, trials=trials,
+        counts=count(trials, files), curves=curves, smoothing_window=int(window),
         rejected_proposals=[{k: r.get(k) for k in ("source", "reason", "raw")} for r in files.rejected],
         environment={str(k): str(v) for k, v in env.items()},
         commands=commands(files, vfile.get("recipe") if winner is not None else None),

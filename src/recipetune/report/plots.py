@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from recipetune.report.model import TREE_STATUSES, Curve, Report, Trial
-from recipetune.report.sources import smooth
+from recipetune.report.sources import QUALITY, smooth
 
 COLORS = {"baseline": "#6b7280", "approved": "#15803d", "passed": "#2563eb", "rejected": "#d97706",
           "failed": "#dc2626", "interrupted": "#9ca3af", "duplicate": "#9ca3af", "running": "#0891b2"}
@@ -284,7 +284,9 @@ def tree_plot(report: Report) -> bytes | None:
         ax.annotate(f"#{t.number}", (x, -y), xytext=(radius + 3, radius - 2), textcoords="offset points",
                     fontsize=8, color="#111827", zorder=4,
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
-        if t.status == "passed":
+        if t.status == "passed" and report.job == QUALITY:
+            outcome = f"{t.value:.3f}" if t.value is not None else "passed"
+        elif t.status == "passed":
             outcome = f"{t.speedup:.2f}x" if t.speedup is not None else "passed"
         else:
             outcome = t.run_status if t.status == "failed" and t.run_status else t.status
@@ -340,13 +342,85 @@ def breakdown_plot(report: Report) -> bytes | None:
     return png(fig)
 
 
+# -- the quality job ------------------------------------------------------------------------------
+
+
+def validation_plot(report: Report) -> bytes | None:
+    """The validation metric of every experiment in the order they ran, the best so far, and the baseline's."""
+    ran = [t for t in report.trials if t.ran]
+    if not ran:
+        return None
+    fig = _figure(12, 3.8)
+    ax = fig.add_subplot()
+    base = report.baseline.value
+    if base is not None:
+        ax.axhline(base, color=COLORS["baseline"], lw=1.5, ls="--", label=f"baseline ({base:.3f})")
+    best: list[tuple[int, float]] = []
+    for t in ran:
+        if t.value is None:  # a failed experiment has no metric: mark where it ran
+            ax.scatter([t.number], [0], marker="x", s=60, color=COLORS.get(t.status, "red"), zorder=3)
+            ax.annotate(t.run_status or t.status, (t.number, 0), xytext=(0, 7), textcoords="offset points",
+                        ha="center", fontsize=7.5, color=COLORS.get(t.status, "red"))
+            continue
+        color = COLORS["approved"] if t.winner else COLORS.get(t.status, "#111827")
+        ax.scatter([t.number], [t.value], marker="*" if t.winner else "o", s=160 if t.winner else 45, color=color,
+                   zorder=3)
+        if t.status == "passed" and (not best or t.value > best[-1][1]):
+            best.append((t.number, t.value))
+    if best:
+        xs = [x for x, _ in best] + [ran[-1].number]
+        ys = [y for _, y in best] + [best[-1][1]]
+        ax.step(xs, ys, where="post", color=COLORS["approved"], lw=1.6, alpha=0.8, label="best so far")
+    handles = [Line2D([], [], color=COLORS[s], marker=m, ls="", label=lab) for s, m, lab in (
+        ("approved", "*", "approved"), ("passed", "o", "passed"), ("failed", "x", "failed run"))]
+    existing, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=existing + handles, fontsize=8, loc="upper left", ncol=3)
+    ax.set_xlabel("trial (in the order they ran)")
+    ax.set_ylabel(f"validation {report.metric}")
+    ax.set_xlim(ran[0].number - 0.7, ran[-1].number + 0.7)
+    ax.set_xticks([t.number for t in ran][:: max(1, len(ran) // 30)])  # trial numbers only, at most ~30 labels
+    ax.set_title(f"Validation {report.metric} of every experiment", loc="left", fontsize=11)
+    _style(ax)
+    return png(fig)
+
+
+def seeds_plot(report: Report) -> bytes | None:
+    """The test split, seed by seed: baseline and candidate, each pair joined, with their means."""
+    ev = report.comparison
+    if ev is None or not ev.seeds:
+        return None
+    fig = _figure(7, 3.8)
+    ax = fig.add_subplot()
+    xs = np.arange(len(ev.seeds))
+    color = COLORS["approved"] if ev.decision == "APPROVED" else COLORS["rejected"]
+    for x, b, c in zip(xs, ev.baseline, ev.candidate, strict=False):
+        if b is not None and c is not None:
+            ax.plot([x - 0.12, x + 0.12], [b, c], color="#cbd5e1", lw=1.2, zorder=1)
+    for values, shift, col, label, mean in ((ev.baseline, -0.12, COLORS["baseline"], "baseline", ev.baseline_mean),
+                                            (ev.candidate, 0.12, color, _short(ev.change, 30), ev.candidate_mean)):
+        pts = [(x + shift, v) for x, v in zip(xs, values, strict=False) if v is not None]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=55, color=col, zorder=3, label=label)
+        if mean is not None:
+            ax.axhline(mean, color=col, lw=1.2, ls="--", alpha=0.8)
+    ax.set_xticks(xs, [f"seed {s}" for s in ev.seeds])
+    ax.set_ylabel(f"test {ev.metric}")
+    ci = "" if ev.ci_low is None or ev.ci_high is None else f", CI [{ev.ci_low:+.3f}, {ev.ci_high:+.3f}]"
+    gain = "" if ev.gain is None else f": gain {ev.gain:+.3f}{ci}"
+    ax.set_title(f"Test split per seed (dashed: means){gain}", loc="left", fontsize=11)
+    ax.legend(fontsize=8, loc="best")
+    _style(ax)
+    return png(fig)
+
+
 PLOTS = {"speed": speed_plot, "loss": loss_plot, "throughput": throughput_plot, "tree": tree_plot,
          "breakdown": breakdown_plot}
+# Throughput, speed-up and loss parity mean nothing for fine-tuning experiments judged on a task metric.
+QUALITY_PLOTS = {"seeds": seeds_plot, "validation": validation_plot, "tree": tree_plot}
 
 
 def all_plots(report: Report) -> dict[str, bytes]:
     out = {}
-    for name, draw in PLOTS.items():
+    for name, draw in (QUALITY_PLOTS if report.job == QUALITY else PLOTS).items():
         image = draw(report)
         if image is not None:
             out[name] = image

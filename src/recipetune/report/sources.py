@@ -25,6 +25,11 @@ VERDICT = "verdict.json"  # the campaign's decision; its "verdict" is the winner
 FINALISTS = "verdicts.json"  # [{candidate_id, trial, screened_speedup, verdict}], one per finalist
 REJECTED = "rejected_proposals.jsonl"  # proposals that never became a recipe
 RESULT = "result.json"  # a run's measure.RunResult, in its folder
+# The quality job (finetune/search.py, finetune/decide.py): each experiment's finetune.report.ExperimentReport.
+BASELINE_REPORT = "baseline/report.json"
+EXPERIMENT_REPORT = "report.json"  # in a trial's folder
+SPEED, QUALITY = "speed", "quality"  # the campaign's job (meta "job"; campaigns older than the quality job: speed)
+DATA_PREFIX = "data_"  # finetune/space.py's: a knob that adds a data step (that module imports torch)
 
 # Trial user attributes (store.CampaignStore.begin / finish).
 A_RECIPE, A_PARENT, A_STATUS, A_CAUSE = "recipe", "parent", "status", "cause"
@@ -32,8 +37,11 @@ A_PROPOSER, A_RATIONALE, A_RUN_DIR, A_RAN = "proposer", "rationale", "run_dir", 
 A_SPEEDUP, A_REWARD, A_SCREENING, A_RUN_STATUS = "speedup", "reward", "screening", "run_status"
 A_TOKENS_PER_S, A_MFU, A_PEAK_MEM, A_STEP_TIME = "tokens_per_s", "mfu", "peak_mem_bytes", "step_time_s"
 A_LOSS_CHECK = "loss"  # the screening's one-line loss verdict
+# The quality job's trial attributes: the validation metric, its normalised gain over the baseline, and why it failed.
+A_VALUE, A_GAIN, A_DIAGNOSIS, A_DATA_VERSION = "value", "gain", "diagnosis", "data_version"
+A_ROWS, A_TIME, A_REMOVED, A_METRICS = "rows", "time_s", "removed", "metrics"
 # Study user attributes.
-M_CAMPAIGN, M_ELAPSED = "campaign", "search_elapsed_s"
+M_CAMPAIGN, M_ELAPSED, M_JOB = "campaign", "search_elapsed_s", "job"
 
 
 class NotACampaign(ValueError):
@@ -55,6 +63,11 @@ class CampaignFiles:
     verdict: dict[str, Any] | None
     finalists: list[dict[str, Any]]
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    baseline_report: dict[str, Any] | None = None  # the quality job's baseline experiment
+
+    @property
+    def job(self) -> str:
+        return str(self.meta.get(M_JOB) or SPEED)
 
 
 def _json(path: Path) -> Any | None:
@@ -103,12 +116,13 @@ def trial_dir(folder: Path, rec: TrialRecord) -> Path | None:
 def read_campaign(folder: Path) -> CampaignFiles:
     """Read a campaign folder; raise NotACampaign naming what is missing."""
     if not folder.is_dir():
-        raise NotACampaign(f"{folder} is not a folder; expected a campaign folder written by `recipetune tune`")
+        raise NotACampaign(f"{folder} is not a folder; expected a campaign folder written by "
+                           "`recipetune tune` or `recipetune finetune`")
     config = _json(folder / CONFIG) or {}
     storage = (config.get("search") or {}).get("storage")
     if storage is None and not (folder / STUDY_DB).is_file():
         raise NotACampaign(f"{folder} is not a campaign folder: it has no {STUDY_DB} "
-                           "(expected the folder `recipetune tune --out` wrote)")
+                           "(expected the folder `recipetune tune` or `recipetune finetune` wrote with --out)")
     store = CampaignStore(folder, storage)
     try:
         if not store.exists():
@@ -137,6 +151,7 @@ def read_campaign(folder: Path) -> CampaignFiles:
         folder=folder, meta=study_attrs.get(M_CAMPAIGN) or {}, study_attrs=study_attrs, config=config,
         records=records, results=results, profile=profile, profile_runs=runs, verdict=_json(folder / VERDICT),
         finalists=[f for f in finalists if isinstance(f, dict)], rejected=_jsonl(folder / REJECTED),
+        baseline_report=_json(folder / BASELINE_REPORT),
     )
 
 

@@ -10,15 +10,38 @@ from rich.tree import Tree
 
 from recipetune.report.html import fmt_bytes, fmt_num, fmt_pct
 from recipetune.report.model import TREE_STATUSES, Report, Trial
+from recipetune.report.sources import QUALITY
 
 STYLE = {"passed": "blue", "rejected": "yellow", "failed": "red", "interrupted": "dim", "duplicate": "dim",
          "running": "cyan", "APPROVED": "green", "KEEP BASELINE": "yellow", "REJECTED": "yellow"}
 
 
+def _quality_lines(r: Report) -> list[RenderableType]:
+    """The test-split comparison behind a quality decision, and the baseline it was measured against."""
+    lines: list[RenderableType] = []
+    ev, b = r.comparison, r.baseline
+    if ev is not None:
+        lines.append(Text(f"test {ev.metric}: candidate {fmt_num(ev.candidate_mean, '.4f')} vs baseline "
+                          f"{fmt_num(ev.baseline_mean, '.4f')}, gain {fmt_num(ev.gain, '+.4f')}  "
+                          f"{100 * ev.confidence:.0f}% CI [{fmt_num(ev.ci_low, '+.4f')}, {fmt_num(ev.ci_high, '+.4f')}]"
+                          f"  normalised gain {fmt_num(ev.normalised_gain, '+.3f')}"))
+        pairs = ", ".join(f"seed {s}: {fmt_num(x, '.3f')} -> {fmt_num(y, '.3f')}"
+                          for s, x, y in zip(ev.seeds, ev.baseline, ev.candidate, strict=False))
+        lines.append(Text(f"per seed (baseline -> candidate): {pairs}"))
+        lines.append(Text(f"validation {ev.metric}: baseline {fmt_num(ev.validation_baseline, '.4f')}, "
+                          f"candidate {fmt_num(ev.validation_candidate, '.4f')}"))
+    lines.append(Text(f"baseline {b.recipe_id}: validation {b.metric or r.metric} {fmt_num(b.value, '.4f')}, "
+                      f"data version {b.data_version or 'n/a'} ({fmt_num(b.rows, ',.0f')} training rows)",
+                      style="dim"))
+    return lines
+
+
 def verdict_panel(r: Report) -> Panel:
     lines: list[RenderableType] = [Text(r.headline, style="bold")]
     ev = r.evidence
-    if ev is not None:
+    if r.job == QUALITY:
+        lines += _quality_lines(r)
+    elif ev is not None:
         margin = f"noise margin ±{fmt_pct(ev.noise_margin)}"
         lines.append(Text(f"speed-up {fmt_num(ev.speedup, '.3f', 'x')}  {100 * ev.confidence:.0f}% CI "
                           f"[{fmt_num(ev.ci_low, '.3f')}, "
@@ -27,9 +50,10 @@ def verdict_panel(r: Report) -> Panel:
                           f"tolerance {fmt_num(ev.loss_tolerance, '.4f')}; "
                           f"final loss {fmt_num(ev.final_diff, '+.4f')}, margin {fmt_num(ev.final_margin, '.4f')}"))
     b = r.baseline
-    lines.append(Text(f"baseline {b.recipe_id}: {fmt_num(b.tokens_per_s)} tokens/s per device over {b.repeats} runs, "
-                      f"noise ±{fmt_pct(b.throughput_noise)}, loss tolerance {fmt_num(b.loss_tolerance, '.4f')}",
-                      style="dim"))
+    if r.job != QUALITY:
+        lines.append(Text(f"baseline {b.recipe_id}: {fmt_num(b.tokens_per_s)} tokens/s per device over {b.repeats} "
+                          f"runs, noise ±{fmt_pct(b.throughput_noise)}, loss tolerance "
+                          f"{fmt_num(b.loss_tolerance, '.4f')}", style="dim"))
     lines += [Text(f"- {reason}") for reason in r.reasons]
     for name, cmds in r.commands.items():
         lines += [Text(f"{name}: {c}", style="bold" if name == "approved" else "") for c in cmds]
@@ -42,10 +66,16 @@ def verdict_panel(r: Report) -> Panel:
 def trial_table(r: Report, width: int = 200) -> Table:
     """The trials, one line each where the terminal allows: narrow terminals drop the secondary columns."""
     wide, wider = width >= 120, width >= 160
+    quality = r.job == QUALITY
     table = Table(title=f"{r.counts['trials']} trials ({r.counts['ran']} ran)", title_justify="left")
-    cols = [("#", "right"), ("change", "left"), ("status", "left"), ("tok/s/dev", "right"), ("speed-up", "right")]
-    cols += [("MFU", "right"), ("peak mem", "right")] if wide else []
-    cols += [("cause / loss", "left")] + ([("proposer: rationale", "left")] if wider else [])
+    cols = [("#", "right"), ("change", "left"), ("status", "left")]
+    if quality:
+        cols += [(f"val {r.metric}", "right"), ("gain", "right")]
+    else:
+        cols += [("tok/s/dev", "right"), ("speed-up", "right")]
+        cols += [("MFU", "right"), ("peak mem", "right")] if wide else []
+    cols += [("diagnosis / cause" if quality else "cause / loss", "left")]
+    cols += [("proposer: rationale", "left")] if wider else []
     for col, just in cols:
         numeric = just == "right"
         table.add_column(col, justify=just, no_wrap=numeric, overflow="ellipsis" if numeric else "fold",  # type: ignore[arg-type]
@@ -57,13 +87,18 @@ def trial_table(r: Report, width: int = 200) -> Table:
         row: list[RenderableType] = [
             str(t.number), Text(t.change.replace('"', "")),
             Text(status, style="bold green" if t.winner else STYLE.get(t.status, "")),
-            fmt_num(t.tokens_per_s) if t.tokens_per_s is not None else "",
-            fmt_num(t.speedup, ".3f", "x") if t.speedup is not None else "",
         ]
-        if wide:
-            row += [fmt_pct(t.mfu, 1) if t.mfu is not None else "",
-                    fmt_bytes(t.peak_mem_bytes) if t.peak_mem_bytes is not None else ""]
-        row.append(Text((t.cause or t.loss_check)[:100]))
+        if quality:
+            row += [fmt_num(t.value, ".4f") if t.value is not None else "",
+                    fmt_num(t.gain, "+.3f") if t.gain is not None else ""]
+            row.append(Text("; ".join(x for x in (t.diagnosis, t.cause) if x)[:100]))
+        else:
+            row += [fmt_num(t.tokens_per_s) if t.tokens_per_s is not None else "",
+                    fmt_num(t.speedup, ".3f", "x") if t.speedup is not None else ""]
+            if wide:
+                row += [fmt_pct(t.mfu, 1) if t.mfu is not None else "",
+                        fmt_bytes(t.peak_mem_bytes) if t.peak_mem_bytes is not None else ""]
+            row.append(Text((t.cause or t.loss_check)[:100]))
         if wider:
             # Text, never markup: a rationale may hold anything a proposer wrote.
             row.append(Text(f"{t.proposer}: {t.rationale}"[:140], style="dim"))
@@ -71,8 +106,13 @@ def trial_table(r: Report, width: int = 200) -> Table:
     return table
 
 
-def _label(t: Trial) -> Text:
-    figure = f" {t.speedup:.2f}x" if t.speedup is not None and t.status == "passed" else ""
+def _label(t: Trial, job: str) -> Text:
+    # The figure the job decides on: validation metric for quality, screened speed-up for speed.
+    figure = ""
+    if t.status == "passed" and job == QUALITY and t.value is not None:
+        figure = f" {t.value:.3f}"
+    elif t.status == "passed" and job != QUALITY and t.speedup is not None:
+        figure = f" {t.speedup:.2f}x"
     outcome = t.run_status if t.status == "failed" and t.run_status else t.status
     style = "bold green" if t.on_path else STYLE.get(t.status, "")
     return Text.assemble((f"#{t.number} ", "dim"), (t.edit.replace('"', ""), style),
@@ -91,7 +131,7 @@ def search_tree(r: Report) -> Tree:
     for t in sorted(nodes, key=lambda t: t.number):  # a parent is always an earlier trial
         parent = by_recipe.get(t.parent or "")
         above = branches.get(parent.number, root) if parent is not None else root
-        branches[t.number] = above.add(_label(t))
+        branches[t.number] = above.add(_label(t, r.job))
     return root
 
 
