@@ -148,7 +148,6 @@ class Pending:
     recipe: Recipe
     parent: Node
     proposal: Proposal
-    change: str
     run_dir: Path
     future: Future
 
@@ -262,7 +261,7 @@ class Search:
         # (the local executor runs the trial right here, before submit returns)
         future = job.submit(self.executor, recipe, run_dir, plan,
                             lambda done, total: self.reporter.progress(key, done, total))
-        return Pending(number, recipe, parent, proposal, recipe.describe_diff(self.baseline), run_dir, future)
+        return Pending(number, recipe, parent, proposal, run_dir, future)
 
     def land(self, pending: Pending) -> Node:
         """A submitted run has ended: the job judges it; reward, store, and add its node."""
