@@ -200,10 +200,27 @@ def test_decide_runs_the_test_split_for_the_best_node_and_the_baseline(tiny_ft, 
     assert verdict["job"] == "quality" and verdict["change"] == "lr=0.01" and verdict["verdict"]["ci_low"] > 0
     approved = outcome.approved_file.read_text()
     assert "lr: 0.01" in approved and str(tiny_ft[1]["validation"]) in approved  # paths made absolute
-    # a resumed decision reuses the finished test evaluations
+    # a resumed decision reuses the finished test evaluations; more seeds (a resume may add them) run again,
+    # and final_evaluation itself keeps the seeds already done (below)
     seen.clear()
     job.decide(search)
     assert seen == []
+    job.cfg.seeds = [1, 2, 3]
+    job.decide(search)
+    assert seen == [(0.001, [1, 2, 3]), (0.01, [1, 2, 3])]
+
+
+def test_final_evaluation_reuses_the_seeds_already_evaluated(tiny_ft):
+    from recipetune.finetune.experiment import load_experiment
+    from recipetune.finetune.final import final_evaluation
+
+    tmp_path, files, model = tiny_ft
+    exp, out = load_experiment(experiment_file(tmp_path, files, model)), tmp_path / "final"
+    first = final_evaluation(exp, [1, 2], out)
+    stamp = (out / "seed-1" / "test.json").stat().st_mtime_ns
+    second = final_evaluation(exp, [1, 2, 3], out)
+    assert (out / "seed-1" / "test.json").stat().st_mtime_ns == stamp
+    assert second.values[:2] == first.values and len(second.values) == 3 and (out / "seed-3" / "test.json").exists()
 
 
 # -- bad input -----------------------------------------------------------------------------------------

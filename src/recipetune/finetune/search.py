@@ -146,7 +146,9 @@ class FinetunePlan(Plan):
     campaign: FinetuneCampaign
 
 
-RESUME_KEYS = ("baseline_id", "space", "strategy", "selection", "experiment", "data_steps", "seeds")
+# What a resumed campaign must keep. Not the final seeds: a close call can be settled by resuming with
+# more (search.seeds), and the seeds already evaluated are reused (finetune/final.py).
+RESUME_KEYS = ("baseline_id", "space", "strategy", "selection", "experiment", "data_steps")
 
 
 def plan(c: FinetuneCampaign, folder: Path, resume: bool = False) -> FinetunePlan:
