@@ -16,7 +16,8 @@ so an experiment one arm ran is not run again for another: its folder is reused 
 (keyed by the experiment file, its overrides and the child's recipe and chain), and the wall time a
 campaign would have taken counts the cached experiment's own time. ``--final`` also runs the
 decision of the first seed's MCTS campaign: its best node and the baseline on the test split over
-the file's ``search.seeds``. Writes ``summary.json`` and prints one table per task.
+the file's ``search.seeds``. Writes ``summary.json`` and prints one table per task; ``--table`` prints
+the markdown table of docs/finetune.md from the campaign folders under ``--out``.
 """
 
 from __future__ import annotations
@@ -98,18 +99,45 @@ class SearchOnly(ft.QualityJob):
         return Outcome("(search only)", [], search.tree, runs=search.runs)
 
 
-def trajectory(folder: Path, baseline: float) -> list[float]:
-    """Best validation metric after each experiment (the baseline before any)."""
+def trajectory(folder: Path, baseline: float) -> tuple[list[float], float]:
+    """Best validation metric after each experiment (the baseline before any), and the experiments'
+    own time (their reports' total, so a cached experiment counts what it took when it ran)."""
     from recipetune.store import CampaignStore
 
-    best, out = baseline, []
+    best, out, seconds = baseline, [], 0.0
     for rec in sorted(CampaignStore(folder).records(), key=lambda r: r.number):
-        if not rec.attrs.get("ran"):
+        if not rec.attrs.get("ran") or rec.attrs.get("status") == "interrupted":
             continue
         value = rec.attrs.get("value") if rec.attrs.get("status") == "passed" else None
         best = max(best, value) if value is not None else best
         out.append(best)
-    return out
+        seconds += rec.attrs.get("time_s") or 0.0
+    return out, seconds
+
+
+def table(out: Path, arms: list[str]) -> None:
+    """The ablation as markdown, from the campaign folders under ``out``."""
+    from recipetune.finetune.report import ExperimentReport
+
+    for task_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name != "cache"):
+        print(f"\n{task_dir.name}\n")
+        print("| arm | best validation, mean ± sd over seeds | per seed | experiments to reach it | "
+              "experiments' own time per campaign |")
+        print("|---|---|---|---|---|")
+        for arm in arms:
+            bests, reach, secs = [], [], []
+            for folder in sorted(task_dir.glob(f"{arm}-*")):
+                base = ExperimentReport.model_validate_json((folder / "baseline" / "report.json").read_text())
+                traj, seconds = trajectory(folder, base.value or 0.0)
+                best = max([base.value or 0.0, *traj])
+                bests.append(best)
+                # experiments until the best was found; 0 when nothing beat the baseline
+                reach.append(next((i + 1 for i, v in enumerate(traj) if v >= best > (base.value or 0.0)), 0))
+                secs.append(seconds + base.timings_s.get("total", 0.0))
+            if bests:
+                sd = statistics.stdev(bests) if len(bests) > 1 else 0.0
+                print(f"| {arm} | {statistics.fmean(bests):.4f} ± {sd:.4f} | {', '.join(f'{b:.4f}' for b in bests)} | "
+                      f"{', '.join(map(str, reach))} | {statistics.fmean(secs):.0f} s |")
 
 
 def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: MemoExecutor, final: bool) -> dict:
@@ -122,12 +150,13 @@ def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: Memo
     t0 = time.perf_counter()
     outcome = ft.run_search(job, p.store, p.meta, p.resume, p.proposer, memo, Quiet(f"{file.stem} {arm} {seed}"))
     root = outcome.tree.root.score or 0.0
-    traj = trajectory(folder, root)
+    traj, seconds = trajectory(folder, root)
     best = outcome.tree.best()
     row: dict[str, Any] = {
         "task": file.stem, "arm": arm, "seed": seed, "baseline": root, "best": max([root, *traj]),
         "trajectory": traj, "best_change": c.space.describe(best.recipe, c.baseline) if best else "",
-        "experiments_s": round(memo.seconds - before, 1), "driver_s": round(time.perf_counter() - t0, 1),
+        "experiments_s": round(seconds, 1), "run_here_s": round(memo.seconds - before, 1),
+        "driver_s": round(time.perf_counter() - t0, 1),
         "decision": outcome.decision,
     }
     if final and outcome.verdict is not None:
@@ -145,7 +174,11 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--out", type=Path, default=Path("runs/ft-search"))
     parser.add_argument("--final", action="store_true", help="the test-split decision of the first MCTS campaign")
+    parser.add_argument("--table", action="store_true", help="only print the markdown table of the campaigns in --out")
     args = parser.parse_args()
+    if args.table:
+        table(args.out, args.arms.split(","))
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     arms = args.arms.split(",")
     memo = MemoExecutor(args.out / "cache")
