@@ -325,3 +325,16 @@ def test_llm_researcher_in_a_campaign_is_held_to_the_recipe(tiny_ft):
     assert any("unknown knob 'task.files.train'" in r for r in rejected)
     [trial] = finished(CampaignStore(out))
     assert trial.attrs["edits"] == {"lr": 0.01, "data_near_dedup": True} and trial.attrs["proposer"] == "llm"
+
+
+def test_a_hanging_or_broken_experiment_is_recorded_not_fatal(tiny_ft, tmp_path):
+    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
+    job = ft.QualityJob(ft.plan(c, tmp_path / "camp"))
+    child = c.space.child_file(c.baseline)
+    hung = ft.run_child(None, str(c.path), [], child, str(tmp_path / "hung"), timeout_s=0.2)
+    assert isinstance(hung, ft.Failed) and hung.status == "timeout"
+    landing = job.land(hung, c.baseline, tmp_path / "hung")
+    assert landing.status == "failed" and landing.reward == 0.0 and landing.cause.startswith("timeout")
+    broken = ft.run_child(None, str(c.path), ["recipe.lr=-1"], child | {"recipe": {"lr": -1}}, str(tmp_path / "bad"),
+                          timeout_s=120)
+    assert isinstance(broken, ft.Failed) and broken.status == "invalid" and "recipe.lr" in broken.cause
