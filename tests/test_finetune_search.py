@@ -210,6 +210,26 @@ def test_decide_runs_the_test_split_for_the_best_node_and_the_baseline(tiny_ft, 
     assert seen == [(0.001, [1, 2, 3]), (0.01, [1, 2, 3])]
 
 
+def test_a_failed_final_evaluation_keeps_the_baseline_and_approves_nothing(tiny_ft, tmp_path, monkeypatch):
+    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
+    p = ft.plan(c, tmp_path / "camp")
+    job = ft.QualityJob(p)
+    search = Search(job, p.store, p.meta, False, LocalExecutor(), Reporter())
+    p.store.create(p.meta)
+    search.tree = Tree(c.baseline, score=0.5)
+    best = search.tree.add(c.baseline.with_(lr=0.01), search.tree.root, "passed", 0.8, score=0.7, trial=3)
+
+    def broken(exp, seeds, out_dir, log=None):
+        raise RuntimeError("seed 2: the experiment failed (nan: loss is nan)")
+
+    monkeypatch.setattr(decide_mod, "final_evaluation", broken)
+    outcome = job.decide(search)
+    assert outcome.decision == "KEEP BASELINE" and outcome.winner is None and outcome.approved_file is None
+    verdict = json.loads((p.store.folder / "verdict.json").read_text())
+    assert verdict["best"]["trial"] == best.trial and verdict["change"] == "(baseline)"
+    assert "final evaluation failed" in verdict["reasons"][0] and not (p.store.folder / "approved.yaml").exists()
+
+
 def test_final_evaluation_reuses_the_seeds_already_evaluated(tiny_ft):
     from recipetune.finetune.experiment import load_experiment
     from recipetune.finetune.final import final_evaluation

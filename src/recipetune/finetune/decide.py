@@ -110,7 +110,8 @@ def decide(job: QualityJob, search: Search) -> Outcome:
         base = final_for(job, search, job.baseline, "baseline")
         cand = final_for(job, search, best.recipe, f"best node ({job.subject.describe(best.recipe, job.baseline)})")
     except RuntimeError as e:  # a seed failed to train: no claim can be made
-        outcome = Outcome("KEEP BASELINE", [f"final evaluation failed: {e}"], tree, best, runs=search.runs)
+        outcome = Outcome("KEEP BASELINE", [f"final evaluation failed: {e}"], tree, verdicts=[(best, None)],
+                          runs=search.runs)
         return conclude(job, search, outcome)
     verdict = judge(metric, job.cfg.seeds, base, cand, job.cfg.confidence, root, best.score or 0.0)
     winner = best if verdict.decision == "APPROVED" else None
@@ -120,7 +121,7 @@ def decide(job: QualityJob, search: Search) -> Outcome:
 
 def conclude(job: QualityJob, search: Search, outcome: Outcome) -> Outcome:
     store, baseline = search.store, job.baseline
-    best = outcome.verdicts[0][0] if outcome.verdicts else (outcome.winner or search.tree.best())  # type: ignore[union-attr]
+    best = outcome.verdicts[0][0] if outcome.verdicts else search.tree.best()  # type: ignore[union-attr]
     if outcome.winner is not None:
         outcome.approved_file = write_approved(job, store.folder, outcome.winner.recipe, outcome.verdict)
         file = shlex.quote(str(outcome.approved_file))
