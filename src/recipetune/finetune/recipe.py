@@ -7,9 +7,26 @@ comma-separated string for the same reason.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# A search knob data_<name> switches the campaign's optional data step <name> on (finetune/space.py).
+# Here, not there, so the report can word a change without importing torch.
+DATA_PREFIX = "data_"
+
+
+def knob_text(knob: str, value: Any) -> str:
+    """``lr=0.01``, or ``+near_dedup`` / ``-near_dedup`` for a data step switched on / off."""
+    if knob.startswith(DATA_PREFIX):
+        return ("+" if value else "-") + knob.removeprefix(DATA_PREFIX)
+    return f"{knob}={value}"
+
+
+def describe_change(changes: Iterable[tuple[str, Any]]) -> str:
+    """(knob, new value) pairs from the baseline, as one line."""
+    return ", ".join(knob_text(k, v) for k, v in changes) or "(baseline)"
 
 
 class TrainRecipe(BaseModel):

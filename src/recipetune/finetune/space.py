@@ -23,11 +23,10 @@ from pydantic import TypeAdapter, ValidationError
 from recipetune.config import ConfigError
 from recipetune.data.ops import Operator
 from recipetune.finetune.experiment import Experiment
-from recipetune.finetune.recipe import TrainRecipe
+from recipetune.finetune.recipe import DATA_PREFIX, TrainRecipe, describe_change
 from recipetune.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe, Scalar
 from recipetune.relations import Relations
 
-DATA_PREFIX = "data_"
 _OPERATOR: TypeAdapter = TypeAdapter(Operator)
 
 
@@ -113,10 +112,4 @@ class ExperimentSpace:
 
     def describe(self, recipe: Recipe, base: Recipe) -> str:
         """``lr=0.01, +near_dedup``: a data step shows by name, not as true/false."""
-        parts = []
-        for name, (_, new) in recipe.diff(base).items():
-            if name.startswith(DATA_PREFIX):
-                parts.append(("+" if new else "-") + name.removeprefix(DATA_PREFIX))
-            else:
-                parts.append(f"{name}={new}")
-        return ", ".join(parts) or "(baseline)"
+        return describe_change((name, new) for name, (_, new) in recipe.diff(base).items())

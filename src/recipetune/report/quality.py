@@ -11,6 +11,7 @@ import shlex
 import time
 from typing import Any
 
+from recipetune.finetune.recipe import describe_change, knob_text
 from recipetune.recipe import Recipe
 from recipetune.report import sources as src
 from recipetune.report.model import (
@@ -27,15 +28,8 @@ from recipetune.report.model import (
 from recipetune.report.sources import CampaignFiles, number
 
 
-def knob_text(knob: str, value: Any) -> str:
-    """``lr=0.01``, or ``+near_dedup`` / ``-near_dedup`` for a data step (finetune/space.py's describe)."""
-    if knob.startswith(src.DATA_PREFIX):
-        return ("+" if value else "-") + knob.removeprefix(src.DATA_PREFIX)
-    return f"{knob}={value}"
-
-
 def describe(changes: dict[str, list[Any]]) -> str:
-    return ", ".join(knob_text(k, new) for k, (_, new) in changes.items()) or "(baseline)"
+    return describe_change((k, new) for k, (_, new) in changes.items())
 
 
 def _int(value: Any) -> int | None:

@@ -29,7 +29,6 @@ RESULT = "result.json"  # a run's measure.RunResult, in its folder
 BASELINE_REPORT = "baseline/report.json"
 EXPERIMENT_REPORT = "report.json"  # in a trial's folder
 SPEED, QUALITY = "speed", "quality"  # the campaign's job (meta "job"; campaigns older than the quality job: speed)
-DATA_PREFIX = "data_"  # finetune/space.py's: a knob that adds a data step (that module imports torch)
 
 # Trial user attributes (store.CampaignStore.begin / finish).
 A_RECIPE, A_PARENT, A_STATUS, A_CAUSE = "recipe", "parent", "status", "cause"
