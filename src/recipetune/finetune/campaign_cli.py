@@ -8,13 +8,12 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
 from recipetune.config import ConfigError
 from recipetune.recipe import Recipe
-from recipetune.search.cli import Columns, LiveReporter, decision_panel
+from recipetune.search.cli import Columns, LiveReporter, decision_panel, option_overrides, run_live
 from recipetune.search.engine import Outcome
 from recipetune.store import CampaignStore
 
@@ -57,12 +56,10 @@ def finetune(
     from recipetune.finetune import search as ft_search
     from recipetune.search.campaign import default_folder
 
-    extra = list(overrides or [])
-    for key, value in (("search.budget.trials", budget), ("search.strategy", strategy), ("search.proposer", proposer),
-                       ("search.selection", selection), ("execute.executor", executor),
-                       ("execute.ray_address", ray_address), ("execute.parallel", parallel)):
-        if value is not None:
-            extra.append(f"{key}={value}")
+    extra = option_overrides(overrides, {
+        "search.budget.trials": budget, "search.strategy": strategy, "search.proposer": proposer,
+        "search.selection": selection, "execute.executor": executor, "execute.ray_address": ray_address,
+        "execute.parallel": parallel})
     folder = out or default_folder(experiment_file)
     try:
         campaign = ft_search.load_finetune_campaign(experiment_file, extra)
@@ -78,19 +75,12 @@ def finetune(
     columns = Columns(figure="train loss", score=f"val {metric}", check="diagnosis", figure_fmt=".3f",
                       score_fmt=".4f", unit="", none_better="no experiment has beaten it on validation yet")
     again = shlex.join(["recipetune", "finetune", str(experiment_file), *extra, "--out", str(folder), "--resume"])
-    reporter = LiveReporter(columns, describe=lambda r: campaign.space.describe(r, campaign.baseline))
-    try:
-        with Live(reporter.render(), console=console, refresh_per_second=4) as live:
-            reporter.live = live
-            outcome = ft_search.run(checked, executor=runner, reporter=reporter)
-            reporter.live = None
-    except KeyboardInterrupt:
-        console.print(Text.assemble(("stopped. ", "bold yellow"), f"Resume with: {again}"))
-        raise typer.Exit(130) from None
-    except Exception as e:  # the study holds every finished experiment: say how to carry on
-        console.print(Text.assemble(("error: ", "bold red"), f"{type(e).__name__}: {e}\n"
-                                    f"After fixing it, resume with: {again}"))
-        raise typer.Exit(1) from None
+    def describe(recipe: Recipe) -> str:
+        return campaign.space.describe(recipe, campaign.baseline)
+
+    reporter = LiveReporter(columns, describe=describe)
+    # Every error is shown as a message (a failed baseline experiment is one): no traceback.
+    outcome = run_live(reporter, lambda: ft_search.run(checked, executor=runner, reporter=reporter), again,
+                       messages=(Exception,))
     console.line()
-    console.print(verdict_panel(outcome, folder, lambda r: campaign.space.describe(r, campaign.baseline),
-                                checked.store))
+    console.print(verdict_panel(outcome, folder, describe, checked.store))

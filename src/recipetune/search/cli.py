@@ -149,6 +149,32 @@ def decision_panel(outcome: Outcome, lines: list[Text], folder: Path, store: Cam
     return Panel(Group(*lines), title=f"[bold {style}]{outcome.decision}", border_style=style, expand=False)
 
 
+def option_overrides(overrides: list[str] | None, options: dict[str, object]) -> list[str]:
+    """The command line's ``key=value`` overrides, then a ``field=value`` for each option given."""
+    return [*(overrides or []), *(f"{key}={value}" for key, value in options.items() if value is not None)]
+
+
+def run_live(reporter: LiveReporter, run: Callable[[], Outcome], again: str,
+             messages: tuple[type[Exception], ...] = ()) -> Outcome:
+    """Run a campaign under the live table. Ctrl-C (exit 130) and an error (exit 1) say how to resume:
+    the study holds every finished trial. ``messages``: errors shown without a traceback."""
+    try:
+        with Live(reporter.render(), console=console, refresh_per_second=4) as live:
+            reporter.live = live
+            outcome = run()
+            reporter.live = None
+    except KeyboardInterrupt:
+        console.print(Text.assemble(("stopped. ", "bold yellow"), f"Resume with: {again}"))
+        raise typer.Exit(130) from None
+    except Exception as e:
+        if not isinstance(e, messages):
+            console.print_exception(max_frames=8)
+        console.print(Text.assemble(("error: ", "bold red"), f"{type(e).__name__}: {e}\n"
+                                    f"After fixing it, resume with: {again}"))
+        raise typer.Exit(1) from None
+    return outcome
+
+
 def tune(
     campaign_file: Path = typer.Argument(..., help="campaign YAML"),
     overrides: list[str] = typer.Argument(None, help="key=value: a baseline knob, or a dotted field (search.seed=3)"),
@@ -162,12 +188,9 @@ def tune(
     parallel: int | None = typer.Option(None, help="trials in flight at once, with --executor ray (execute.parallel)"),
 ) -> None:
     """Search faster recipes from the campaign's baseline; approve one only on the guard's evidence."""
-    extra = list(overrides or [])
-    for key, value in (("search.budget.trials", budget), ("search.strategy", strategy), ("search.proposer", proposer),
-                       ("execute.executor", executor), ("execute.ray_address", ray_address),
-                       ("execute.parallel", parallel)):
-        if value is not None:
-            extra.append(f"{key}={value}")
+    extra = option_overrides(overrides, {
+        "search.budget.trials": budget, "search.strategy": strategy, "search.proposer": proposer,
+        "execute.executor": executor, "execute.ray_address": ray_address, "execute.parallel": parallel})
     folder = out or default_folder(campaign_file)
     try:
         campaign = load_campaign(campaign_file, extra)
@@ -181,19 +204,8 @@ def tune(
 
     again = shlex.join(["recipetune", "tune", str(campaign_file), *extra, "--out", str(folder), "--resume"])
     reporter = LiveReporter()
-    try:
-        with Live(reporter.render(), console=console, refresh_per_second=4) as live:
-            reporter.live = live
-            outcome = campaign_mod.run(checked, executor=runner, reporter=reporter)
-            reporter.live = None
-    except KeyboardInterrupt:
-        console.print(Text.assemble(("stopped. ", "bold yellow"), f"Resume with: {again}"))
-        raise typer.Exit(130) from None
-    except Exception as e:  # the study holds every finished trial: say how to carry on
-        if not isinstance(e, GuardError):  # the guard's own errors are messages, not bugs
-            console.print_exception(max_frames=8)
-        console.print(Text.assemble(("error: ", "bold red"), f"{type(e).__name__}: {e}\n"
-                                    f"After fixing it, resume with: {again}"))
-        raise typer.Exit(1) from None
+    # The guard's own errors are messages, not bugs: no traceback for them.
+    outcome = run_live(reporter, lambda: campaign_mod.run(checked, executor=runner, reporter=reporter), again,
+                       messages=(GuardError,))
     console.line()
     console.print(verdict_panel(outcome, folder, campaign.baseline, checked.store))
