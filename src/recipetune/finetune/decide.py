@@ -14,7 +14,6 @@ file to run it (``recipetune ft run approved.yaml``).
 
 from __future__ import annotations
 
-import math
 import shlex
 import statistics
 import time
@@ -23,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel
-from scipy import stats
 
 from recipetune.finetune.final import final_evaluation
 from recipetune.finetune.report import FinalResult
+from recipetune.guard.stats import t_interval
 from recipetune.recipe import Recipe
 from recipetune.search.engine import Outcome, Search
 from recipetune.search.tree import normalised_gain
@@ -56,19 +55,10 @@ class QualityVerdict(BaseModel):
     validation_candidate: float
 
 
-def paired_interval(base: list[float], cand: list[float], confidence: float) -> tuple[float, float, float]:
-    """Mean of the paired differences and its Student's t interval."""
-    diffs = [c - b for b, c in zip(base, cand, strict=True)]
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return mean, -math.inf, math.inf
-    half = stats.t.ppf((1 + confidence) / 2, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half
-
-
 def judge(metric: str, seeds: list[int], base: FinalResult, cand: FinalResult, confidence: float,
           val_base: float, val_cand: float) -> QualityVerdict:
-    gain, low, high = paired_interval(base.values, cand.values, confidence)
+    # paired by seed: the same seed gives both runs the same data order
+    gain, low, high = t_interval([c - b for b, c in zip(base.values, cand.values, strict=True)], confidence)
     approved = low > 0
     pct = f"{confidence:.0%}"
     spread = f"seed-to-seed sd {statistics.stdev(base.values):.4f} (baseline), {statistics.stdev(cand.values):.4f}"

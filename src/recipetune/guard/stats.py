@@ -224,6 +224,18 @@ class SpeedupCI:
 SMALL_SAMPLE = 10  # pairs below which the speed-up's interval is Student's t, not a bootstrap
 
 
+def t_interval(x: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The mean of ``x`` and its Student's t interval, ``mean +- t_(n-1) sd / sqrt(n)``; unbounded
+    below two points. The speed-up's small-sample interval (over log ratios) and the quality job's
+    gain over seeds (over paired differences)."""
+    a = np.asarray(x, dtype=float)
+    mean = float(a.mean())
+    if len(a) < 2:
+        return mean, -math.inf, math.inf
+    half = float(sps.t.ppf(0.5 + confidence / 2, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
+    return mean, mean - half, mean + half
+
+
 def speedup_ci(ratios_log: Sequence[float], confidence: float = 0.95, n_resamples: int = 9999) -> SpeedupCI:
     """Confidence interval of the geometric-mean speed-up from per-pair log ratios.
 
@@ -238,9 +250,8 @@ def speedup_ci(ratios_log: Sequence[float], confidence: float = 0.95, n_resample
     if len(x) < 2 or float(np.ptp(x)) == 0.0:
         return SpeedupCI(centre, centre, centre, confidence, "point")
     if len(x) < SMALL_SAMPLE:
-        half = float(sps.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-        return SpeedupCI(centre, float(np.exp(x.mean() - half)), float(np.exp(x.mean() + half)), confidence,
-                         f"Student t ({len(x)} pairs)")
+        _, low, high = t_interval(x, confidence)
+        return SpeedupCI(centre, float(np.exp(low)), float(np.exp(high)), confidence, f"Student t ({len(x)} pairs)")
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DegenerateDataWarning for tiny samples: checked below
