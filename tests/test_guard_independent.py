@@ -11,10 +11,12 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from recipetune.guard import stats
 from recipetune.guard.baseline import build_profile, trusted_aa
 from recipetune.guard.config import GuardConfig
+from recipetune.guard.looks import gather, plan_looks
 from recipetune.guard.parity import compare
 from recipetune.guard.speed import measure_speed
 from recipetune.measure import RunResult, StepRecord, robust_rate
@@ -59,8 +61,7 @@ def timed_run(recipe: Recipe, times: list[float]) -> RunResult:
 
 
 def settings(**parity) -> GuardConfig:
-    # 5% margin, as examples/nanogpt-campaign.yaml: at the default 2% these runs would be too short
-    parity = {"seeds": 2, "relative_margin": 0.05, **parity}
+    parity = {"seeds": 2, **parity}
     return GuardConfig.model_validate({"parity": parity, "speed": {"pairs": 4, "steps": 20}})
 
 
@@ -70,33 +71,61 @@ def no_seed_profile(steps: int, cfg: GuardConfig):
     return build_profile(WORKLOAD, BASE, runs, [None, None], steps, cfg)
 
 
-def test_equivalent_candidate_on_other_batches_holds_in_independent_mode():
+class LossWorkload(CommandWorkload):
+    """nanoGPT-like runs of any length: the sample stream depends on the micro-batch size (the global
+    RNG), the logged loss averages ``batch_size`` sequences, and ``offset`` poisons the descent."""
+
+    def __init__(self, offset: float = 0.0):
+        super().__init__(SPEC, Path("."))
+        self.offset, self.launched = offset, []
+
+    def run(self, recipe, steps, out_dir, timeout_s=None, progress=None) -> RunResult:
+        self.launched.append((int(recipe["batch_size"]), steps))
+        b = int(recipe["batch_size"])
+        return loss_run(recipe, b, steps, order=b, offset=0.0 if b == 2 else self.offset)
+
+
+def test_equivalent_candidate_on_other_batches_is_never_rejected_and_longer_runs_resolve_it(tmp_path):
     cfg = settings()
-    profile = no_seed_profile(400, cfg)
-    ev = compare(profile, [loss_run(CAND, 32, 400, order=1)], cfg.parity)
-    assert ev.mode == "independent runs" and "differ" in ev.mode_reason
-    assert ev.passed and ev.outcome == "holds", ev.reasons
+    profile = no_seed_profile(100, cfg)
+    ev = compare(profile, [loss_run(CAND, 32, 100, order=1)], cfg.parity)
+    assert ev.mode == "batches unknown" and "valid either way" in ev.mode_reason
+    assert ev.outcome == "inconclusive" and "cannot resolve T" in ev.reasons[0]  # one 100-step run each
     assert any("no seed knob" in n for n in ev.notes)
     assert ev.noise["baseline"] > 3 * ev.noise["candidate"]  # 2 sequences vs 32 averaged
+    wl = LossWorkload()
+    got = gather(wl, profile, BASE, CAND, 100, cfg, tmp_path, equal_tokens=False)
+    assert [look.factor for look in plan_looks(profile, cfg)] == [1, 4, 16]
+    assert got.evidence.outcome == "holds", (got.looks, got.evidence.reasons)
+    assert got.evidence.detectable <= got.evidence.tolerance == pytest.approx(ev.tolerance)  # T stays the profile's
+    assert got.runs == len(wl.launched) and max(s for _, s in wl.launched) > 100
 
 
-def test_worse_candidate_is_rejected_and_short_runs_cannot_tell():
+@pytest.mark.parametrize("factor", [1.5, 3.0])
+def test_a_poison_at_the_edge_is_rejected_after_enough_evidence_never_approved(tmp_path, factor):
     cfg = settings()
-    worse = compare(no_seed_profile(400, cfg), [loss_run(CAND, 32, 400, order=1, offset=0.15)], cfg.parity)
-    assert worse.outcome == "fails" and not worse.passed and "trains worse" in worse.reasons[0]
-    short = compare(no_seed_profile(16, cfg), [loss_run(CAND, 32, 16, order=1)], cfg.parity)
-    assert short.outcome == "inconclusive" and "fewer than 10 logged losses" in short.reasons[0]
-    tight = settings(margin=0.02)
-    noisy = compare(no_seed_profile(100, tight), [loss_run(CAND, 32, 100, order=1)], tight.parity)
-    assert noisy.outcome == "inconclusive" and "upper bound" in noisy.reasons[0]
+    profile = no_seed_profile(100, cfg)
+    T = profile.loss_tolerance
+    # the offset grows linearly over a run; over the second half of a 100-step run it averages 0.75 x offset
+    got = gather(LossWorkload(offset=factor * T / 0.75), profile, BASE, CAND, 100, cfg, tmp_path, equal_tokens=False)
+    assert got.evidence.outcome in ("fails", "inconclusive"), got.looks
+    assert got.evidence.outcome == "fails" or factor < 2
 
 
-def test_declared_data_order_knob_skips_the_replay_check():
+def test_runs_that_cannot_resolve_t_say_how_much_more_would():
+    cfg = settings(max_steps_factor=1)
+    profile = no_seed_profile(100, cfg)
+    got = gather(LossWorkload(), profile, BASE, CAND, 100, cfg, Path("/nonexistent"), equal_tokens=False)
+    assert got.evidence.outcome == "inconclusive"
+    assert "steps would resolve T" in got.evidence.reasons[-1]
+
+
+def test_declared_data_order_knob_is_the_mode_it_declares():
     cfg = settings(data_order_knobs=["batch_size"])
     ev = compare(no_seed_profile(100, cfg), [loss_run(CAND, 32, 100, order=0)], cfg.parity)
-    assert ev.mode == "independent runs" and "data_order_knobs" in ev.mode_reason
+    assert ev.mode == "other batches" and "data_order_knobs" in ev.mode_reason
     replay = compare(no_seed_profile(100, settings()), [loss_run(BASE, 2, 100, order=0)], settings().parity)
-    assert replay.mode == "same seed" and "match" in replay.mode_reason and replay.passed
+    assert replay.mode == "batches unknown" and replay.passed and replay.mean_diff == 0.0  # A/A
 
 
 def test_mean_with_error_widens_with_autocorrelation():

@@ -82,8 +82,8 @@ def test_approved_report_leads_with_the_verdict_and_its_evidence(campaigns, page
     assert f"{v['speedup']:.3f}x" in head
     assert f"{v['ci_low']:.3f}" in head and f"{v['ci_high']:.3f}" in head
     assert "±3.0%" in head and "CI clears it" in head
-    assert f"{v['parity']['gap']:.4f}" in head and f"{v['parity']['tolerance']:.4f}" in head
-    assert "(same seed)" in head and f"final {v['parity']['mean_diff']:+.4f}" in head
+    assert f"{v['parity']['mean_diff']:+.4f}" in head and f"{v['parity']['tolerance']:.4f}" in head
+    assert "(same batches)" in head and f"detectable {v['parity']['detectable']:.4f}" in head
     # The approved recipe's changes against the baseline, knob by knob.
     diff = head[head.index("The approved recipe"):]
     assert "micro_batch_size" in diff and "optimizer_impl" in diff and "foreach" in diff
@@ -171,7 +171,8 @@ def test_show_prints_verdict_trials_and_tree(campaigns):
     text = terminal_text(campaigns["approved"])
     ev = load_report(campaigns["approved"]).evidence
     assert f"speed-up {ev.speedup:.3f}x  95% CI [{ev.ci_low:.3f}, {ev.ci_high:.3f}]" in text
-    assert f"loss parity (same seed): RMS gap {ev.loss_gap:.4f}, tolerance {ev.loss_tolerance:.4f}" in text
+    assert (f"loss parity (same batches): final loss {ev.loss_gap:+.4f} nats, tolerance T ±{ev.loss_tolerance:.4f}"
+            in text)
     assert "10 trials (9 ran)" in text
     assert "★ approved" in text and "baseline " in text
     assert re.search(r"#5 optimizer_impl=foreach 1\.\d\dx passed ★ approved", text)  # its edit to its parent
@@ -266,11 +267,10 @@ def test_headline_speaks_to_each_kind_of_verdict():
                   ci_high=1.3, noise_margin=0.02, confidence=0.9, loss_gap=0.001, loss_tolerance=0.005)
     assert headline("APPROVED", ev, 5, []) == (
         "Approved micro_batch_size=8: 1.250x tokens/s per device (90% CI 1.200-1.300x), clear of the 2.0% noise "
-        "margin; loss gap 0.0010 nats, within tolerance 0.0050.")
-    # A semantic knob: judged on the final loss at equal tokens, no same-seed gap.
-    semantic = ev.model_copy(update={"loss_gap": None, "loss_tolerance": None, "final_diff": 0.004,
-                                     "final_margin": 0.02, "parity_mode": "equal tokens"})
-    assert "final loss +0.0040 nats against a margin of 0.0200" in headline("APPROVED", semantic, 5, [])
+        "margin; final loss +0.0010 nats, within the tolerance +-0.0050.")
+    # A loss markedly lower than the baseline's is outside the tolerance too.
+    lower = ev.model_copy(update={"loss_gap": -0.009})
+    assert "final loss -0.0090 nats, outside the tolerance" in headline("APPROVED", lower, 5, [])
     within = ev.model_copy(update={"decision": "KEEP BASELINE", "speedup": 1.01, "ci_low": 0.99, "ci_high": 1.03})
     assert "not clear of the 2.0% noise margin" in headline("KEEP BASELINE", within, 5, [])
     lost = ev.model_copy(update={"decision": "REJECTED", "speedup": None})  # failed parity: never timed

@@ -45,6 +45,11 @@ class StepRecord(Record):
     compute_s: float | None = None  # forward + backward
     optim_s: float | None = None  # optimizer step, incl. gradient sync where it is not overlapped
     noise_scale: float | None = None  # B_simple, when the trainer estimates it
+    # The guard's evidence about the data (docs/guard.md, "Which batches"): a fingerprint of the step's
+    # global batch (equal for any micro-batch split, different for another sample order) and the tokens
+    # per sequence the loss was computed over.
+    batch_fp: str | None = None
+    seq_len: int | None = None
 
 
 class EvalRecord(Record):

@@ -1,9 +1,9 @@
 """The baseline profile: the initial recipe measured a few times, once per campaign.
 
 Repeats with different seeds (where the workload has a ``seed`` knob) give the reference every
-candidate is judged against: how far loss curves of equally good runs lie apart, how much the
-final loss varies, and how much throughput moves when nothing changed (consecutive repeats are
-A/A pairs). Stored as JSON so a resumed campaign does not measure it again.
+candidate is judged against: how much the loss measure M of equally good runs varies (the tolerance
+T, guard/loss.py), and how much throughput moves when nothing changed (consecutive repeats are A/A
+pairs). Stored as JSON so a resumed campaign does not measure it again.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from recipetune.guard import stats
-from recipetune.guard.config import GuardConfig, ParitySettings
+from recipetune.guard import loss, stats
+from recipetune.guard.config import GuardConfig
 from recipetune.measure import RunResult
 from recipetune.recipe import Recipe
 from recipetune.workloads.base import Workload
@@ -37,12 +37,11 @@ class BaselineProfile(BaseModel):
     tokens_per_s: float  # median over the repeats, per device, warm-up excluded
     throughput_noise: float  # relative A/A spread of consecutive repeats
     aa_log_ratios: list[float]  # log(tokens/s of repeat i+1 / repeat i)
-    loss_reference: float  # spread of smoothed loss curves between seeds (nats)
-    loss_reference_kind: str  # "seeds" or "batch noise" (one run, or no seed knob)
-    loss_tolerance: float  # band for the same-seed paired smoothed-loss comparison (nats)
-    final_losses: list[float]  # per seed: validation loss at the end, else smoothed training loss
+    loss_reference: float  # the baseline's seed-to-seed std of the training-loss measure M (nats)
+    loss_reference_kind: str  # how it was measured (seeds, or within-run noise)
+    loss_tolerance: float  # T on that measure at the profile's length (nats)
+    final_losses: list[float]  # per seed: the training-loss measure M
     final_metric: str
-    loss_margin: float  # non-inferiority margin on the final loss (nats)
     # "fixed": the workload replays its batches whatever the speed knobs (profiles stored before this
     # field existed were all judged so); "auto": the guard finds out per candidate
     data_order: str = "fixed"
@@ -58,9 +57,6 @@ class BaselineProfile(BaseModel):
     def curves(self, n: int | None = None) -> list[list[float]]:
         return [r.losses()[:n] for r in self.runs]
 
-    def reference(self, n: int | None, window: int) -> tuple[float, str]:
-        """The loss reference spread over the first ``n`` records (all when None)."""
-        return loss_reference(self.curves(n), window, distinct_seeds=len(set(self.seeds)) > 1)
 
 
 def seeds_for(workload: Workload, recipe: Recipe, n: int) -> list[int | None]:
@@ -73,27 +69,6 @@ def seeds_for(workload: Workload, recipe: Recipe, n: int) -> list[int | None]:
 
 def with_seed(recipe: Recipe, seed: int | None) -> Recipe:
     return recipe if seed is None else recipe.with_(seed=seed)
-
-
-def final_loss(run: RunResult, window: int) -> tuple[float, str]:
-    """The validation loss at the end of the run, else the smoothed training loss at its end."""
-    if run.evals and run.steps and run.evals[-1].step == run.steps[-1].step:
-        return run.evals[-1].val_loss, "validation loss"
-    return float(stats.smooth(run.losses(), window)[-1]), f"training loss (last {window} steps)"
-
-
-def loss_reference(curves: list[list[float]], window: int, distinct_seeds: bool) -> tuple[float, str]:
-    if distinct_seeds and len(curves) > 1:
-        return stats.seed_spread(curves, window), "seeds"
-    return statistics.median(stats.batch_noise_spread(c, window) for c in curves), "batch noise"
-
-
-def loss_margin(parity: ParitySettings, finals: list[float], reference: float, distinct_seeds: bool) -> float:
-    """The stated non-inferiority margin, or the baseline's own seed-to-seed std of the final loss."""
-    if parity.margin is not None:
-        return parity.margin
-    spread = stats.sample_std(finals) if distinct_seeds and len(finals) > 1 else reference
-    return max(parity.floor, spread)
 
 
 def run_checked(
@@ -109,17 +84,19 @@ def build_profile(
     workload: Workload, recipe: Recipe, runs: list[RunResult], seeds: list[int | None], steps: int,
     settings: GuardConfig,
 ) -> BaselineProfile:
-    parity, window = settings.parity, settings.parity.window
-    distinct = len(set(seeds)) > 1
+    parity = settings.parity
+    # independent repeats: distinct seeds, or a trainer without a seed knob whose repeats differ
+    distinct = len(set(seeds)) > 1 or (seeds[0] is None and any(r.losses() != runs[0].losses() for r in runs))
     throughputs = [r.summary().tokens_per_s_per_device for r in runs]
     aa = [float(x) for x in stats.log_ratios(throughputs[1:], throughputs[:-1])] if len(runs) > 1 else []
-    reference, kind = loss_reference([r.losses() for r in runs], window, distinct)
-    finals = [final_loss(r, window) for r in runs]
+    tol, reference, kind = loss.tolerance(runs, parity, False, None, distinct)
+    finals = [stats.mean_with_error([s.loss for s in loss.tail(r, loss.tokens(r)[-1], parity.tail)]).mean
+              for r in runs]
     return BaselineProfile(
         recipe=dict(recipe),
         roles={name: knob.role for name, knob in workload.knobs().items()},
         steps=steps,
-        window=window,
+        window=parity.window,
         seeds=seeds,
         runs=runs,
         tokens_per_s=statistics.median(throughputs),
@@ -127,10 +104,9 @@ def build_profile(
         aa_log_ratios=aa,
         loss_reference=reference,
         loss_reference_kind=kind,
-        loss_tolerance=stats.tolerance(reference, parity.tolerance, parity.floor),
-        final_losses=[f for f, _ in finals],
-        final_metric=finals[0][1],
-        loss_margin=loss_margin(parity, [f for f, _ in finals], reference, distinct),
+        loss_tolerance=tol,
+        final_losses=finals,
+        final_metric=f"training loss (mean over the last {100 * parity.tail:.0f}% of the tokens)",
         data_order="fixed" if getattr(workload, "sample_order_fixed", False) else "auto",
     )
 

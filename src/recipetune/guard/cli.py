@@ -88,27 +88,19 @@ def render(verdict: Verdict) -> Panel:
 
     par = verdict.parity
     if par:
-        window = "" if par["mode"] == "independent runs" else f", smoothing window {par['window']}"
-        table = Table(title=f"loss parity ({par['mode']}{window})", title_justify="left", show_header=False)
+        table = Table(title=f"loss parity ({par['mode']})", title_justify="left", show_header=False)
         table.add_column(style="bold")
         table.add_column()
-        if par.get("mode_reason"):
-            table.add_row("mode", escape(f"{par['mode']}: {par['mode_reason']}"))
-        if par["gap"] is not None:
-            gap = f"{par['gap']:.4f} nats"
-            if par["tolerance"] is not None:
-                gap += (f"  (tolerance {par['tolerance']:.4f} = {par['tolerance_fraction']:g} x baseline "
-                        f"{par['reference_kind']} spread {par['reference']:.4f})")
-            table.add_row("smoothed gap", gap)
-        if par.get("bound") is not None:
-            table.add_row("end-of-run difference", f"{par['mean_diff']:+.4f} nats, se {par['se']:.4f}, one-sided upper "
-                          f"bound {par['bound']:+.4f} vs margin {par['margin']:.4f} ({par['outcome']})")
+        table.add_row("evidence", escape(f"{par['mode']}: {par['mode_reason']}"))
+        table.add_row("tolerance T", f"±{par['tolerance']:.4f} nats ({escape(par['reference_kind'])}: "
+                      f"{par['reference']:.4f})")
         table.add_row(par["final_metric"], "baseline " + ", ".join(f"{x:.4f}" for x in par["baseline_finals"])
                       + "; candidate " + ", ".join(f"{x:.4f}" for x in par["candidate_finals"]))
-        p = "n/a (one seed)" if par["p_value"] is None else f"{par['p_value']:.3g}"
-        table.add_row("non-inferiority", f"mean diff {par['mean_diff']:+.4f} vs margin {par['margin']:.4f}; "
-                      f"one-sided p {p} (alpha {par['alpha']:g}); seeds {par['seeds']}")
-        table.add_row("verdict", par.get("outcome", "holds" if par["passed"] else "fails"))
+        bounds = "" if par["low"] is None else f", bounds [{par['low']:+.4f}, {par['high']:+.4f}]"
+        det = "unbounded" if par["detectable"] is None else f"{par['detectable']:.4f}"
+        table.add_row("difference", f"{par['mean_diff']:+.4f} nats{bounds} ({escape(par['se_source'])}); "
+                      f"smallest detectable {det}; seeds {par['seeds']}; {par['looks']} planned look(s)")
+        table.add_row("verdict", par["outcome"])
         parts.append(table)
     if verdict.notes:
         parts.append(Text("\nnotes", style="bold"))

@@ -11,27 +11,27 @@ class ParitySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     steps: int = Field(60, ge=2, description="steps each parity run trains")
-    seeds: int = Field(3, ge=1, description="seeds for the final non-inferiority test")
-    window: int = Field(10, ge=1, description="smoothing window over the loss curve, in steps")
+    seeds: int = Field(3, ge=1, description="seeds of the baseline profile and of the first look of the parity test")
+    window: int = Field(10, ge=1, description="smoothing window of the loss curves shown, in steps")
     tolerance: float = Field(
-        0.25, gt=0.0, description="same-seed band: this fraction of the baseline's seed-to-seed spread"
-    )
-    floor: float = Field(1e-3, ge=0.0, description="smallest loss band and margin, in nats")
+        1.0, gt=0.0, description="T, the loss tolerance, as a multiple of the baseline's own seed-to-seed standard "
+        "deviation of the loss measure")
+    floor: float = Field(1e-3, ge=0.0, description="smallest tolerance T, in nats")
     margin: float | None = Field(
-        None, ge=0.0, description="non-inferiority margin on the final loss, in nats; None: the baseline's seed std"
-    )
-    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="level of the one-sided non-inferiority test")
+        None, gt=0.0, description="T stated in nats instead of derived from the baseline (not needed to pass: "
+        "the derived T is the product's standard)")
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="level of each one-sided test, shared by all looks")
     data_order: Literal["auto", "fixed", "varies"] = Field(
         "auto", description="fixed: a candidate must see the baseline's batches; varies: the trainer's sample "
-        "order depends on the recipe (independent runs are compared); auto: find out from the first losses")
+        "order depends on the recipe; auto: the metrics stream's batch fingerprints tell, else nothing is assumed")
     data_order_knobs: list[str] = Field(
-        default_factory=list, description="knobs the trainer's sample order depends on (e.g. batch_size): a "
-        "candidate changing one is compared as independent runs")
-    tail: float = Field(0.5, gt=0.0, le=1.0, description="independent runs: the share of the tokens, at the "
-                        "end, whose training loss is compared")
-    relative_margin: float = Field(
-        0.02, gt=0.0, lt=1.0, description="independent runs: non-inferiority margin as a share of the baseline's "
-        "final loss, when parity.margin is not set")
+        default_factory=list, description="knobs the trainer's sample order depends on (e.g. batch_size)")
+    tail: float = Field(0.5, gt=0.0, le=1.0, description="the share of the tokens, at the end of a run, whose "
+                        "training loss is the loss measure")
+    max_seeds: int = Field(24, ge=1, description="the parity test adds seeds (doubling) up to this many before "
+                           "it answers KEEP BASELINE, too short to tell")
+    max_steps_factor: int = Field(16, ge=1, description="a trainer without a seed knob: runs grow 4x per look "
+                                  "up to this many times parity.steps")
 
 
 class SpeedSettings(BaseModel):

@@ -19,9 +19,9 @@ class Screening(BaseModel):
     passed: bool
     reasons: list[str]  # why it failed (empty when passed)
     speedup: float | None  # candidate tokens/s per device / baseline's
-    loss_gap: float | None  # the parity statistic
-    loss_tolerance: float | None
-    mode: str = "same seed"  # or "equal tokens" when an allowed semantic knob changed
+    loss_gap: float | None  # the parity statistic: the candidate's loss measure minus the baseline's (nats)
+    loss_tolerance: float | None  # T
+    mode: str = "same batches"  # how the evidence was gathered (guard/parity.py)
 
 
 def screen(profile: BaselineProfile, candidate: RunResult, settings: GuardConfig) -> Screening:
@@ -43,7 +43,7 @@ def screen(profile: BaselineProfile, candidate: RunResult, settings: GuardConfig
         passed=evidence.outcome != "fails",
         reasons=evidence.reasons if evidence.outcome == "fails" else [],
         speedup=speedup,
-        loss_gap=evidence.gap,
+        loss_gap=evidence.mean_diff,
         loss_tolerance=evidence.tolerance,
         mode=evidence.mode,
     )

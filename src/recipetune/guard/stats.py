@@ -7,7 +7,6 @@ so a speed-up and its inverse are symmetric and a geometric mean summarises the 
 
 from __future__ import annotations
 
-import itertools
 import math
 import warnings
 from collections.abc import Sequence
@@ -37,36 +36,6 @@ def smooth(values: Sequence[float], window: int) -> np.ndarray:
 def rms(values: Sequence[float] | np.ndarray) -> float:
     x = np.asarray(values, dtype=float)
     return float(np.sqrt(np.mean(x**2))) if len(x) else 0.0
-
-
-def paired_gap(candidate: Sequence[float], baseline: Sequence[float], window: int) -> float:
-    """RMS of the difference of two smoothed loss curves measured on the same steps and batches."""
-    n = min(len(candidate), len(baseline))
-    return rms(smooth(candidate[:n], window) - smooth(baseline[:n], window))
-
-
-def seed_spread(curves: Sequence[Sequence[float]], window: int) -> float:
-    """How far apart the smoothed loss curves of runs with different seeds are: the RMS of the
-    paired gap over every pair of curves (the reference a same-seed candidate is scaled by)."""
-    n = min(len(c) for c in curves)
-    smoothed = [smooth(c[:n], window) for c in curves]
-    diffs = [a - b for a, b in itertools.combinations(smoothed, 2)]
-    if not diffs:
-        raise ValueError("seed_spread needs at least two curves")
-    return rms(np.concatenate(diffs))
-
-
-def batch_noise_spread(curve: Sequence[float], window: int) -> float:
-    """The paired gap expected from a different sample order, estimated from one run alone.
-
-    Batch-to-batch noise sigma comes from successive differences (var(x_t - x_t-1) = 2 sigma^2 when
-    the trend is slow); two independent noise sequences smoothed over ``window`` points differ by
-    sigma * sqrt(2 / window).
-    """
-    x = np.asarray(curve, dtype=float)
-    if len(x) < 3:
-        return 0.0
-    return step_noise(x) * math.sqrt(2 / max(1, min(window, len(x))))
 
 
 def step_noise(curve: Sequence[float]) -> float:
@@ -110,93 +79,81 @@ def mean_with_error(values: Sequence[float]) -> MeanEstimate:
     return MeanEstimate(float(x.mean()), math.sqrt(var * tau / n), n, math.sqrt(var), tau)
 
 
+POWER = 0.8  # the detectable difference is the true difference these runs would catch 80% of the time
+
+
 @dataclass(frozen=True)
-class IndependentTest:
+class Equivalence:
+    """The one parity test (docs/guard.md, "The standard of proof"): is the candidate's loss measure
+    within +-T of the baseline's, shown at the stated confidence?"""
+
     diff: float  # candidate - baseline, averaged over the pairs of runs (positive: the candidate is worse)
-    se: float
-    low: float  # one-sided bounds at level alpha: diff -/+ z_(1-alpha) se
-    high: float
-    margin: float
-    alpha: float
-    outcome: str  # "non-inferior" | "worse" | "inconclusive"
+    se: float  # standard error of ``diff``
+    quantile: float  # critical value: z or Student's t at alpha / looks (one-sided)
+    low: float  # diff - quantile * se
+    high: float  # diff + quantile * se
+    tolerance: float  # T
+    detectable: float  # (quantile + z_POWER) * se: the smallest true difference these runs resolve
+    two_sided: bool  # a speed change: equivalence; an allowed semantic change: non-inferiority
+    outcome: str  # "equivalent" | "different" | "inconclusive"
+    source: str  # where se came from
 
 
-def independent_test(diffs: Sequence[float], ses: Sequence[float], margin: float, alpha: float,
-                     repeats_independent: bool) -> IndependentTest:
-    """End-of-run losses of independent runs (different samples), judged against a margin.
+def equivalence(diffs: Sequence[float], ses: Sequence[float] | None, tolerance: float, alpha: float,
+                looks: int = 1, independent: bool = True, two_sided: bool = True) -> Equivalence:
+    """Two one-sided tests of |candidate - baseline| < T (``two_sided``), or of candidate - baseline < T.
 
-    Per pair k: d_k with standard error s_k (the two runs' errors added in quadrature). Pooled:
-    d = mean(d_k), se = sqrt(sum s_k^2) / n; with independent repeats also at least the empirical
-    std(d_k) / sqrt(n), which catches the run-to-run wander the within-run errors miss.
-    non-inferior when d + z se < margin; worse when d - z se > 0 and not non-inferior; else the runs
-    cannot tell (too short or too noisy).
+    Per pair of runs k: a difference d_k, and (when the measure has one) its within-run standard error
+    s_k. The mean d has se = max(sqrt(sum s_k^2) / n, std(d_k) / sqrt(n)): the within-run errors
+    (many degrees of freedom: z) and, with independent repeats, the pairs' own scatter, which catches
+    what within-run noise misses (a trajectory's offset from its initialisation). A measure without a
+    within-run error (one validation loss per run) uses the scatter alone, with Student's t on n - 1
+    degrees of freedom. ``looks`` planned looks at growing evidence share ``alpha`` (Bonferroni: valid
+    whenever the evidence stops growing).
+
+    equivalent: the one-sided bounds lie inside (-T, T) (above -T only matters for a speed change)
+      and the runs resolve T: detectable <= T;
+    different: the bounds lie entirely outside [-T, T]: shown to differ by more than T;
+    inconclusive: otherwise (more seeds or steps would tell).
     """
-    d, s = np.asarray(diffs, dtype=float), np.asarray(ses, dtype=float)
+    d = np.asarray(diffs, dtype=float)
     n = len(d)
+    if n == 0:
+        raise ValueError("equivalence needs at least one pair of runs")
+    level = alpha / max(1, looks)
     mean = float(d.mean())
-    se = float(np.sqrt(np.sum(s**2))) / n
-    if repeats_independent and n > 1:
-        se = max(se, float(np.std(d, ddof=1)) / math.sqrt(n))
-    z = float(sps.norm.ppf(1 - alpha))
-    low, high = mean - z * se, mean + z * se
-    outcome = "non-inferior" if high < margin else "worse" if low > 0 else "inconclusive"
-    return IndependentTest(mean, se, low, high, margin, alpha, outcome)
-
-
-def tolerance(reference: float, fraction: float, floor: float) -> float:
-    """The loss band a same-seed candidate must stay in: a fraction of the reference spread, at
-    least ``floor`` (a deterministic workload can show a reference of ~0)."""
-    return max(floor, fraction * reference)
-
-
-def at_equal_tokens(
-    candidate_tokens: Sequence[float],
-    candidate_loss: Sequence[float],
-    baseline_tokens: Sequence[float],
-    baseline_loss: Sequence[float],
-    window: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Both smoothed curves on the baseline's token grid, where the two runs overlap.
-
-    ``*_tokens`` are cumulative tokens at each record; the candidate is linearly interpolated.
-    """
-    bt, ct = np.asarray(baseline_tokens, dtype=float), np.asarray(candidate_tokens, dtype=float)
-    bs, cs = smooth(baseline_loss, window), smooth(candidate_loss, window)
-    # a smoothed point sits at the token count of its window's last record
-    bt, ct = bt[len(bt) - len(bs):], ct[len(ct) - len(cs):]
-    keep = (bt >= ct[0]) & (bt <= ct[-1])
-    return np.interp(bt[keep], ct, cs), bs[keep]
-
-
-@dataclass(frozen=True)
-class NonInferiority:
-    mean_diff: float  # candidate - baseline, averaged over seeds (positive: the candidate is worse)
-    margin: float
-    p_value: float | None  # None with a single seed: then only the observed difference is compared
-    alpha: float
-    n: int
-    passed: bool
-
-
-def non_inferiority(
-    candidate: Sequence[float], baseline: Sequence[float], margin: float, alpha: float = 0.05
-) -> NonInferiority:
-    """One-sided paired t-test of H0: mean(candidate - baseline) >= margin against H1: < margin.
-
-    The candidate is non-inferior when H0 is rejected at level ``alpha``. Identical differences
-    (zero variance, common for deterministic runs) decide on their mean alone.
-    """
-    d = np.asarray(candidate, dtype=float) - np.asarray(baseline, dtype=float)
-    if len(d) == 0:
-        raise ValueError("non_inferiority needs at least one pair of final losses")
-    mean = float(d.mean())
-    if len(d) == 1:
-        return NonInferiority(mean, margin, None, alpha, 1, mean < margin)
-    if float(np.std(d)) <= 1e-12 * max(1.0, abs(mean)):
-        p = 0.0 if mean < margin else 1.0
+    within = None
+    if ses is not None and len(ses) == n and all(math.isfinite(s) for s in ses):
+        within = float(np.sqrt(np.sum(np.square(ses)))) / n
+    scatter = float(np.std(d, ddof=1)) / math.sqrt(n) if independent and n > 1 else None
+    if within is None and scatter is None:  # one value per run and no repeats: no measurable noise
+        se, q, source = math.inf, math.inf, "no measurable noise (one value per run, no independent repeats)"
+    elif within is None:
+        se, q = float(scatter), float(sps.t.ppf(1 - level, n - 1))
+        source = f"scatter of {n} independent pairs (Student's t, {n - 1} df)"
     else:
-        p = float(sps.ttest_1samp(d, popmean=margin, alternative="less").pvalue)
-    return NonInferiority(mean, margin, p, alpha, len(d), p < alpha)
+        se, q = within, float(sps.norm.ppf(1 - level))
+        source = f"within-run noise of {n} pair(s)"
+        if scatter is not None and scatter > within:
+            se, source = scatter, f"scatter of {n} independent pairs (above their within-run noise)"
+    z_power = float(sps.norm.ppf(POWER))
+    low, high = mean - q * se, mean + q * se
+    detectable = (q + z_power) * se if math.isfinite(se) else math.inf
+    if two_sided:
+        inside, outside = -tolerance < low and high < tolerance, low > tolerance or high < -tolerance
+    else:
+        inside, outside = high < tolerance, low > tolerance
+    resolved = detectable <= tolerance
+    outcome = "equivalent" if inside and resolved else "different" if outside else "inconclusive"
+    return Equivalence(mean, se, q, low, high, tolerance, detectable, two_sided, outcome, source)
+
+
+def evidence_needed(detectable: float, tolerance: float) -> float:
+    """By how much the evidence (seeds, or tokens in the compared tail) must grow for the runs to resolve
+    T: se shrinks as 1 / sqrt(evidence), so by (detectable / T)^2."""
+    if not math.isfinite(detectable):
+        return math.inf
+    return max(1.0, (detectable / tolerance) ** 2) if tolerance > 0 else math.inf
 
 
 # ----------------------------------------------------------------------------------- throughput

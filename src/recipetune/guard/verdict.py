@@ -7,15 +7,16 @@ written there as ``verdict.json`` for machines.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from recipetune.guard.baseline import BaselineProfile, profile_baseline, trusted_aa, with_seed
+from recipetune.guard.baseline import BaselineProfile, profile_baseline, trusted_aa
 from recipetune.guard.config import GuardConfig
-from recipetune.guard.parity import compare, seed_note
+from recipetune.guard.looks import gather
 from recipetune.guard.speed import measure_speed
 from recipetune.guard.static import StaticReport, static_report
 from recipetune.recipe import Recipe
@@ -42,6 +43,7 @@ class Verdict(BaseModel):
     candidate: dict[str, Any] = Field(default_factory=dict)
     change: str = ""
     notes: list[str] = Field(default_factory=list)  # how the evidence was gathered: mode, seeds, noise refused
+    cost: dict[str, float] = Field(default_factory=dict)  # runs launched and seconds spent, per part
     settings: dict[str, Any] = Field(default_factory=dict)
     out_dir: str = ""
 
@@ -113,21 +115,14 @@ def final_verdict(
         tb, tc = tokens_per_step(workload, baseline), tokens_per_step(workload, candidate)
         if tb and tc:
             steps = max(2, round(profile.steps * tb / tc))
-    seeds = profile.seeds[: parity_cfg.seeds]
-    independent, _ = seed_note(profile)
-    if seeds[0] is None and not independent:
-        seeds = seeds[:1]  # a trainer that seeds itself with a constant repeats itself: one run says it all
-    runs = []
-    for k, seed in enumerate(seeds):
-        if progress:
-            progress(f"parity run {k + 1}/{len(seeds)}" + (f" (seed {seed})" if seed is not None else ""))
-        folder = out_dir / "parity" / (f"seed-{seed}" if seed is not None else f"repeat-{k}")
-        result = workload.run(with_seed(candidate, seed), steps, folder, timeout_s=settings.timeout_s)
-        if not result.ok:
-            verdict.reasons = [f"candidate run failed at seed {seed}: {result.status}: {result.cause}"]
-            return _finish(verdict, out_dir)
-        runs.append(result)
-    evidence = compare(profile, runs, parity_cfg, equal_tokens=equal_tokens)
+    started = time.monotonic()
+    got = gather(workload, profile, baseline, candidate, steps, settings, out_dir, equal_tokens, progress)
+    verdict.cost = {"parity_runs": got.runs, "parity_s": round(time.monotonic() - started, 1)}
+    verdict.notes += got.looks
+    if got.evidence is None:
+        verdict.reasons = [got.failure]
+        return _finish(verdict, out_dir)
+    evidence = got.evidence
     verdict.parity = evidence.model_dump(mode="json")
     verdict.notes += [f"loss parity mode: {evidence.mode}, because {evidence.mode_reason}", *evidence.notes]
     if evidence.outcome == "inconclusive":
@@ -139,7 +134,9 @@ def final_verdict(
         return _finish(verdict, out_dir)
 
     # Throughput: interleaved pairs, the speed-up's CI against the noise margin.
+    started = time.monotonic()
     speed = measure_speed(workload, baseline, candidate, settings, out_dir / "speed", prior_aa, progress)
+    verdict.cost.update(speed_runs=2 * len(speed.pairs), speed_s=round(time.monotonic() - started, 1))
     verdict.pairs = [p.model_dump(mode="json") for p in speed.pairs]
     verdict.speed = speed.model_dump(mode="json", exclude={"pairs"})
     verdict.notes += speed.notes

@@ -77,12 +77,10 @@ class Evidence(BaseModel):
     ci_high: float | None = None
     noise_margin: float | None = None
     confidence: float = 0.95  # of the speed-up's interval
-    parity_mode: str = ""  # "same seed", or "equal tokens" when a semantic knob changed
-    loss_gap: float | None = None  # RMS of the smoothed paired loss difference (nats)
-    loss_tolerance: float | None = None
-    final_diff: float | None = None  # candidate - baseline final loss, mean over seeds
-    final_margin: float | None = None  # the non-inferiority margin on it
-    p_value: float | None = None
+    parity_mode: str = ""  # how the parity evidence was gathered (same batches, other batches, ...)
+    loss_gap: float | None = None  # candidate - baseline loss measure, mean over seeds (nats)
+    loss_tolerance: float | None = None  # T
+    loss_detectable: float | None = None  # the smallest difference the parity runs resolve
     parity: dict[str, Any] = Field(default_factory=dict)
     invariants_checked: list[str] = Field(default_factory=list)
     pairs: list[dict[str, Any]] = Field(default_factory=list)
@@ -198,9 +196,8 @@ def _evidence(verdict: dict[str, Any], recipe_id: str, trial: int | None, change
         speedup=number(verdict.get("speedup")), ci_low=number(verdict.get("ci_low")),
         ci_high=number(verdict.get("ci_high")), noise_margin=number(verdict.get("noise_margin")),
         confidence=number(verdict.get("confidence")) or 0.95, parity_mode=str(parity.get("mode") or ""),
-        loss_gap=number(parity.get("gap")), loss_tolerance=number(parity.get("tolerance")),
-        final_diff=number(parity.get("mean_diff")), final_margin=number(parity.get("margin")),
-        p_value=number(parity.get("p_value")),
+        loss_gap=number(parity.get("mean_diff")), loss_tolerance=number(parity.get("tolerance")),
+        loss_detectable=number(parity.get("detectable")),
         parity=parity, invariants_checked=[str(i) for i in verdict.get("invariants_checked") or []],
         pairs=[p for p in verdict.get("pairs") or [] if isinstance(p, dict)],
     )
@@ -390,10 +387,8 @@ def headline(decision: str, ev: Evidence | None, n_trials: int, reasons: list[st
     noise = f"the {_fmt_pct(ev.noise_margin)} noise margin" if ev.noise_margin is not None else "the noise"
     loss = ""
     if ev.loss_gap is not None and ev.loss_tolerance is not None:
-        within = "within" if ev.loss_gap <= ev.loss_tolerance else "outside"
-        loss = f"; loss gap {ev.loss_gap:.4f} nats, {within} tolerance {ev.loss_tolerance:.4f}"
-    elif ev.final_diff is not None and ev.final_margin is not None:
-        loss = f"; final loss {ev.final_diff:+.4f} nats against a margin of {ev.final_margin:.4f}"
+        within = "within" if abs(ev.loss_gap) <= ev.loss_tolerance else "outside"
+        loss = f"; final loss {ev.loss_gap:+.4f} nats, {within} the tolerance +-{ev.loss_tolerance:.4f}"
     if decision == "APPROVED":
         return f"Approved {ev.change}: {ev.speedup:.3f}x tokens/s per device{ci}, clear of {noise}{loss}."
     clears = ev.ci_low is not None and ev.noise_margin is not None and ev.ci_low > 1 + ev.noise_margin

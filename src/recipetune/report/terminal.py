@@ -46,9 +46,9 @@ def verdict_panel(r: Report) -> Panel:
         lines.append(Text(f"speed-up {fmt_num(ev.speedup, '.3f', 'x')}  {100 * ev.confidence:.0f}% CI "
                           f"[{fmt_num(ev.ci_low, '.3f')}, "
                           f"{fmt_num(ev.ci_high, '.3f')}]  {margin}  ({len(ev.pairs)} interleaved pairs)"))
-        lines.append(Text(f"loss parity ({ev.parity_mode or 'n/a'}): RMS gap {fmt_num(ev.loss_gap, '.4f')}, "
-                          f"tolerance {fmt_num(ev.loss_tolerance, '.4f')}; "
-                          f"final loss {fmt_num(ev.final_diff, '+.4f')}, margin {fmt_num(ev.final_margin, '.4f')}"))
+        lines.append(Text(f"loss parity ({ev.parity_mode or 'n/a'}): final loss {fmt_num(ev.loss_gap, '+.4f')} "
+                          f"nats, tolerance T ±{fmt_num(ev.loss_tolerance, '.4f')}, detectable "
+                          f"{fmt_num(ev.loss_detectable, '.4f')}"))
     b = r.baseline
     if r.job != QUALITY:
         lines.append(Text(f"baseline {b.recipe_id}: {fmt_num(b.tokens_per_s)} tokens/s per device over {b.repeats} "

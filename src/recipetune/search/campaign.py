@@ -130,7 +130,7 @@ def _speedup_text(screening: Any) -> str:
         return ""
     if screening.passed:
         if screening.loss_gap is not None and screening.loss_tolerance is not None:
-            return f"ok (gap {screening.loss_gap:+.3f} within {screening.loss_tolerance:.3f})"
+            return f"ok (loss {screening.loss_gap:+.3f} vs T {screening.loss_tolerance:.3f})"
         return "ok"
     return "; ".join(screening.reasons) or "rejected"
 

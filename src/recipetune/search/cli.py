@@ -121,12 +121,10 @@ def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe, store: Campa
         noise = getattr(v, "noise_margin", None)
         lines.append(Text(f"speed-up: {v.speedup:.3f}x{ci}" + (f"  noise margin {noise:.3f}" if noise else "")))
         parity = getattr(v, "parity", None) or {}
-        if parity.get("gap") is not None:
-            tol = parity.get("tolerance")
-            lines.append(Text(f"loss parity: gap {parity['gap']:+.4f}" + (f", tolerance {tol:.4f}" if tol else "")))
-        elif parity.get("bound") is not None:  # independent runs: the end-of-run loss against the margin
-            lines.append(Text(f"loss parity ({parity['mode']}): final {parity['mean_diff']:+.4f}, upper bound "
-                              f"{parity['bound']:+.4f} < margin {parity['margin']:.4f}"))
+        if parity.get("tolerance") is not None and parity.get("mean_diff") is not None:
+            det = parity.get("detectable")
+            lines.append(Text(f"loss parity ({parity.get('mode', 'n/a')}): final loss {parity['mean_diff']:+.4f} nats, tolerance "
+                              f"±{parity['tolerance']:.4f}" + (f", detectable {det:.4f}" if det is not None else "")))
     return decision_panel(outcome, lines, folder, store)
 
 

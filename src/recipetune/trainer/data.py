@@ -258,6 +258,11 @@ class GlobalBatchSampler:
         # window [o, o + seq_len + 1) holds inputs and shifted targets, so o <= n_tokens - seq_len - 1
         return rng.integers(0, self.n_tokens - self.seq_len, size=self.global_batch_size, dtype=np.int64)
 
+    def fingerprint(self, step: int) -> str:
+        """The global batch of ``step``, named: equal for any micro-batch split or process count,
+        different for another sample order (the guard's evidence that a candidate replayed the data)."""
+        return hashlib.blake2b(self.offsets(step).tobytes(), digest_size=8).hexdigest()
+
     def rank_slice(self, step: int, rank: int, world_size: int) -> np.ndarray:
         if self.global_batch_size % world_size:
             raise ValueError(

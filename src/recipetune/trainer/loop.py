@@ -310,6 +310,8 @@ def train(
             "step": step + 1,
             "loss": loss_value,
             "tokens": r["global_batch_size"] * r["seq_len"],
+            "seq_len": r["seq_len"],
+            "batch_fp": sampler.fingerprint(step),
             "step_time_s": t_end - t0,
             "data_s": t_data - t0,
             "compute_s": t_compute - t_data,

@@ -31,7 +31,7 @@ TIME_FIELDS = ("step_time_s", "step_time_ms", "tokens_per_s", "tokens_per_s_per_
 STEP_FIELDS = {"step", "loss", "tokens", "lr", "grad_norm", "mem_gib", "mem_bytes", *TIME_FIELDS}
 VAL_FIELDS = {"step", "val_loss"}
 # Per-step fields a JSONL line may carry beyond the ones above, copied as they are.
-PASSTHROUGH = ("peak_mem_bytes", "data_s", "compute_s", "optim_s", "noise_scale")
+PASSTHROUGH = ("peak_mem_bytes", "data_s", "compute_s", "optim_s", "noise_scale", "batch_fp", "seq_len")
 
 Records = tuple[list[StepRecord], list[EvalRecord]]
 
@@ -158,6 +158,8 @@ def to_step_record(fields: Mapping[str, Any], tokens_per_step: int | None, n_dev
     if mem is None and "mem_gib" in fields:
         mem = number(fields["mem_gib"]) * 2**30
     extra = {k: fields[k] for k in PASSTHROUGH if fields.get(k) is not None and k != "peak_mem_bytes"}
+    if "batch_fp" in extra:
+        extra["batch_fp"] = str(extra["batch_fp"])  # a hash may come as a number
     return StepRecord(
         step=step,
         loss=number(fields["loss"]),
