@@ -2,8 +2,9 @@
 
 No seed flag, batches from the global RNG (32 x 1 trains on other sequences than 2 x 16), the last
 micro-batch's loss printed, a stall every 15 iterations: the coupled move is APPROVED through
-``recipetune verify``; its poisoned variants are REJECTED; an A/A comparison is not approved.
-Real training runs (one thread): the slowest tests of the guard.
+``recipetune verify`` once longer runs resolve T (it trains on other batches, and the repeats are
+identical: only steps add evidence); its poisoned variants are REJECTED at the first look; an A/A
+comparison is not approved. Real training runs (one thread): the slowest tests of the guard.
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ ONE_SEED = ["guard.parity.seeds=1"]  # the trainer repeats itself exactly: one r
 
 @pytest.mark.slow
 def test_verify_the_coupled_move_is_approved(tmp_path):
+    # 50-step profile runs: T is that length's, the looks lengthen the runs to 200 and 800 steps
     res = CliRunner().invoke(app, ["verify", str(CAMPAIGN), str(CAMPAIGN), "batch_size=32", "grad_accum=1",
-                                   *ONE_SEED, "--out", str(tmp_path / "v"), "--json"])
+                                   *ONE_SEED, "guard.parity.steps=50", "--out", str(tmp_path / "v"), "--json"])
     verdict = json.loads(res.stdout)
     assert res.exit_code == 0 and verdict["decision"] == "APPROVED", verdict["reasons"]
-    assert verdict["parity"]["mode"] == "independent runs" and "differ" in verdict["parity"]["mode_reason"]
+    par = verdict["parity"]
+    assert par["mode"] == "batches unknown" and "valid either way" in par["mode_reason"]
+    assert par["detectable"] <= par["tolerance"] and abs(par["mean_diff"]) < par["tolerance"]
+    assert any("look 1/3" in n and "inconclusive" in n for n in verdict["notes"])  # one 50-step run each: too noisy
     assert any("no seed knob" in n for n in verdict["notes"])
     assert verdict["parity"]["noise"]["baseline"] > 2 * verdict["parity"]["noise"]["candidate"]
     assert sum(p["baseline_stalls"] + p["candidate_stalls"] for p in verdict["pairs"]) > 0
@@ -37,8 +42,8 @@ def test_verify_the_coupled_move_is_approved(tmp_path):
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
-    # 250 steps: the poisons cost 10% or more and show long before; the A/A replays itself at any length
-    c = load_campaign(CAMPAIGN, [*ONE_SEED, "guard.parity.steps=250"])
+    # the example's 100 steps: the fixture's strong poisons (+0.1 nats and more) show at the first look
+    c = load_campaign(CAMPAIGN, ONE_SEED)
     folder = tmp_path_factory.mktemp("nanogpt")
     profile = profile_baseline(c.workload, c.baseline, c.config.guard.parity.steps, c.config.guard,
                                folder / "baseline")
@@ -51,8 +56,9 @@ def test_poisoned_coupled_moves_are_rejected(campaign, poison):
     c, profile, folder = campaign
     cand = c.baseline.with_(batch_size=32, grad_accum=1, poison=poison)
     v = final_verdict(c.workload, c.baseline, cand, c.config.guard, folder / poison, profile=profile)
-    assert v.decision == "REJECTED" and v.parity["mode"] == "independent runs", v.reasons
-    assert "trains worse" in v.reasons[0] and not v.pairs  # never timed
+    assert v.decision == "REJECTED" and v.parity["mode"] == "batches unknown", v.reasons
+    assert "trains differently" in v.reasons[0] and not v.pairs  # never timed
+    assert v.cost["parity_runs"] == 1  # decided at the first look
 
 
 @pytest.mark.slow
@@ -61,7 +67,7 @@ def test_aa_is_not_approved(campaign):
     settings = c.config.guard.model_copy(update={"speed": c.config.guard.speed.model_copy(update={"pairs": 2})})
     v = final_verdict(c.workload, c.baseline, c.baseline, settings, folder / "aa", profile=profile)
     assert v.decision == "KEEP BASELINE", v.reasons
-    assert v.parity["mode"] == "same seed" and "match" in v.parity["mode_reason"]  # it replays itself exactly
+    assert v.parity["mean_diff"] == 0.0 and v.parity["outcome"] == "holds"  # it repeats itself exactly
 
 
 @pytest.mark.slow
@@ -72,4 +78,4 @@ def test_tune_from_2x16_approves_a_no_accumulation_recipe(tmp_path):
     verdict = json.loads((folder / "verdict.json").read_text())
     assert res.exit_code == 0 and verdict["decision"] == "APPROVED", (res.output[-2000:], verdict["reasons"])
     assert verdict["recipe"]["grad_accum"] == 1 and verdict["recipe"]["batch_size"] == 32
-    assert verdict["verdict"]["parity"]["mode"] == "independent runs"
+    assert verdict["verdict"]["parity"]["detectable"] <= verdict["verdict"]["parity"]["tolerance"]

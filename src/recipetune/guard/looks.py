@@ -97,8 +97,8 @@ def gather(
         det = f"{evidence.detectable:.4f}" if evidence.detectable is not None else "unbounded"
         notes.append(f"parity look {i + 1}/{len(plan)} ({what}): {evidence.outcome}, difference "
                      f"{evidence.mean_diff:+.4f}, detectable {det}, T {evidence.tolerance:.4f}")
-        if evidence.outcome != "inconclusive":
-            break
+        if evidence.outcome != "inconclusive" or (evidence.too_short and look.factor == plan[-1].factor):
+            break  # decided; or too short, which more seeds cannot change
     assert evidence is not None
     if evidence.outcome == "inconclusive" and evidence.evidence_factor is not None:
         last = plan[-1]

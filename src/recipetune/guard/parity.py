@@ -60,6 +60,7 @@ class ParityEvidence(BaseModel):
     looks: int = 1
     se_source: str = ""
     evidence_factor: float | None = None  # inconclusive: by how much the evidence must grow to resolve T
+    too_short: bool = False  # too few logged losses in a tail to estimate the noise: only longer runs help
     gap: float | None = None  # diagnostic: RMS of the smoothed per-step difference (first pair), nats
     window: int = 10
     noise: dict[str, float] = {}  # step-to-step noise of each side's logged loss in the tail
@@ -172,7 +173,10 @@ def compare(
     for base, cand in pairs:
         problems += [p for p in incomparable(base, cand, equal_tokens) if p not in problems]
 
-    use_val = independent and len(pairs) > 1 and all(has_final_val(b) and has_final_val(c) for b, c in pairs)
+    # the validation loss where both runs printed one at the end of the same tokens, and repeats measure its noise
+    use_val = independent and len(pairs) > 1 and all(
+        has_final_val(b) and has_final_val(c) and abs(tokens(b)[-1] - tokens(c)[-1]) < b.steps[-1].tokens
+        for b, c in pairs)
     b_fin, c_fin, diffs, ses, shortest = [], [], [], [], MIN_TAIL
     noise = {"baseline": [], "candidate": []}
     for base, cand in pairs:
@@ -203,13 +207,13 @@ def compare(
     bounds = f"one-sided {conf} bounds [{test.low:+.4f}, {test.high:+.4f}]"
     origin = "guard.parity.margin" if settings.margin is not None else f"{settings.tolerance:g} x {how} {sigma:.4f}"
     t_text = f"T = {T:.4f} ({origin})"
-    factor = None
+    factor, too_short = None, False
     reasons: list[str] = []
     if problems:
         outcome = "fails"
         reasons = [f"the loss measure is not comparable: {p}" for p in problems]
-    elif shortest < MIN_TAIL:
-        outcome = "inconclusive"
+    elif shortest < MIN_TAIL and not use_val:  # more seeds cannot help: only longer runs
+        outcome, too_short = "inconclusive", True
         reasons.append(f"the runs are too short to tell: fewer than {MIN_TAIL} logged losses in {share}; "
                        "raise guard.parity.steps")
     elif test.outcome == "different":
@@ -238,7 +242,7 @@ def compare(
         candidate_finals=c_fin, mean_diff=test.diff, se=_finite(test.se), low=_finite(test.low),
         high=_finite(test.high), tolerance=T, detectable=_finite(test.detectable), reference=sigma,
         reference_kind=how, two_sided=test.two_sided, alpha=settings.alpha, looks=looks, se_source=test.source,
-        evidence_factor=_finite(factor), gap=gap, window=settings.window,
+        evidence_factor=_finite(factor), too_short=too_short, gap=gap, window=settings.window,
         noise={k: float(np.mean(v)) for k, v in noise.items()},
     )
 

@@ -123,8 +123,9 @@ def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe, store: Campa
         parity = getattr(v, "parity", None) or {}
         if parity.get("tolerance") is not None and parity.get("mean_diff") is not None:
             det = parity.get("detectable")
-            lines.append(Text(f"loss parity ({parity.get('mode', 'n/a')}): final loss {parity['mean_diff']:+.4f} nats, tolerance "
-                              f"±{parity['tolerance']:.4f}" + (f", detectable {det:.4f}" if det is not None else "")))
+            lines.append(Text(f"loss parity ({parity.get('mode', 'n/a')}): final loss {parity['mean_diff']:+.4f} nats, "
+                              f"tolerance ±{parity['tolerance']:.4f}"
+                              + (f", detectable {det:.4f}" if det is not None else "")))
     return decision_panel(outcome, lines, folder, store)
 
 
