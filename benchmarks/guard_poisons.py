@@ -18,6 +18,8 @@ import argparse
 import time
 from pathlib import Path
 
+import yaml
+
 from recipetune.config import load_campaign
 from recipetune.guard.baseline import profile_baseline
 from recipetune.guard.verdict import final_verdict
@@ -25,7 +27,7 @@ from recipetune.guard.verdict import final_verdict
 
 def parse_case(text: str) -> tuple[str, dict[str, str]]:
     name, _, edits = text.partition(":")
-    return name, dict(e.split("=", 1) for e in edits.split(",") if e)
+    return name, {k: yaml.safe_load(v) for k, v in (e.split("=", 1) for e in edits.split(",") if e)}
 
 
 def main() -> None:

@@ -114,6 +114,10 @@ def test_the_validation_loss_is_preferred_when_independent_repeats_measure_its_n
     worse = compare(p, [run(curve(s, s), FAST.with_(seed=s), val=v + 0.05) for s, v in enumerate(vals)],
                     SETTINGS.parity)
     assert worse.final_metric == "validation loss" and worse.outcome == "fails"
+    train, val = worse.measures  # both measures are tested; parity needs both to hold
+    assert train.outcome == "holds" and val.outcome == "fails" and "trains differently" in worse.reasons[0]
+    same = compare(p, [run(curve(s, s), FAST.with_(seed=s), val=v) for s, v in enumerate(vals)], SETTINGS.parity)
+    assert same.outcome == "holds" and [m.outcome for m in same.measures] == ["holds", "holds"]
 
 
 def test_screen_checks_one_run_at_the_baseline_seed(profile):

@@ -35,6 +35,26 @@ from recipetune.recipe import SPEED
 Mode = Literal["same batches", "other batches", "batches unknown", "equal tokens"]
 
 
+class Measured(BaseModel):
+    """One loss measure's test (the training loss over the tail, or the validation loss)."""
+
+    measure: str
+    baseline_finals: list[float]
+    candidate_finals: list[float]
+    mean_diff: float
+    se: float | None
+    low: float | None
+    high: float | None
+    tolerance: float  # T of this measure
+    detectable: float | None
+    reference: float  # sigma_M
+    reference_kind: str
+    se_source: str
+    outcome: Literal["holds", "fails", "inconclusive"]
+    evidence_factor: float | None = None  # inconclusive: by how much the evidence must grow to resolve T
+    reason: str = ""
+
+
 class ParityEvidence(BaseModel):
     mode: Mode
     mode_reason: str  # declared, what the fingerprints showed, or that nothing tells
@@ -61,6 +81,7 @@ class ParityEvidence(BaseModel):
     se_source: str = ""
     evidence_factor: float | None = None  # inconclusive: by how much the evidence must grow to resolve T
     too_short: bool = False  # too few logged losses in a tail to estimate the noise: only longer runs help
+    measures: list[Measured] = []  # each measure's test; the fields above are the decisive one's
     gap: float | None = None  # diagnostic: RMS of the smoothed per-step difference (first pair), nats
     window: int = 10
     noise: dict[str, float] = {}  # step-to-step noise of each side's logged loss in the tail
@@ -173,78 +194,117 @@ def compare(
     for base, cand in pairs:
         problems += [p for p in incomparable(base, cand, equal_tokens) if p not in problems]
 
-    # the validation loss where both runs printed one at the end of the same tokens, and repeats measure its noise
-    use_val = independent and len(pairs) > 1 and all(
+    # Two measures where the trainer gives both: the training loss over the tail (paired step by step: the
+    # sharpest where the batches were replayed) and the validation loss at the end of the same tokens on the
+    # same held-out data (what a loss over other examples cannot fake), measurable when repeats are
+    # independent. Parity holds only when every measure holds (an intersection-union test: no alpha to split).
+    with_val = independent and len(pairs) > 1 and all(
         has_final_val(b) and has_final_val(c) and abs(tokens(b)[-1] - tokens(c)[-1]) < b.steps[-1].tokens
         for b, c in pairs)
-    b_fin, c_fin, diffs, ses, shortest = [], [], [], [], MIN_TAIL
-    noise = {"baseline": [], "candidate": []}
+    train_b, train_c, ses, shortest = [], [], [], MIN_TAIL
+    noise: dict[str, list[float]] = {"baseline": [], "candidate": []}
     for base, cand in pairs:
         total = float(min(tokens(base)[-1], tokens(cand)[-1]))
         bm, cm, se, n_tail = tail_measure(base, cand, total, settings.tail)
         shortest = min(shortest, n_tail)
-        if use_val:
-            bm, cm = base.evals[-1].val_loss, cand.evals[-1].val_loss
-        b_fin.append(bm)
-        c_fin.append(cm)
-        diffs.append(cm - bm)
+        train_b.append(bm)
+        train_c.append(cm)
         ses.append(se)
         noise["baseline"].append(stats.step_noise([s.loss for s in tail(base, total, settings.tail)]))
         noise["candidate"].append(stats.step_noise([s.loss for s in tail(cand, total, settings.tail)]))
-    share = f"the last {100 * settings.tail:.0f}% of the tokens"
-    metric = "validation loss" if use_val else f"training loss (mean over {share})"
     compared = min(min(tokens(b)[-1], tokens(c)[-1]) for b, c in pairs)  # T over the same run length
-    T, sigma, how = tolerance(profile.runs, settings, use_val, compared, independent)
-    test = stats.equivalence(diffs, None if use_val else ses, T, settings.alpha, looks, independent,
-                             two_sided=not equal_tokens)
+    share = f"the last {100 * settings.tail:.0f}% of the tokens"
+    two_sided = not equal_tokens
+    measures: list[Measured] = []
     notes = [note, f"step-to-step noise of the logged loss: baseline {np.mean(noise['baseline']):.4f}, candidate "
                    f"{np.mean(noise['candidate']):.4f} nats"]
-    if not use_val and any(b.evals for b, _ in pairs):
+    too_short = shortest < MIN_TAIL
+    if not too_short:
+        measures.append(_judge(f"training loss (mean over {share})", train_b, train_c, ses,
+                               tolerance(profile.runs, settings, False, compared, independent), settings, looks,
+                               independent, two_sided))
+    elif with_val:
+        notes.append(f"fewer than {MIN_TAIL} logged losses in {share}: the validation loss alone is the measure")
+    if with_val:
+        measures.append(_judge("validation loss", [b.evals[-1].val_loss for b, _ in pairs],
+                               [c.evals[-1].val_loss for _, c in pairs], None,
+                               tolerance(profile.runs, settings, True, compared, independent), settings, looks,
+                               independent, two_sided))
+    elif any(b.evals for b, _ in pairs):
         notes.append("the trainer prints a validation loss, but without independent repeats one value per run has "
                      "no measurable noise: the training loss is the measure")
 
-    conf = f"{100 * (1 - settings.alpha / max(1, looks)):.1f}%"
-    bounds = f"one-sided {conf} bounds [{test.low:+.4f}, {test.high:+.4f}]"
-    origin = "guard.parity.margin" if settings.margin is not None else f"{settings.tolerance:g} x {how} {sigma:.4f}"
-    t_text = f"T = {T:.4f} ({origin})"
-    factor, too_short = None, False
     reasons: list[str] = []
     if problems:
         outcome = "fails"
         reasons = [f"the loss measure is not comparable: {p}" for p in problems]
-    elif shortest < MIN_TAIL and not use_val:  # more seeds cannot help: only longer runs
-        outcome, too_short = "inconclusive", True
+    elif not measures:  # too short, and no validation loss to fall back on: more seeds cannot help
+        outcome = "inconclusive"
         reasons.append(f"the runs are too short to tell: fewer than {MIN_TAIL} logged losses in {share}; "
                        "raise guard.parity.steps")
-    elif test.outcome == "different":
-        outcome = "fails"
-        direction = "worse" if test.diff > 0 else "better than the baseline, which a speed change cannot be"
-        what = "trains differently" if test.two_sided else "trains worse"
-        reasons.append(f"the candidate {what}: final {metric} {test.diff:+.4f} nats vs the baseline ({direction}), "
-                       f"{bounds} outside {'+-' if test.two_sided else 'below '}{t_text}")
-    elif test.outcome == "inconclusive":
-        outcome = "inconclusive"
-        factor = stats.evidence_needed(test.detectable, T)
-        reasons.append(f"the runs cannot resolve T: final {metric} {test.diff:+.4f} nats vs the baseline, {bounds}, "
-                       f"smallest detectable difference {test.detectable:.4f} vs {t_text}")
     else:
-        outcome = "holds"
+        outcome = ("fails" if any(m.outcome == "fails" for m in measures) else
+                   "inconclusive" if any(m.outcome == "inconclusive" for m in measures) else "holds")
+        reasons = [m.reason for m in measures if m.outcome == outcome and m.reason]
+    decisive = _decisive(measures, outcome)
     gap = None
     b0, c0 = pairs[0]
     bl, cl = {s.step: s.loss for s in b0.steps}, {s.step: s.loss for s in c0.steps}
     common = sorted(bl.keys() & cl.keys())
     if not equal_tokens and len(common) >= 2:
         gap = stats.rms(stats.smooth([cl[t] - bl[t] for t in common], settings.window))
+    d = decisive
     return ParityEvidence(
         mode=mode, mode_reason=why, passed=outcome == "holds", outcome=outcome, reasons=reasons, notes=notes,
         seeds=[b.recipe.get("seed") for b, _ in pairs] if profile.seeds[0] is not None else [None] * len(pairs),
-        steps_compared=min(len(b.steps) for b, _ in pairs), final_metric=metric, baseline_finals=b_fin,
-        candidate_finals=c_fin, mean_diff=test.diff, se=_finite(test.se), low=_finite(test.low),
-        high=_finite(test.high), tolerance=T, detectable=_finite(test.detectable), reference=sigma,
-        reference_kind=how, two_sided=test.two_sided, alpha=settings.alpha, looks=looks, se_source=test.source,
-        evidence_factor=_finite(factor), too_short=too_short, gap=gap, window=settings.window,
+        steps_compared=min(len(b.steps) for b, _ in pairs),
+        final_metric=d.measure if d else f"training loss (mean over {share})",
+        baseline_finals=d.baseline_finals if d else train_b, candidate_finals=d.candidate_finals if d else train_c,
+        mean_diff=d.mean_diff if d else float(np.mean(np.subtract(train_c, train_b))),
+        se=d.se if d else None, low=d.low if d else None, high=d.high if d else None,
+        tolerance=d.tolerance if d else tolerance(profile.runs, settings, False, compared, independent)[0],
+        detectable=d.detectable if d else None, reference=d.reference if d else 0.0,
+        reference_kind=d.reference_kind if d else "", two_sided=two_sided, alpha=settings.alpha, looks=looks,
+        se_source=d.se_source if d else "", evidence_factor=d.evidence_factor if d else None,
+        too_short=too_short and not measures, measures=measures, gap=gap, window=settings.window,
         noise={k: float(np.mean(v)) for k, v in noise.items()},
     )
+
+
+def _judge(name: str, b_fin: list[float], c_fin: list[float], ses: list[float] | None,
+           tol: tuple[float, float, str], settings: ParitySettings, looks: int, independent: bool,
+           two_sided: bool) -> Measured:
+    T, sigma, how = tol
+    diffs = [c - b for b, c in zip(b_fin, c_fin, strict=True)]
+    test = stats.equivalence(diffs, ses, T, settings.alpha, looks, independent, two_sided)
+    conf = f"{100 * (1 - settings.alpha / max(1, looks)):.1f}%"
+    bounds = f"one-sided {conf} bounds [{test.low:+.4f}, {test.high:+.4f}]"
+    origin = "guard.parity.margin" if settings.margin is not None else f"{settings.tolerance:g} x {how} {sigma:.4f}"
+    t_text = f"T = {T:.4f} ({origin})"
+    factor, reason = None, ""
+    outcome = {"equivalent": "holds", "different": "fails", "inconclusive": "inconclusive"}[test.outcome]
+    if outcome == "fails":
+        direction = "worse" if test.diff > 0 else "better than the baseline, which a speed change cannot be"
+        what = "trains differently" if two_sided else "trains worse"
+        reason = (f"the candidate {what}: final {name} {test.diff:+.4f} nats vs the baseline ({direction}), "
+                  f"{bounds} outside {'+-' if two_sided else 'below '}{t_text}")
+    elif outcome == "inconclusive":
+        factor = stats.evidence_needed(test.detectable, T)
+        reason = (f"the runs cannot resolve T: final {name} {test.diff:+.4f} nats vs the baseline, {bounds}, "
+                  f"smallest detectable difference {test.detectable:.4f} vs {t_text}")
+    return Measured(
+        measure=name, baseline_finals=b_fin, candidate_finals=c_fin, mean_diff=test.diff, se=_finite(test.se),
+        low=_finite(test.low), high=_finite(test.high), tolerance=T, detectable=_finite(test.detectable),
+        reference=sigma, reference_kind=how, se_source=test.source, outcome=outcome,
+        evidence_factor=_finite(factor), reason=reason)
+
+
+def _decisive(measures: list[Measured], outcome: str) -> Measured | None:
+    """The measure the outcome rests on: one that failed; else the one furthest from resolving T."""
+    same = [m for m in measures if m.outcome == outcome] or measures
+    if not same:
+        return None
+    return max(same, key=lambda m: (m.detectable if m.detectable is not None else math.inf) / max(m.tolerance, 1e-12))
 
 
 def _finite(x: float | None) -> float | None:
