@@ -30,6 +30,12 @@ def parse_case(text: str) -> tuple[str, dict[str, str]]:
     return name, {k: yaml.safe_load(v) for k, v in (e.split("=", 1) for e in edits.split(",") if e)}
 
 
+def measures(parity: dict) -> str:
+    """Each loss measure's outcome with its T: ``train holds (T 0.0053), val fails (T 0.0111)``."""
+    return ", ".join(f"{m['measure'].split()[0]} {m['outcome']} (T {m['tolerance']:.4f})"
+                     for m in parity.get("measures") or []) or "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("campaign", type=Path)
@@ -44,8 +50,8 @@ def main() -> None:
     profile = profile_baseline(workload, base, settings.parity.steps, settings, out / "baseline")
     print(f"{args.campaign}: baseline profiled in {time.monotonic() - t0:.0f} s; T = {profile.loss_tolerance:.4f} "
           f"({profile.loss_reference_kind}); runs under {out}\n")
-    print("| case | change | mode | verdict | loss diff | T | detectable | parity runs | speed-up | seconds |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| case | change | mode | verdict | loss diff | T | detectable | measures | parity runs | speed-up | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for text in args.cases:
         name, edits = parse_case(text)
         cand = workload.resolve({**dict(base), **edits})
@@ -55,7 +61,7 @@ def main() -> None:
         det = p.get("detectable")
         print(f"| {name} | {cand.describe_diff(base) or 'none (A/A)'} | {p.get('mode', '-')} | {v.decision} | "
               f"{p.get('mean_diff', float('nan')):+.4f} | {p.get('tolerance', float('nan')):.4f} | "
-              f"{'-' if det is None else f'{det:.4f}'} | {int(v.cost.get('parity_runs', 0))} | "
+              f"{'-' if det is None else f'{det:.4f}'} | {measures(p)} | {int(v.cost.get('parity_runs', 0))} | "
               f"{'-' if v.speedup is None else f'{v.speedup:.2f}x'} | {time.monotonic() - t0:.0f} |", flush=True)
 
 

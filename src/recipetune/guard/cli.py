@@ -92,14 +92,16 @@ def render(verdict: Verdict) -> Panel:
         table.add_column(style="bold")
         table.add_column()
         table.add_row("evidence", escape(f"{par['mode']}: {par['mode_reason']}"))
-        table.add_row("tolerance T", f"±{par['tolerance']:.4f} nats ({escape(par['reference_kind'])}: "
-                      f"{par['reference']:.4f})")
-        table.add_row(par["final_metric"], "baseline " + ", ".join(f"{x:.4f}" for x in par["baseline_finals"])
-                      + "; candidate " + ", ".join(f"{x:.4f}" for x in par["candidate_finals"]))
-        bounds = "" if par["low"] is None else f", bounds [{par['low']:+.4f}, {par['high']:+.4f}]"
-        det = "unbounded" if par["detectable"] is None else f"{par['detectable']:.4f}"
-        table.add_row("difference", f"{par['mean_diff']:+.4f} nats{bounds} ({escape(par['se_source'])}); "
-                      f"smallest detectable {det}; seeds {par['seeds']}; {par['looks']} planned look(s)")
+        for m in par.get("measures") or [par | {"measure": par["final_metric"]}]:
+            bounds = "" if m["low"] is None else f", bounds [{m['low']:+.4f}, {m['high']:+.4f}]"
+            det = "unbounded" if m["detectable"] is None else f"{m['detectable']:.4f}"
+            table.add_row(escape(m["measure"]),
+                          f"baseline {', '.join(f'{x:.4f}' for x in m['baseline_finals'])}; candidate "
+                          f"{', '.join(f'{x:.4f}' for x in m['candidate_finals'])}\n"
+                          f"difference {m['mean_diff']:+.4f} nats{bounds} ({escape(m['se_source'])})\n"
+                          f"T ±{m['tolerance']:.4f} ({escape(m['reference_kind'])}: {m['reference']:.4f}); "
+                          f"smallest detectable {det}: {m.get('outcome', par['outcome'])}")
+        table.add_row("seeds", f"{par['seeds']}; {par['looks']} planned look(s)")
         table.add_row("verdict", par["outcome"])
         parts.append(table)
     if verdict.notes:
