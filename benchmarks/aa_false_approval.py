@@ -52,13 +52,20 @@ def main() -> None:
         else:
             s = measure_speed(workload, recipe, recipe, settings, folder, profile.aa_log_ratios)
             row = {"decision": "APPROVED" if s.faster else "KEEP BASELINE", "speedup": s.speedup,
-                   "ci_low": s.ci_low, "ci_high": s.ci_high, "noise_margin": s.noise_margin}
+                   "ci_low": s.ci_low, "ci_high": s.ci_high, "noise_margin": s.noise_margin,
+                   "smallest_approvable": s.smallest_approvable}
         approved += row["decision"] == "APPROVED"
         rows.append(row)
+        power = row.get("smallest_approvable")
         print(f"{i + 1:4d}  {row['decision']:13s}  speed-up {row['speedup']:.3f}  "
-              f"CI [{row['ci_low']:.3f}, {row['ci_high']:.3f}]  margin {100 * row['noise_margin']:.1f}%", flush=True)
+              f"CI [{row['ci_low']:.3f}, {row['ci_high']:.3f}]  margin {100 * row['noise_margin']:.1f}%"
+              + (f"  smallest approvable {power:.3f}x" if power else ""), flush=True)
 
     rate, low, high = stats.proportion_ci(approved, len(rows))
+    powers = sorted(r["smallest_approvable"] for r in rows if r.get("smallest_approvable"))
+    if powers:
+        print(f"\nsmallest approvable speed-up: median {powers[len(powers) // 2]:.3f}x "
+              f"(range {powers[0]:.3f}-{powers[-1]:.3f}x)")
     print(f"\nfalse approvals: {approved}/{len(rows)} = {100 * rate:.1f}% "
           f"(95% CI {100 * low:.1f}-{100 * high:.1f}%; target <= 5%)")
     (out / "aa.json").write_text(json.dumps({"campaign": str(args.campaign), "overrides": args.overrides,

@@ -113,3 +113,13 @@ def test_aa_false_approval_rate_is_at_most_5_percent_in_simulation():
 
 def test_a_real_gain_well_above_noise_is_approved_in_simulation():
     assert simulate(1.25, noise=0.03, n=100) >= 0.95
+
+
+def test_smallest_approvable_speedup_is_the_edge_of_what_the_pairs_approve():
+    spread = np.array([0.02, -0.01, 0.0, 0.015, -0.025])  # the pairs' scatter about their mean
+    edge = stats.smallest_approvable(spread, 0.95, 0.03)
+    assert edge is not None and edge > 1.03
+    for factor, approved in ((1.001, True), (0.999, False)):
+        ratios = spread - spread.mean() + math.log(edge * factor)  # the same scatter, centred just above/below
+        assert stats.clears(stats.speedup_ci(ratios, 0.95), 0.03) is approved
+    assert stats.smallest_approvable([0.1], 0.95, 0.03) is None

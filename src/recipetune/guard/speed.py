@@ -7,6 +7,7 @@ tokens/s and reported apart; each run's figure is the median over windows of its
 baseline runs are A/A pairs: with the stored profile's (when plausible) they give the noise margin.
 An A/A noise above ``speed.max_noise`` is refused: the pairs are measured once more, and if the
 noise is still absurd the verdict says the machine was busy instead of deciding.
+``smallest_approvable`` states the test's power: the smallest speed-up these pairs could have approved.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class SpeedEvidence(BaseModel):
     noise_source: str  # "configured" or "A/A: N baseline-vs-baseline ratios"
     aa_log_ratios: list[float]
     faster: bool  # the CI's lower end clears 1 + noise margin
+    # the power of these pairs: the smallest speed-up they could have approved (their scatter, the margin)
+    smallest_approvable: float | None = None
     failure: str = ""  # a candidate run that failed: then nothing else here counts
     busy: str = ""  # the A/A noise stayed absurd after measuring again: no decision on speed
     notes: list[str] = []  # a refused stored noise, a re-measurement
@@ -134,4 +137,5 @@ def measure_speed(
         pairs=pairs, speedup=ci.speedup, ci_low=ci.low, ci_high=ci.high, confidence=ci.confidence,
         ci_method=ci.method, noise_margin=margin, noise_source=source, aa_log_ratios=aa,
         faster=stats.clears(ci, margin) and not busy, busy=busy, notes=notes,
+        smallest_approvable=stats.smallest_approvable(ratios, sp.confidence, margin),
     )

@@ -220,6 +220,21 @@ def speedup_ci(ratios_log: Sequence[float], confidence: float = 0.95, n_resample
     return SpeedupCI(centre, float(np.exp(x.min())), float(np.exp(x.max())), confidence, "range")
 
 
+def smallest_approvable(ratios_log: Sequence[float], confidence: float, margin: float) -> float | None:
+    """The smallest speed-up pairs with this scatter could approve: ``(1 + m) exp(q sd / sqrt(n))``,
+    with ``sd`` the standard deviation of the ``n`` per-pair log ratios, ``m`` the noise margin and ``q``
+    the two-sided quantile of the interval the verdict uses (Student's t with n - 1 degrees of freedom
+    below ``SMALL_SAMPLE`` pairs, the normal quantile from there on, where the bootstrap's
+    interval is about as wide). None below two pairs, whose interval is unbounded."""
+    x = np.asarray(ratios_log, dtype=float)
+    n = len(x)
+    if n < 2:
+        return None
+    p = 0.5 + confidence / 2
+    q = float(sps.t.ppf(p, n - 1)) if n < SMALL_SAMPLE else float(sps.norm.ppf(p))
+    return (1 + margin) * math.exp(q * float(x.std(ddof=1)) / math.sqrt(n))
+
+
 def clears(ci: SpeedupCI, margin: float) -> bool:
     """Approved as faster: the interval's lower end lies above 1 + the noise margin."""
     return ci.low > 1 + margin

@@ -149,9 +149,11 @@ def final_verdict(
                              "windows (see pairs)")
     verdict.speedup, verdict.ci_low, verdict.ci_high = speed.speedup, speed.ci_low, speed.ci_high
     verdict.noise_margin, verdict.confidence = speed.noise_margin, speed.confidence
+    power = (f"; the smallest speed-up these pairs could approve: {speed.smallest_approvable:.3f}x"
+             if speed.smallest_approvable else "")
     figures = (f"speed-up {speed.speedup:.3f}x, {100 * speed.confidence:.0f}% CI [{speed.ci_low:.3f}, "
                f"{speed.ci_high:.3f}] over {len(speed.pairs)} interleaved pairs; noise margin "
-               f"{100 * speed.noise_margin:.1f}%")
+               f"{100 * speed.noise_margin:.1f}%{power}")
     loss = f"loss parity holds ({evidence.summary()})"
     if speed.busy:
         verdict.decision = "KEEP BASELINE"
