@@ -75,14 +75,18 @@ class LossWorkload(CommandWorkload):
     """nanoGPT-like runs of any length: the sample stream depends on the micro-batch size (the global
     RNG), the logged loss averages ``batch_size`` sequences, and ``offset`` poisons the descent."""
 
-    def __init__(self, offset: float = 0.0):
+    def __init__(self, offset: float = 0.0, fade: float | None = None):
         super().__init__(SPEC, Path("."))
-        self.offset, self.launched = offset, []
+        self.offset, self.fade, self.launched = offset, fade, []
 
     def run(self, recipe, steps, out_dir, timeout_s=None, progress=None) -> RunResult:
         self.launched.append((int(recipe["batch_size"]), steps))
         b = int(recipe["batch_size"])
-        return loss_run(recipe, b, steps, order=b, offset=0.0 if b == 2 else self.offset)
+        run = loss_run(recipe, b, steps, order=b, offset=0.0 if b == 2 or self.fade else self.offset)
+        if self.fade and b != 2:  # an effect of `offset` nats that fades over `fade` steps (a lost share of data)
+            for s in run.steps:
+                s.loss += self.offset * math.exp(-s.step / self.fade)
+        return run
 
 
 def test_equivalent_candidate_on_other_batches_is_never_rejected_and_longer_runs_resolve_it(tmp_path):
@@ -110,6 +114,16 @@ def test_a_poison_at_the_edge_is_rejected_after_enough_evidence_never_approved(t
     got = gather(LossWorkload(offset=factor * T / 0.75), profile, BASE, CAND, 100, cfg, tmp_path, equal_tokens=False)
     assert got.evidence.outcome in ("fails", "inconclusive"), got.looks
     assert got.evidence.outcome == "fails" or factor < 2
+
+
+def test_an_effect_that_fades_in_longer_runs_is_not_approved_on_them(tmp_path):
+    # 3 T at the profile's length, a sixth of that 16x later: inside T there, but shown beyond noise
+    cfg = settings()
+    profile = no_seed_profile(100, cfg)
+    T = profile.loss_tolerance
+    got = gather(LossWorkload(offset=3 * T / math.exp(-75 / 400), fade=400), profile, BASE, CAND, 100, cfg, tmp_path,
+                 equal_tokens=False)
+    assert got.evidence.outcome != "holds", got.looks
 
 
 def test_runs_that_cannot_resolve_t_say_how_much_more_would():

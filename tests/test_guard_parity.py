@@ -159,3 +159,16 @@ def test_one_seed_profile_uses_the_noise_within_the_run():
     assert "within-run" in p.loss_reference_kind and p.loss_reference > 0
     assert screen(p, run(curve(0, 0), BASE), one).passed
     assert not screen(p, run(curve(0, 0, extra=late(3 * p.loss_tolerance)), BASE), one).passed
+
+
+def test_runs_longer_than_the_profile_do_not_wave_through_a_difference_they_show():
+    # Same batches, an offset of a third of T: inside T, and shown beyond noise. At the profile's length
+    # that is within the standard; measured on 4x longer runs (a trainer with identical repeats), whose
+    # own spread is smaller than T, it may be an effect that fades: not approved there.
+    one = GuardConfig.model_validate({"parity": {"steps": STEPS, "seeds": 1}})
+    p = build_profile(WORKLOAD, BASE, [run(curve(0, 0), BASE)], [0], STEPS, one)
+    cand = [run(curve(0, 0) + p.loss_tolerance / 3, FAST)]
+    assert compare(p, cand, one.parity).outcome == "holds"
+    longer = compare(p, cand, one.parity, longer=4)
+    assert longer.outcome == "inconclusive" and "fades with training" in longer.reasons[0]
+    assert compare(p, [run(curve(0, 0), FAST)], one.parity, longer=4).outcome == "holds"  # no difference: fine

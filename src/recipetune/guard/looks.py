@@ -92,7 +92,7 @@ def gather(
                 cand_runs[k, look.factor] = result
         keys = [(k, look.factor) for k in range(look.pairs)]
         evidence = compare(profile, [cand_runs[x] for x in keys], settings.parity, equal_tokens,
-                           baselines=[base_runs[x] for x in keys], looks=len(plan))
+                           baselines=[base_runs[x] for x in keys], looks=len(plan), longer=look.factor)
         what = f"{look.pairs} seed(s)" if look.factor == 1 else f"{look.factor}x the steps"
         det = f"{evidence.detectable:.4f}" if evidence.detectable is not None else "unbounded"
         notes.append(f"parity look {i + 1}/{len(plan)} ({what}): {evidence.outcome}, difference "

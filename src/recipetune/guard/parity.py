@@ -178,10 +178,11 @@ def incomparable(base: RunResult, cand: RunResult, equal_tokens: bool) -> list[s
 
 def compare(
     profile: BaselineProfile, candidates: list[RunResult], settings: ParitySettings, equal_tokens: bool = False,
-    baselines: list[RunResult] | None = None, looks: int = 1,
+    baselines: list[RunResult] | None = None, looks: int = 1, longer: int = 1,
 ) -> ParityEvidence:
     """Judge candidate runs; ``candidates[i]`` ran with the seed of ``baselines[i]`` (by default the
-    profile's runs). ``looks``: how many looks at growing evidence the caller plans (they share alpha)."""
+    profile's runs). ``looks``: how many looks at growing evidence the caller plans (they share alpha).
+    ``longer``: the runs are this many times the profile's length (a trainer with identical repeats)."""
     baselines = baselines if baselines is not None else profile.runs[: len(candidates)]
     if not candidates or len(candidates) != len(baselines):
         raise ValueError(f"need one candidate run per baseline run; got {len(candidates)} for {len(baselines)}")
@@ -222,14 +223,14 @@ def compare(
     if not too_short:
         measures.append(_judge(f"training loss (mean over {share})", train_b, train_c, ses,
                                tolerance(profile.runs, settings, False, compared, independent), settings, looks,
-                               independent, two_sided))
+                               independent, two_sided, longer))
     elif with_val:
         notes.append(f"fewer than {MIN_TAIL} logged losses in {share}: the validation loss alone is the measure")
     if with_val:
         measures.append(_judge("validation loss", [b.evals[-1].val_loss for b, _ in pairs],
                                [c.evals[-1].val_loss for _, c in pairs], None,
                                tolerance(profile.runs, settings, True, compared, independent), settings, looks,
-                               independent, two_sided))
+                               independent, two_sided, longer))
     elif any(b.evals for b, _ in pairs):
         notes.append("the trainer prints a validation loss, but without independent repeats one value per run has "
                      "no measurable noise: the training loss is the measure")
@@ -273,7 +274,7 @@ def compare(
 
 def _judge(name: str, b_fin: list[float], c_fin: list[float], ses: list[float] | None,
            tol: tuple[float, float, str], settings: ParitySettings, looks: int, independent: bool,
-           two_sided: bool) -> Measured:
+           two_sided: bool, longer: int = 1) -> Measured:
     T, sigma, how = tol
     diffs = [c - b for b, c in zip(b_fin, c_fin, strict=True)]
     test = stats.equivalence(diffs, ses, T, settings.alpha, looks, independent, two_sided)
@@ -292,6 +293,15 @@ def _judge(name: str, b_fin: list[float], c_fin: list[float], ses: list[float] |
         factor = stats.evidence_needed(test.detectable, T)
         reason = (f"the runs cannot resolve T: final {name} {test.diff:+.4f} nats vs the baseline, {bounds}, "
                   f"smallest detectable difference {test.detectable:.4f} vs {t_text}")
+    elif longer > 1 and (test.low > 0 or test.high < 0):
+        # T is the spread of runs of the profile's length; these runs are longer, and their own spread is
+        # smaller: a difference they show beyond noise, though inside T, may be an effect that fades with
+        # training (a lost share of the gradient does). Not approved on that evidence.
+        outcome = "inconclusive"
+        reason = (f"over {longer}x the profile's steps the candidate's final {name} differs from the baseline's "
+                  f"beyond noise ({test.diff:+.4f} nats, {bounds}): inside {t_text}, but T is the spread of "
+                  "shorter runs, and an effect that fades with training looks like this; expose a seed knob "
+                  "so that runs of the campaign's length can be compared")
     return Measured(
         measure=name, baseline_finals=b_fin, candidate_finals=c_fin, mean_diff=test.diff, se=_finite(test.se),
         low=_finite(test.low), high=_finite(test.high), tolerance=T, detectable=_finite(test.detectable),
