@@ -87,8 +87,8 @@ class ParityEvidence(BaseModel):
     noise: dict[str, float] = {}  # step-to-step noise of each side's logged loss in the tail
 
     def summary(self) -> str:
-        conf = f"{100 * (1 - self.alpha):.0f}%"
-        bounds = "" if self.low is None else f", {conf} bounds [{self.low:+.4f}, {self.high:+.4f}]"
+        conf = f"{100 * (1 - self.alpha / max(1, self.looks)):.1f}%"
+        bounds = "" if self.low is None else f", one-sided {conf} bounds [{self.low:+.4f}, {self.high:+.4f}]"
         side = "+-T" if self.two_sided else "below T"
         det = "" if self.detectable is None else f", detectable {self.detectable:.4f}"
         return (f"{self.mode}: final {self.final_metric} {self.mean_diff:+.4f} nats{bounds} {side} = "
