@@ -58,7 +58,6 @@ class BaselineProfile(BaseModel):
         return [r.losses()[:n] for r in self.runs]
 
 
-
 def seeds_for(workload: Workload, recipe: Recipe, n: int) -> list[int | None]:
     """The baseline's own seed first, then the next ones; plain repeats without a seed knob."""
     if "seed" not in workload.knobs():
