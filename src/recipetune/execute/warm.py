@@ -84,27 +84,8 @@ def _preload(req: dict) -> None:
         preload(str(recipe["data"]))
 
 
-# OpenMP's idle threads sleep instead of spinning (unless the environment says otherwise). PyTorch's
-# default intra-op pool is as wide as the machine (num_threads=0: 2 threads on 2 cores), and every op
-# ends at a barrier: with libgomp's default spin-wait, a thread waiting for a partner that another
-# process preempted burns the core that partner needs. Another busy process (worst: another PyTorch
-# run spinning the same way) then slows a step 10-50x, and unevenly (tiny baseline on 2 shared cores:
-# median step 1.1-14 s spinning, 0.28-0.39 s passive, 0.13 s alone), so one run of a profile reading
-# 30-40% off was enough for an A/A noise of 23% or more.
-# libgomp reads this once, when torch loads it: it must be set before ``import torch``.
-OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-
-
-def omp_env() -> dict[str, str]:
-    """OMP_ENV less what the environment already sets (an explicit setting of the user's wins); for the
-    runs that start a fresh interpreter (cold starts, torchrun)."""
-    return {k: v for k, v in OMP_ENV.items() if k not in os.environ}
-
-
 def serve() -> None:
     """The launcher: import once, then fork one child per request, one at a time."""
-    for key, value in OMP_ENV.items():
-        os.environ.setdefault(key, value)  # an explicit setting of the user's wins
     import torch  # noqa: F401  (the point: paid once)
     import torch._dynamo  # noqa: F401  (imported by the first optimizer step otherwise)
 

@@ -83,8 +83,7 @@ class ReferenceWorkload(Workload):
         launch = run_process
         if argv[:3] == [sys.executable, "-m", "recipetune.trainer"] and warm.enabled():
             argv, launch = argv[3:], warm.run_warm  # a fork of a process that imported torch once
-        env = {"PYTHONUNBUFFERED": "1", **warm.omp_env()}  # a fresh interpreter sleeps its idle threads too
-        outcome = launch(argv, log_dir=out_dir, timeout_s=timeout_s, env=env, on_poll=on_poll)
+        outcome = launch(argv, log_dir=out_dir, timeout_s=timeout_s, env={"PYTHONUNBUFFERED": "1"}, on_poll=on_poll)
         try:
             run_info = json.loads((out_dir / "run.json").read_text())
         except (OSError, json.JSONDecodeError):
