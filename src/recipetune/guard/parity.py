@@ -1,16 +1,17 @@
 """Loss parity: does the candidate still train the model as the baseline does?
 
-One standard of proof (docs/guard.md, "The standard of proof"): a loss measure M per run (the
-validation loss at the end, where it can be judged, else the mean training loss over the last
-share of the tokens), a tolerance T from the baseline's own seed-to-seed variation of M, and one
-test: the candidate's M minus the baseline's, paired by seed, must be shown to lie within +-T
+One standard of proof (docs/guard.md, "Loss parity: one standard of proof"): a loss measure M per
+run (the mean training loss over the last share of the tokens, and the validation loss at the end
+where repeats make its noise measurable: both must hold), a tolerance T from the baseline's own
+seed-to-seed variation of M, and one test: the candidate's M minus the baseline's, paired by seed,
+must be shown to lie within +-T
 (both directions for a speed change: a markedly lower loss is a departure too). What differs
 between trainers is only how the evidence is gathered and what it costs:
 
 - the candidate saw the baseline's batches (known from batch fingerprints in the metrics stream or
   declared): the per-step differences are nearly noiseless and a few seeds resolve T;
 - it saw other batches, or nothing tells: the same paired comparison is still valid, only noisier,
-  and the verdict adds seeds (or steps) until it can tell (guard/verdict.py);
+  and the verdict adds seeds (or steps) until it can tell (guard/looks.py);
 - an allowed semantic knob changed: the trajectory differs by design; M at equal tokens, one-sided.
 
 The measure must mean the same thing for both runs: steps that carry other token counts, or losses
