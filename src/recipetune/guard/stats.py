@@ -106,9 +106,9 @@ def equivalence(diffs: Sequence[float], ses: Sequence[float] | None, tolerance: 
     Per pair of runs k: a difference d_k, and (when the measure has one) its within-run standard error
     s_k. The mean d has se = max(sqrt(sum s_k^2) / n, std(d_k) / sqrt(n)): the within-run errors
     (many degrees of freedom: z) and, with independent repeats, the pairs' own scatter, which catches
-    what within-run noise misses (a trajectory's offset from its initialisation). A measure without a
-    within-run error (one validation loss per run) uses the scatter alone, with Student's t on n - 1
-    degrees of freedom. ``looks`` planned looks at growing evidence share ``alpha`` (Bonferroni: valid
+    what within-run noise misses (a trajectory's offset from its initialisation); where the scatter
+    decides, or the measure has no within-run error (one validation loss per run), it is estimated from
+    n pairs alone, so Student's t on n - 1 degrees of freedom. ``looks`` planned looks at growing evidence share ``alpha`` (Bonferroni: valid
     whenever the evidence stops growing).
 
     equivalent: the one-sided bounds lie inside (-T, T) (above -T only matters for a speed change)
@@ -134,8 +134,9 @@ def equivalence(diffs: Sequence[float], ses: Sequence[float] | None, tolerance: 
     else:
         se, q = within, float(sps.norm.ppf(1 - level))
         source = f"within-run noise of {n} pair(s)"
-        if scatter is not None and scatter > within:
-            se, source = scatter, f"scatter of {n} independent pairs (above their within-run noise)"
+        if scatter is not None and scatter > within:  # the pairs vary more than their runs' noise says
+            se, q = float(scatter), float(sps.t.ppf(1 - level, n - 1))
+            source = f"scatter of {n} independent pairs, above their within-run noise (Student's t, {n - 1} df)"
     z_power = float(sps.norm.ppf(POWER))
     low, high = mean - q * se, mean + q * se
     detectable = (q + z_power) * se if math.isfinite(se) else math.inf
