@@ -37,8 +37,8 @@ def screen(profile: BaselineProfile, candidate: RunResult, settings: GuardConfig
                          speedup=speedup, loss_gap=None, loss_tolerance=None)
     semantic = bool(semantic_edits(profile, candidate.recipe))
     evidence = compare(profile, [candidate], settings.parity, equal_tokens=semantic)
-    # A screening run that cannot tell (independent runs, too short) goes on: only the final verdict,
-    # over longer runs, may approve, and it never approves what it cannot tell.
+    # A screening run that cannot resolve T goes on: only the final verdict, with its looks, may
+    # approve, and it never approves what it cannot tell.
     return Screening(
         passed=evidence.outcome != "fails",
         reasons=evidence.reasons if evidence.outcome == "fails" else [],

@@ -108,8 +108,8 @@ def equivalence(diffs: Sequence[float], ses: Sequence[float] | None, tolerance: 
     (many degrees of freedom: z) and, with independent repeats, the pairs' own scatter, which catches
     what within-run noise misses (a trajectory's offset from its initialisation); where the scatter
     decides, or the measure has no within-run error (one validation loss per run), it is estimated from
-    n pairs alone, so Student's t on n - 1 degrees of freedom. ``looks`` planned looks at growing evidence share ``alpha`` (Bonferroni: valid
-    whenever the evidence stops growing).
+    n pairs alone, so Student's t on n - 1 degrees of freedom. ``looks`` planned looks at growing
+    evidence share ``alpha`` (Bonferroni: valid whenever the evidence stops growing).
 
     equivalent: the one-sided bounds lie inside (-T, T) (above -T only matters for a speed change)
       and the runs resolve T: detectable <= T;

@@ -160,7 +160,7 @@ def loss_plot(report: Report) -> bytes | None:
     ax.legend(fontsize=8, loc="upper right")
     gap_ax.set_xlabel("step")
     gap_ax.set_ylabel("smoothed loss - baseline (nats)")
-    gap_ax.set_title("Gap at the same seed (the screening's statistic)", loc="left", fontsize=11)
+    gap_ax.set_title("Gap at the same seed (T shown; the guard judges its tail mean)", loc="left", fontsize=11)
     if gap_ax.lines or gap_ax.patches:
         gap_ax.legend(fontsize=8, loc="upper right")
     if tol is not None:

@@ -46,7 +46,8 @@ class Workload(ABC):
 
     kind: str
     # True when the trainer draws the same batches whatever its speed knobs: a candidate must then
-    # replay them (the guard's same-seed test). Unknown for outside trainers: the guard finds out.
+    # replay them (checked by the metrics stream's batch_fp). Outside trainers declare it, or report
+    # batch_fp; otherwise the guard assumes nothing (docs/guard.md, "Which batches").
     sample_order_fixed: bool = False
 
     @abstractmethod
