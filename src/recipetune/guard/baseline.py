@@ -54,9 +54,6 @@ class BaselineProfile(BaseModel):
     def load(cls, path: Path) -> BaselineProfile:
         return cls.model_validate_json(path.read_text())
 
-    def curves(self, n: int | None = None) -> list[list[float]]:
-        return [r.losses()[:n] for r in self.runs]
-
 
 def seeds_for(workload: Workload, recipe: Recipe, n: int) -> list[int | None]:
     """The baseline's own seed first, then the next ones; plain repeats without a seed knob."""
@@ -84,8 +81,7 @@ def build_profile(
     settings: GuardConfig,
 ) -> BaselineProfile:
     parity = settings.parity
-    # independent repeats: distinct seeds, or a trainer without a seed knob whose repeats differ
-    distinct = len(set(seeds)) > 1 or (seeds[0] is None and any(r.losses() != runs[0].losses() for r in runs))
+    distinct = loss.independent_repeats(seeds, runs)
     throughputs = [r.summary().tokens_per_s_per_device for r in runs]
     aa = [float(x) for x in stats.log_ratios(throughputs[1:], throughputs[:-1])] if len(runs) > 1 else []
     tol, reference, kind = loss.tolerance(runs, parity, False, None, distinct)

@@ -35,6 +35,14 @@ def has_final_val(run: RunResult) -> bool:
     return bool(run.evals and run.steps and run.evals[-1].step == run.steps[-1].step)
 
 
+def independent_repeats(seeds: Sequence[int | None], runs: Sequence[RunResult]) -> bool:
+    """Whether the baseline's repeats are independent samples: distinct seeds, or a trainer without a
+    seed knob whose repeats differ (it seeds itself); identical repeats are one sample."""
+    if seeds and seeds[0] is not None:
+        return len(set(seeds)) > 1
+    return len(runs) > 1 and any(r.losses() != runs[0].losses() for r in runs[1:])
+
+
 def tail_measure(base: RunResult, cand: RunResult, total: float, share: float) -> tuple[float, float, float, int]:
     """(baseline M, candidate M, se of their difference, fewest records in a tail).
 

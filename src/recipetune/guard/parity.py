@@ -29,7 +29,15 @@ from pydantic import BaseModel
 from recipetune.guard import stats
 from recipetune.guard.baseline import BaselineProfile
 from recipetune.guard.config import ParitySettings
-from recipetune.guard.loss import MIN_TAIL, has_final_val, tail, tail_measure, tokens, tolerance
+from recipetune.guard.loss import (
+    MIN_TAIL,
+    has_final_val,
+    independent_repeats,
+    tail,
+    tail_measure,
+    tokens,
+    tolerance,
+)
 from recipetune.measure import RunResult
 from recipetune.recipe import SPEED
 
@@ -104,11 +112,10 @@ def semantic_edits(profile: BaselineProfile, recipe: dict) -> list[str]:
 
 def seed_note(profile: BaselineProfile) -> tuple[bool, str]:
     """Whether the baseline's repeats are independent samples, and what to say about the seed."""
+    independent = independent_repeats(profile.seeds, profile.runs)
     if profile.seeds[0] is not None:
-        distinct = len(set(profile.seeds)) > 1
-        return distinct, f"seeds {profile.seeds}"
-    curves = profile.curves()
-    if len(curves) > 1 and any(c != curves[0] for c in curves[1:]):
+        return independent, f"seeds {profile.seeds}"
+    if independent:
         return True, ("the workload has no seed knob; its repeats differ (the trainer seeds itself), "
                       "so they count as independent repeats")
     return False, ("the workload has no seed knob and its repeats are identical (it seeds itself with a "
