@@ -20,7 +20,7 @@ def ctx(tmp_path: Path, index: ContaminationIndex | None = None) -> ops.Context:
     return ops.Context(
         render=lambda r: f"Q: {r['q']}", prompt_fields=["q"], base_dir=tmp_path, out_dir=tmp_path / "out",
         read_file=lambda path, field: [{"q": f"extra {i}", "a": "x"} for i in range(10)],
-        contamination_index=lambda n, t, p: index,
+        contamination_index=lambda settings: index,
     )
 
 
@@ -132,14 +132,18 @@ def test_planted_train_test_overlap_is_found_and_removed(tmp_path, monkeypatch):
     rows, version = run_chain([OP.validate_python({"op": "decontaminate", "ngram": 13})], splits, tmp_path)
     assert len(rows) == 6 and all(r["a"] != "leak" for r in rows)
     removed = version.operators[0].removed
-    assert removed.get("overlaps test (13-gram)", 0) + removed.get("overlaps test (near-duplicate)", 0) == 2
-    assert sum(v for k, v in removed.items() if "validation" in k) == 1
+    # the test rows share a template phrase (5 of 6 evaluation rows): only the block number varies, so
+    # the exact copy has the same varying text, and the edited copy contains the whole test input
+    assert removed == {"overlaps test (same input)": 1, "overlaps test (contains a whole input)": 1,
+                       "overlaps validation (contains a whole input)": 1}
     # the data version shows removed training rows, but withholds those that overlap test
     assert "crc32" not in str(version.model_dump()).lower() and "leak" in str(version.model_dump())
-    # n-grams alone (near-duplicate detection off) catch the exact copy, and the near copy shares 13-grams too
-    rows2, _ = run_chain([OP.validate_python({"op": "decontaminate", "ngram": 30, "near_threshold": 1.0})],
-                         splits, tmp_path)
-    assert len(rows2) == 8  # only the exact copy goes: no 30-gram exists, the whole text must match
+    # with the template phrase counted as evidence (common_share 1), and no near-duplicates, an input shorter
+    # than the n-gram must be contained whole: the edited copy ("CRC32 ... it!") still is, case and
+    # punctuation apart; but no phrase of a template is enough on its own
+    rows2, v2 = run_chain([OP.validate_python({"op": "decontaminate", "ngram": 30, "near_threshold": 1.0,
+                                               "common_share": 1.0})], splits, tmp_path)
+    assert len(rows2) == 6 and v2.operators[0].removed["overlaps test (contains a whole input)"] == 2
 
 
 def test_chain_cache_and_version(tmp_path, monkeypatch):

@@ -114,7 +114,8 @@ def run_chain(
         return as_rows(read_rows(p, field))
 
     ctx = Context(render=task.render, prompt_fields=task.fields(), base_dir=base_dir, out_dir=out_dir,
-                  read_file=read_file, contamination_index=splits.contamination_index)
+                  read_file=read_file, contamination_index=splits.contamination_index,
+                  parts=task.input_parts)
     rows = as_rows(splits.train)
     stats: list[OperatorStats] = []
     for i, op in enumerate(steps):

@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recipetune.data.text import minhash, normalize, tokens
+from recipetune.data.minhash import near_duplicates, signatures
+from recipetune.data.text import normalize, tokens
 from recipetune.expr import ExprError
 from recipetune.expr import evaluate as eval_expr
 
@@ -62,7 +63,8 @@ class DedupExact(OpBase):
 
 
 class DedupNear(OpBase):
-    """Drop near-duplicates: MinHash LSH over character 5-gram shingles (datasketch)."""
+    """Drop a row whose estimated Jaccard similarity to an earlier row in one of its LSH buckets is at
+    least ``threshold``: one-permutation MinHash over character 5-grams (data/minhash.py)."""
 
     op: Literal["dedup_near"]
     threshold: float = Field(0.8, gt=0.0, lt=1.0, description="estimated Jaccard similarity to count as a duplicate")
@@ -108,11 +110,15 @@ class FilterRegex(OpBase):
 
 
 class Decontaminate(OpBase):
-    """Remove training rows that overlap validation or test: shared word n-grams, or near-duplicates
-    (MinHash LSH). Always on: a chain without it gets it appended with these defaults."""
+    """Remove training rows that overlap validation or test in what varies between rows: the
+    template's fixed text and phrases a large share of the evaluation rows repeat are not evidence
+    (data/text.py says how). Always on: a chain without it gets it appended with these defaults."""
 
     op: Literal["decontaminate"]
-    ngram: int = Field(8, ge=1, le=50, description="word n-gram length; shorter texts match whole")
+    ngram: int = Field(8, ge=1, le=50, description="word n-gram length for evaluation inputs at least this long")
+    min_tokens: int = Field(3, ge=1, le=50, description="shorter evaluation inputs count only when copied whole")
+    common_share: float = Field(0.05, gt=0.0, le=1.0, description=(
+        "a phrase in at least this share of the evaluation rows is boilerplate, not evidence; 1 = none is"))
     near_threshold: float = Field(0.8, gt=0.0, le=1.0, description="MinHash similarity; 1 = n-grams only")
     num_perm: int = Field(64, ge=16, le=1024)
 
@@ -235,7 +241,8 @@ class Context:
     base_dir: Path
     out_dir: Path | None
     read_file: Any  # (path, field) -> list[Row]
-    contamination_index: Any  # (ngram, near_threshold, num_perm) -> ContaminationIndex
+    contamination_index: Any  # Decontaminate settings -> ContaminationIndex
+    parts: Any = None  # row -> its input parts (what varies between rows); default: the rendered prompt
     exports: list[tuple[Path, list[Row]]] = field(default_factory=list)  # written once the chain succeeded
 
 
@@ -294,18 +301,15 @@ def _dedup_exact(op: DedupExact, rows: list[Row], ctx: Context) -> Outcome:
 
 
 def _dedup_near(op: DedupNear, rows: list[Row], ctx: Context) -> Outcome:
-    from datasketch import MinHashLSH
-
-    lsh = MinHashLSH(threshold=op.threshold, num_perm=op.num_perm)
-
-    def reason(row: Row) -> str | None:
-        m = minhash(_text(row, op.field, ctx), op.num_perm)
-        if lsh.query(m):
-            return f"near duplicate (MinHash >= {op.threshold})"
-        lsh.insert(str(id(row)), m)
-        return None
-
-    return _keep_if(rows, ctx, reason)
+    sig = signatures([_text(row, op.field, ctx) for row in rows], op.num_perm)
+    match = near_duplicates(sig, op.threshold)
+    out = Outcome([])
+    for row, m in zip(rows, match.tolist(), strict=True):
+        if m < 0:
+            out.rows.append(row)
+        else:
+            out.drop(row, f"near duplicate (MinHash >= {op.threshold})")
+    return out
 
 
 def _filter_length(op: FilterLength, rows: list[Row], ctx: Context) -> Outcome:
@@ -369,16 +373,15 @@ def _filter_regex(op: FilterRegex, rows: list[Row], ctx: Context) -> Outcome:
 
 
 def _decontaminate(op: Decontaminate, rows: list[Row], ctx: Context) -> Outcome:
-    index = ctx.contamination_index(op.ngram, op.near_threshold, op.num_perm)
-
-    def reason(row: Row) -> str | None:
-        hit = index.hits(ctx.render(row))
+    index = ctx.contamination_index(op)
+    parts = ctx.parts or (lambda row: [ctx.render(row)])
+    out = Outcome([])
+    for row, hit in zip(rows, index.hits_batch([parts(r) for r in rows]), strict=True):
         if hit is None:
-            return None
-        split, how = hit
-        return f"overlaps {split} ({how})" if how != "ngram" else f"overlaps {split} ({op.ngram}-gram)"
-
-    return _keep_if(rows, ctx, reason)
+            out.rows.append(row)
+        else:
+            out.drop(row, f"overlaps {hit[0]} ({hit[1]})")
+    return out
 
 
 def _sample(op: Sample, rows: list[Row], ctx: Context) -> Outcome:
