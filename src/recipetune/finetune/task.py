@@ -78,6 +78,12 @@ class TaskConfig(BaseModel):
     def render(self, row: dict) -> str:
         return self.prompt.format(**{k: "" if row.get(k) is None else row[k] for k in self.fields()})
 
+    def input_parts(self, row: dict) -> list[str]:
+        """What varies between rows: the values the prompt reads, without the template's fixed text.
+        Decontamination compares these, so a template (or an instruction) every row shares is no
+        evidence of a copy."""
+        return ["" if row.get(k) is None else str(row[k]) for k in self.fields()]
+
     def answer(self, row: dict) -> str:
         value = row.get(self.target)
         return "" if value is None else str(value).strip()
@@ -168,12 +174,12 @@ class Splits:
             self._test = self._read_test()
         return self._test
 
-    def contamination_index(self, ngram: int, near_threshold: float, num_perm: int) -> ContaminationIndex:
-        """An index of validation and test inputs that answers overlap queries without showing test text."""
-        index = ContaminationIndex(ngram, near_threshold, num_perm)
-        index.add("validation", (self.task.render(r) for r in self.validation))
-        index.add("test", (self.task.render(r) for r in self._read_test()))
-        return index
+    def contamination_index(self, settings) -> ContaminationIndex:
+        """An index of validation and test inputs (their ``input_parts``) that answers overlap queries
+        without showing test text; ``settings`` is the ``decontaminate`` step's config."""
+        parts = self.task.input_parts
+        return ContaminationIndex({"validation": [parts(r) for r in self.validation],
+                                   "test": [parts(r) for r in self._read_test()]}, settings)
 
 
 def _norm(text: str) -> str:
