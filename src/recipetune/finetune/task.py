@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from recipetune.data.text import ContaminationIndex
 
 SplitName = Literal["train", "validation", "test"]
-MetricName = Literal["exact_match", "accuracy", "macro_f1", "rouge_l"]
+MetricName = Literal["exact_match", "accuracy", "macro_f1", "rouge_l", "numeric"]
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-BUILTINS = ("arith", "stdlib-module", "funcname")
+BUILTINS = ("arith", "stdlib-module", "funcname", "argcount", "default-value", "product", "exception")
 
 
 class TestSplitClosed(PermissionError):
@@ -43,7 +43,8 @@ class TaskConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("task", min_length=1)
-    builtin: Literal["arith", "stdlib-module", "funcname"] | None = Field(
+    builtin: Literal["arith", "stdlib-module", "funcname", "argcount", "default-value", "product",
+                     "exception"] | None = Field(
         None, description="a benchmark task generated on this machine (finetune/bench.py)")
     files: dict[SplitName, str] = Field(default_factory=dict, description="split -> .jsonl/.csv/.parquet path")
     prompt: str = Field(..., min_length=1, description="template over the row's fields, e.g. 'Q: {question}\\nA: '")
@@ -52,6 +53,10 @@ class TaskConfig(BaseModel):
     metrics: list[MetricName] = Field(default_factory=list, description="also reported, not optimised")
     answer_pattern: str | None = Field(None, description="regex a well-formed answer matches (error kind)")
     labels: list[str] | None = Field(None, description="classification: the allowed answers (default: seen)")
+    # the numeric metric's tolerance (finetune/metrics.py):
+    # an answer is right when |answer - target| <= max(rel_tol * |target|, abs_tol)
+    rel_tol: float = Field(0.0, ge=0, description="metric numeric: tolerance relative to the target")
+    abs_tol: float = Field(0.0, ge=0, description="metric numeric: absolute tolerance")
     generation: GenerationSettings = GenerationSettings()
     max_eval_examples: int = Field(200, ge=1, description="validation examples scored per experiment")
 
