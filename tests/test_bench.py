@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from recipetune.bench.replay import STRATEGIES, Trajectory, Trial, replay
 from recipetune.bench.table import FORMAT, Entry, Measurement, Table, build_table
 from recipetune.cli import app
 from recipetune.config import load_campaign
+from recipetune.finetune import bench as ftbench
+from recipetune.finetune import metrics as ftm
 from recipetune.store import distributions
 from recipetune.workloads.reference import ReferenceWorkload
 
@@ -189,3 +192,153 @@ def test_table_command_refuses_bad_input_and_writes_nothing(tmp_path):
     res = runner.invoke(app, ["bench", "table", str(ROOT / "examples" / "tiny.yaml"), "--out", str(out)])
     assert res.exit_code == 2 and "search.knobs" in res.output  # a campaign without a space
     assert not out.exists()
+
+
+# ---- the small fine-tuning benchmark's tasks (finetune/bench.py) ----------------------------------
+
+NEW_TASKS = {  # builtin -> (example file, the field splits are keyed by, target field)
+    "argcount": ("ft-argcount.yaml", "signature", "count"),
+    "default-value": ("ft-default.yaml", "signature", "default"),
+    "product": ("ft-product.yaml", "question", "answer"),
+    "exception": ("ft-exception.yaml", "message", "exception"),
+}
+
+
+def _example_task(name: str):
+    from recipetune.config import read_yaml
+    from recipetune.finetune.task import TaskConfig
+
+    return TaskConfig.model_validate(read_yaml(ROOT / "examples" / NEW_TASKS[name][0])["task"])
+
+
+def test_new_tasks_are_deterministic():
+    first = {name: ftbench.GENERATORS[name]() for name in NEW_TASKS}
+    ftbench.stdlib_code_facts.cache_clear()  # read the standard library again
+    assert {name: ftbench.GENERATORS[name]() for name in NEW_TASKS} == first
+
+
+@pytest.mark.parametrize("name", NEW_TASKS)
+def test_new_tasks_are_disjoint_and_sized(name):
+    first = ftbench.GENERATORS[name]()
+    _, key, target = NEW_TASKS[name]
+    keys = {s: {r[key] for r in rows} for s, rows in first.items()}
+    assert not keys["train"] & keys["validation"] and not keys["train"] & keys["test"]
+    assert not keys["validation"] & keys["test"]
+    assert 150 <= len(first["validation"]) <= 200 and 150 <= len(first["test"]) <= 200
+    assert 1200 <= len(first["train"]) <= 3000
+    task = _example_task(name)
+    assert task.builtin == name and task.target == target
+    assert all(task.answer(r) for rows in first.values() for r in rows)
+
+
+def test_argcount_shares_a_long_instruction_and_counts_every_parameter():
+    import ast
+
+    task, rows = _example_task("argcount"), ftbench.argcount_rows()
+    prompts = [task.render(r) for r in rows["train"][:200]]
+    instruction = task.prompt.split("{")[0]
+    assert len(instruction) >= 150 and instruction.count(". ") >= 2  # several sentences, every prompt
+    assert all(p.startswith(instruction) for p in prompts)
+    assert task.input_parts(rows["train"][0]) == [rows["train"][0]["signature"]]  # what decontamination compares
+    for r in rows["validation"]:
+        a = ast.parse(r["signature"] + " pass").body[0].args
+        n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+        assert r["count"] == str(n) and len(r["count"]) <= 2
+
+
+def test_default_value_answer_is_a_span_of_the_prompt():
+    import ast
+
+    task, rows = _example_task("default-value"), ftbench.default_rows()
+    for r in rows["validation"] + rows["test"]:
+        assert task.answer(r) in task.render(r)
+        a = ast.parse(r["signature"] + " pass").body[0].args
+        pos = a.posonlyargs + a.args
+        defaults = dict(zip([p.arg for p in pos[len(pos) - len(a.defaults):]], a.defaults, strict=True))
+        defaults |= {p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None}
+        assert ast.unparse(defaults[r["param"]]) == r["default"]
+    answers = Counter(r["default"] for r in rows["train"])
+    assert answers.most_common(1)[0][1] < 0.2 * len(rows["train"])  # no single answer dominates
+
+
+def test_product_rows_and_the_numeric_metric_at_the_example_tolerance():
+    task, rows = _example_task("product"), ftbench.product_rows()
+    assert task.metric == "numeric" and task.rel_tol > 0
+    pairs = {r["question"] for rs in rows.values() for r in rs}
+    assert sum(len(rs) for rs in rows.values()) == len(pairs)  # every pair once
+    for r in rows["test"]:
+        a, b = map(int, r["question"].rstrip("=").split("*"))
+        assert a <= b and r["answer"] == str(a * b)
+    target = rows["validation"][0]["answer"]
+    edge = int(target) * task.rel_tol
+    assert ftm.score("numeric", [str(int(target) + int(edge))], [target], (task.rel_tol, task.abs_tol)) == 1.0
+    assert ftm.score("numeric", [str(int(target) + edge + 1)], [target], (task.rel_tol, task.abs_tol)) == 0.0
+
+
+def test_exception_labels_are_multi_token_and_imbalanced():
+    task, rows = _example_task("exception"), ftbench.exception_rows()
+    counts = Counter(r["exception"] for r in rows["train"])
+    assert len(counts) >= 6 and task.metric == "macro_f1"
+    assert all(len(label) >= 7 and label.endswith("Error") for label in counts)
+    assert counts.most_common()[0][1] >= 10 * counts.most_common()[-1][1]  # imbalanced
+    assert {r["exception"] for r in rows["validation"]} <= set(counts)
+    majority = counts.most_common(1)[0][0]  # the majority answer: fair accuracy, poor macro-F1
+    targets = [r["exception"] for r in rows["validation"]]
+    assert ftm.score("macro_f1", [majority] * len(targets), targets) < 0.5 * ftm.score(
+        "accuracy", [majority] * len(targets), targets)
+
+
+@pytest.mark.parametrize("pred,target,tol,inside", [
+    ("105", "100", (0.05, 0.0), True),         # relative: exactly at the edge is inside
+    ("105.01", "100", (0.05, 0.0), False),     # just outside
+    ("94.99", "100", (0.05, 0.0), False),
+    ("-105", "-100", (0.05, 0.0), True),       # relative to |target|
+    ("3.3", "3", (0.1, 0.0), True),            # 0.1 * 3 is 0.30000000000000004 in binary
+    ("2.5", "3", (0.0, 0.5), True),            # absolute
+    ("2.49", "3", (0.0, 0.5), False),
+    ("0.5", "0", (0.5, 0.5), True),            # the larger of the two (relative is 0 at 0)
+    ("0.51", "0", (0.5, 0.0), False),
+    ("3.0", "3", (0.0, 0.0), True),            # no tolerance: numerically equal
+    ("3.01", "3", (0.0, 0.0), False),
+    ("nan", "3", (1.0, 10.0), False), ("inf", "3", (1.0, 10.0), False), ("three", "3", (1.0, 1.0), False),
+    ("", "3", (1.0, 1.0), False),
+])
+def test_numeric_tolerance_edges(pred, target, tol, inside):
+    assert ftm.within_tolerance(pred, target, tol) is inside
+    assert ftm.score("numeric", [pred], [target], tol) == float(inside)
+    assert ftm.example_score("numeric", pred, target, tol) == float(inside)
+    assert (ftm.error_kind(pred, target, False, None, None, tol) is None) is inside
+    assert (ftm.error_kind(pred, target, False, None, None) is None) is (pred == target)  # no tolerance: exact
+
+
+def test_numeric_metric_through_the_task_and_evaluate():
+    from recipetune.finetune.experiment import evaluate
+    from recipetune.finetune.task import TaskConfig
+
+    class Echo:  # a route that answers what the row's prompt says
+        def generate(self, prompts, settings):
+            from types import SimpleNamespace
+
+            return [SimpleNamespace(text=p.split("=")[1], truncated=False) for p in prompts]
+
+    files = {"train": "a.jsonl", "validation": "b.jsonl", "test": "c.jsonl"}
+    task = TaskConfig(files=files, prompt="{q}", target="a", metric="numeric", metrics=["exact_match"], rel_tol=0.05)
+    rows = [{"q": "x=105", "a": "100"}, {"q": "x=106", "a": "100"}, {"q": "x=100", "a": "100"}]
+    ev, preds = evaluate(Echo(), task, rows, "validation", None)
+    assert ev.metrics == {"numeric": pytest.approx(2 / 3), "exact_match": pytest.approx(1 / 3)}
+    assert [p.error for p in preds] == [None, "near_miss", None] and [p.score for p in preds] == [1.0, 0.0, 1.0]
+    with pytest.raises(ValueError):
+        TaskConfig(files=files, prompt="{q}", target="a", metric="numeric", rel_tol=-0.1)
+
+
+@pytest.mark.parametrize("name", NEW_TASKS)
+def test_new_example_files_parse_with_their_search_section(name):
+    from recipetune.config import read_yaml
+    from recipetune.finetune.experiment import ExperimentSpec
+
+    raw = read_yaml(ROOT / "examples" / NEW_TASKS[name][0])
+    search = raw.pop("search")
+    spec = ExperimentSpec.model_validate(raw)
+    assert spec.task.builtin == name and spec.recipe.threads == 1 and spec.model.path == "base"
+    assert set(search["knobs"]) <= set(type(spec.recipe).model_fields) and len(search["data"]) >= 1
+    assert search["seeds"] == [1, 2, 3]

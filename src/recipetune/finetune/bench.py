@@ -1,9 +1,17 @@
-"""The small benchmark: three tasks generated on every machine, nothing downloaded.
+"""The small benchmark: tasks of different shapes generated on every machine, nothing downloaded.
 
 - ``arith``: multi-digit addition ``347+589=`` -> ``936`` (generated; exact match);
 - ``stdlib-module``: which standard-library module a function's docstring comes from
   (classification over the 8 modules with most docstrings; accuracy and macro-F1);
-- ``funcname``: a function's name from its docstring (generation; exact match and ROUGE-L).
+- ``funcname``: a function's name from its docstring (generation; exact match and ROUGE-L);
+- ``argcount``: the number of parameters of a stdlib function signature, under a long instruction
+  every prompt shares (the instruction is the example file's template; exact match);
+- ``default-value``: the default of a named parameter in a stdlib signature (span extraction: the
+  answer is a substring of the prompt; exact match);
+- ``product``: two-digit products ``47*86=`` -> ``4042`` (generated; ``numeric``: within a
+  relative tolerance set on the task);
+- ``exception``: which built-in exception a stdlib ``raise`` with this message raises (multi-token
+  labels, imbalanced: ValueError about half; macro-F1).
 
 The docstring tasks read the running Python's standard library (the same files the reference
 trainer's ``stdlib`` corpus reads, so the base model has seen this code: a knowledge-recall task,
@@ -23,6 +31,7 @@ import shutil
 import sys
 import sysconfig
 from collections import Counter
+from functools import cache
 from pathlib import Path
 
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, _walk_files
@@ -31,8 +40,12 @@ VERSION = "1"
 EVAL_SIZE = 200  # validation and test rows per task
 
 
+def _hash_mod(text: str, n: int) -> int:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % n
+
+
 def _split_of(text: str) -> str:
-    h = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % 10
+    h = _hash_mod(text, 10)
     return "validation" if h == 0 else "test" if h == 1 else "train"
 
 
@@ -96,7 +109,129 @@ def funcname_rows(limit: int = 3000) -> dict[str, list[dict]]:
     return _by_hash([{"docstring": doc, "name": name} for _, name, doc in funcs], "docstring")
 
 
-GENERATORS = {"arith": arith_rows, "stdlib-module": module_rows, "funcname": funcname_rows}
+def _stdlib_trees():
+    """(top-level module, parsed tree) of every standard-library source file, in a fixed order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in _walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
+        try:
+            yield path.relative_to(root).parts[0].removesuffix(".py"), ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
+            continue
+
+
+def _message(node: ast.expr) -> str | None:
+    """The literal text of an exception's message: a string, an f-string's source, or the format
+    string of ``"..." % x`` and ``"...".format(x)``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return ast.unparse(node)[2:-1]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        return _message(node.left)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+        return _message(node.func.value)
+    return None
+
+
+@cache
+def stdlib_code_facts() -> tuple[tuple[tuple[str, int, tuple[tuple[str, str], ...]], ...], tuple[tuple[str, str], ...]]:
+    """One pass over the standard library's sources (cached per process):
+
+    - signatures: (``def name(args):`` as ``ast.unparse`` writes it, number of parameters, the
+      (parameter, default's source) pairs), unique signatures of at most 160 characters;
+    - raises: (message, exception name) of ``raise Name("message" ...)``, messages of 10-120
+      characters (whitespace collapsed) raised with one exception only.
+    """
+    sigs: dict[str, tuple[int, tuple[tuple[str, str], ...]]] = {}
+    raised: dict[str, set[str]] = {}
+    for _, tree in _stdlib_trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                sig = f"def {node.name}({ast.unparse(a)}):"
+                if len(sig) > 160 or sig in sigs:
+                    continue
+                pos = a.posonlyargs + a.args
+                n = len(pos) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+                pairs = [*zip([p.arg for p in pos[len(pos) - len(a.defaults):]], a.defaults, strict=True),
+                         *((p.arg, d) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None)]
+                sigs[sig] = (n, tuple((p, ast.unparse(d)) for p, d in pairs))
+            elif (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                  and isinstance(node.exc.func, ast.Name) and node.exc.args):
+                text = _message(node.exc.args[0])
+                text = " ".join(text.split()) if text else ""
+                if 10 <= len(text) <= 120:
+                    raised.setdefault(text, set()).add(node.exc.func.id)
+    return (tuple((s, n, d) for s, (n, d) in sigs.items()),
+            tuple((m, next(iter(e))) for m, e in raised.items() if len(e) == 1))
+
+
+def _capped(out: dict[str, list[dict]], n_train: int) -> dict[str, list[dict]]:
+    out["train"] = out["train"][:n_train]
+    return out
+
+
+def argcount_rows(n_train: int = 3000) -> dict[str, list[dict]]:
+    """Long fixed instruction, short answer: the prompt (the example file's template) opens with the
+    same multi-sentence instruction; the row holds only the signature (at most 100 characters) and
+    its parameter count."""
+    signatures, _ = stdlib_code_facts()
+    rows = [{"signature": s, "count": str(n)} for s, n, _ in signatures if len(s) <= 100]
+    return _capped(_by_hash(rows, "signature"), n_train)
+
+
+def default_rows(n_train: int = 3000) -> dict[str, list[dict]]:
+    """Span extraction: a signature, one of its parameters with a default, and that default's source
+    text, which is a substring of the signature. A default written twice in the same signature is
+    left out (the answer would not identify one span), and so are three ``None`` defaults in four;
+    defaults of at most 24 characters. Splits are by signature, so the rows of one signature stay in
+    one split."""
+    signatures, _ = stdlib_code_facts()
+    rows = []
+    for sig, _, pairs in signatures:
+        counts = Counter(d for _, d in pairs)
+        rows += [{"signature": sig, "param": p, "default": d} for p, d in pairs
+                 if counts[d] == 1 and len(d) <= 24 and d in sig
+                 and (d != "None" or _hash_mod(sig + p, 4) == 0)]  # else "None" would be 40% of answers
+    out: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
+    for row in sorted(rows, key=lambda r: (hashlib.sha256(r["signature"].encode()).hexdigest(), r["param"])):
+        out[_split_of(row["signature"])].append(row)
+    for split in ("validation", "test"):
+        out[split] = out[split][:EVAL_SIZE]
+    return _capped(out, n_train)
+
+
+def product_rows(seed: int = 0, n_train: int = 3000) -> dict[str, list[dict]]:
+    """Numeric answer with a tolerance: ``a*b=`` for two-digit a <= b (each unordered pair once, so
+    ``b*a`` never crosses splits), scored by the ``numeric`` metric within the task's tolerance."""
+    rng = random.Random(seed)
+    pairs = [(a, b) for a in range(10, 100) for b in range(a, 100)]
+    rng.shuffle(pairs)
+    rows = [{"question": f"{a}*{b}=", "answer": str(a * b)} for a, b in pairs]
+    return {"validation": rows[:EVAL_SIZE], "test": rows[EVAL_SIZE:2 * EVAL_SIZE],
+            "train": rows[2 * EVAL_SIZE:2 * EVAL_SIZE + n_train]}
+
+
+EXCEPTIONS_MIN = 15  # a built-in exception needs this many distinct messages to be a label
+
+
+def exception_rows() -> dict[str, list[dict]]:
+    """Multi-token labels with imbalance: the built-in exception (``ValueError``, ``TypeError`` ...)
+    that a stdlib ``raise`` with this message raises, for the built-ins raised with at least
+    ``EXCEPTIONS_MIN`` distinct messages; kept at their natural, imbalanced shares."""
+    import builtins
+
+    _, raised = stdlib_code_facts()
+    builtin = {e for _, e in raised if isinstance(getattr(builtins, e, None), type)
+               and issubclass(getattr(builtins, e), BaseException)}
+    counts = Counter(e for _, e in raised if e in builtin)
+    labels = {e for e, n in counts.items() if n >= EXCEPTIONS_MIN}
+    return _by_hash([{"message": m, "exception": e} for m, e in raised if e in labels], "message")
+
+
+GENERATORS = {"arith": arith_rows, "stdlib-module": module_rows, "funcname": funcname_rows,
+              "argcount": argcount_rows, "default-value": default_rows, "product": product_rows,
+              "exception": exception_rows}
 
 
 def builtin_files(name: str, cache: Path | None = None) -> dict[str, Path]:

@@ -1,7 +1,11 @@
 """Task metrics (offline: scikit-learn, rouge_score) and the kinds of error a Researcher reads.
 
 Every metric is in [0, 1], higher is better. Answers are compared after stripping surrounding
-whitespace. Each wrong prediction gets one error kind, checked in this order:
+whitespace. ``numeric`` is the share of answers that read as a number within the task's tolerance
+of the target: ``|answer - target| <= max(rel_tol * |target|, abs_tol)`` (``TaskConfig.rel_tol``,
+``abs_tol``; both 0 by default: numerically equal, so ``3.0`` is ``3``), inclusive at the edge;
+an answer that is not a finite number is wrong. Each wrong prediction gets one error kind, checked
+in this order:
 
 - ``empty``: nothing generated;
 - ``truncated``: generation hit ``max_new_tokens`` before its stop string or end token;
@@ -13,10 +17,11 @@ whitespace. Each wrong prediction gets one error kind, checked in this order:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
-METRICS = ("exact_match", "accuracy", "macro_f1", "rouge_l")
+METRICS = ("exact_match", "accuracy", "macro_f1", "rouge_l", "numeric")
 ERROR_KINDS = ("empty", "truncated", "wrong_format", "near_miss", "wrong_label", "wrong_number", "wrong")
 _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 
@@ -44,20 +49,47 @@ def rouge_l(preds: Sequence[str], targets: Sequence[str]) -> float:
     return total / max(1, len(targets))
 
 
-def score(metric: str, preds: Sequence[str], targets: Sequence[str]) -> float:
+Tolerance = tuple[float, float]  # (rel_tol, abs_tol) of the numeric metric
+
+
+def within_tolerance(pred: str, target: str, tol: Tolerance = (0.0, 0.0)) -> bool:
+    """Whether ``pred`` reads as a finite number within ``max(rel_tol * |target|, abs_tol)`` of
+    ``target`` (inclusive; a relative slack of 1e-9 absorbs binary rounding, so ``105`` is within
+    5% of ``100``)."""
+    try:
+        p, t = float(pred.strip()), float(target.strip())
+    except ValueError:
+        return False
+    if not (math.isfinite(p) and math.isfinite(t)):
+        return False
+    rel_tol, abs_tol = tol
+    return abs(p - t) <= max(rel_tol * abs(t), abs_tol) * (1 + 1e-9) + 1e-12
+
+
+def numeric(preds: Sequence[str], targets: Sequence[str], tol: Tolerance = (0.0, 0.0)) -> float:
+    """Share of answers within the tolerance of their target (see ``within_tolerance``)."""
+    return sum(within_tolerance(p, t, tol) for p, t in zip(preds, targets, strict=True)) / max(1, len(targets))
+
+
+def score(metric: str, preds: Sequence[str], targets: Sequence[str], tol: Tolerance = (0.0, 0.0)) -> float:
+    """``tol`` is the task's (rel_tol, abs_tol); only ``numeric`` reads it."""
     if metric in ("exact_match", "accuracy"):  # accuracy is exact match on labels
         return exact_match(preds, targets)
     if metric == "macro_f1":
         return macro_f1(preds, targets)
     if metric == "rouge_l":
         return rouge_l(preds, targets)
+    if metric == "numeric":
+        return numeric(preds, targets, tol)
     raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
 
 
-def example_score(metric: str, pred: str, target: str) -> float:
+def example_score(metric: str, pred: str, target: str, tol: Tolerance = (0.0, 0.0)) -> float:
     """One example's contribution, to rank the worst cases (macro-F1 ranks by correctness)."""
     if metric == "rouge_l":
         return rouge_l([pred], [target])
+    if metric == "numeric":
+        return float(within_tolerance(pred, target, tol))
     return float(pred.strip() == target.strip())
 
 
@@ -72,10 +104,11 @@ def edit_distance(a: str, b: str) -> int:
 
 
 def error_kind(pred: str, target: str, truncated: bool, pattern: re.Pattern | None,
-               labels: set[str] | None) -> str | None:
-    """The kind of a wrong answer (see the module docstring); None when it is right."""
+               labels: set[str] | None, tol: Tolerance | None = None) -> str | None:
+    """The kind of a wrong answer (see the module docstring); None when it is right. ``tol``: the
+    tolerance when the optimised metric is ``numeric``, so an answer within it is right."""
     p, t = pred.strip(), target.strip()
-    if p == t:
+    if p == t or (tol is not None and within_tolerance(p, t, tol)):
         return None
     if not p:
         return "empty"
