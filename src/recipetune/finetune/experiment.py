@@ -131,13 +131,15 @@ def evaluate(route: Route, task: TaskConfig, rows: list[dict], split: str,
     gens = route.generate(prompts, task.generation)
     preds = [g.text.strip() for g in gens]
     pattern = re.compile(task.answer_pattern) if task.answer_pattern else None
+    tol = (task.rel_tol, task.abs_tol)  # the numeric metric's tolerance
+    right_tol = tol if task.metric == "numeric" else None  # within it is right when numeric is optimised
     predictions = [
         Prediction(index=i, prompt=prompts[i], target=targets[i], prediction=preds[i],
-                   score=M.example_score(task.metric, preds[i], targets[i]), truncated=gens[i].truncated,
-                   error=M.error_kind(preds[i], targets[i], gens[i].truncated, pattern, labels))
+                   score=M.example_score(task.metric, preds[i], targets[i], tol), truncated=gens[i].truncated,
+                   error=M.error_kind(preds[i], targets[i], gens[i].truncated, pattern, labels, right_tol))
         for i in range(len(rows))
     ]
-    values = {m: M.score(m, preds, targets) for m in dict.fromkeys([task.metric, *task.metrics])}
+    values = {m: M.score(m, preds, targets, tol) for m in dict.fromkeys([task.metric, *task.metrics])}
     groups: dict[str, list[Prediction]] = {}
     for p in predictions:
         if p.error is not None:
