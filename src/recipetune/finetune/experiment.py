@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,10 +26,14 @@ from recipetune.data.ops import Operator, Row
 from recipetune.finetune import metrics as M
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe
 from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, LossCurve, Prediction
-from recipetune.finetune.routes import ModelError, Route, TrainLog, check_model, load_route
+from recipetune.finetune.routes import ModelError, Route, TrainLog, check_fit, check_model, load_route
 from recipetune.finetune.task import Splits, TaskConfig, TaskError, load_splits
 
+if TYPE_CHECKING:
+    import datasets
+
 WORST_PER_KIND = 5
+Rows: TypeAlias = "list[Row] | datasets.Dataset"  # what the data chain returns; either iterates as dict rows
 
 
 class ExperimentSpec(BaseModel):
@@ -49,6 +53,13 @@ class Experiment:
     spec: ExperimentSpec
     splits: Splits
     cache: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # what the route or this machine cannot honour is refused here, for a file and for every child
+        try:
+            check_fit(self.spec.model, self.spec.recipe, self.splits.conversational, self.base_dir)
+        except ModelError as e:
+            raise ConfigError(self.path, e.field, str(e)) from None
 
     @property
     def base_dir(self) -> Path:
@@ -104,12 +115,19 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     return Experiment(path, spec, splits)
 
 
-def prepare_data(exp: Experiment, out_dir: Path | None = None) -> tuple[list[Row], DataVersion]:
-    """Run the data chain (cached); ConfigError when it is bad or leaves nothing."""
+def prepare_data(exp: Experiment, out_dir: Path | None = None) -> tuple[Rows, DataVersion]:
+    """Run the data chain (cached); ConfigError when it is bad, leaves nothing, or leaves a row without an
+    answer (the files' rows were checked when read: such a row comes from a step)."""
     try:
-        return run_chain(exp.spec.data, exp.splits, exp.base_dir, out_dir)
+        rows, version = run_chain(exp.spec.data, exp.splits, exp.base_dir, out_dir)
     except ChainError as e:
         raise ConfigError(exp.path, e.field, str(e)) from None
+    for i, row in enumerate(rows):
+        problem = exp.spec.task.problem(row)
+        if problem is not None:
+            raise ConfigError(exp.path, "data", f"row {i} of the data chain's output: {problem}; a step of the chain "
+                                                "made it (the training file's rows were checked when read)")
+    return rows, version
 
 
 def loss_curve(losses: list[tuple[int, float]]) -> LossCurve:
@@ -126,9 +144,9 @@ def loss_curve(losses: list[tuple[int, float]]) -> LossCurve:
 def evaluate(route: Route, task: TaskConfig, rows: list[dict], split: str,
              labels: set[str] | None) -> tuple[Evaluation, list[Prediction]]:
     """Generate for every row, score with the task's metrics, group the wrong answers by kind."""
-    prompts = [task.render(r) for r in rows]
+    prompts = [task.render(r) for r in rows]  # the plain text, for the report
     targets = [task.answer(r) for r in rows]
-    gens = route.generate(prompts, task.generation)
+    gens = route.generate([route.prompt(task, r) for r in rows], task.generation)
     preds = [g.text.strip() for g in gens]
     pattern = re.compile(task.answer_pattern) if task.answer_pattern else None
     tol = (task.rel_tol, task.abs_tol)  # the numeric metric's tolerance
@@ -155,7 +173,7 @@ def evaluate(route: Route, task: TaskConfig, rows: list[dict], split: str,
     return ev, predictions
 
 
-def class_labels(task: TaskConfig, train_rows: list[Row]) -> set[str] | None:
+def class_labels(task: TaskConfig, train_rows: Rows) -> set[str] | None:
     if task.labels:
         return set(task.labels)
     if task.metric in ("accuracy", "macro_f1"):
@@ -164,7 +182,7 @@ def class_labels(task: TaskConfig, train_rows: list[Row]) -> set[str] | None:
 
 
 def train_and_validate(
-    exp: Experiment, out_dir: Path, rows: list[Row] | None = None, version: DataVersion | None = None,
+    exp: Experiment, out_dir: Path, rows: Rows | None = None, version: DataVersion | None = None,
     log=lambda text: None,
 ) -> tuple[ExperimentReport, Route | None]:
     """The experiment, returning the trained route too (final.py evaluates it on test)."""
@@ -197,7 +215,7 @@ def train_and_validate(
 
     # the answer is followed by the stop string, so the model learns where to stop (and the HF route
     # also gets its end token from TRL)
-    pairs = [(task.render(r), task.answer(r) + task.generation.stop) for r in rows]
+    pairs = [(route.prompt(task, r), task.answer(r) + task.generation.stop) for r in rows]
     log(f"training on {len(pairs)} examples ({route.name} route, {spec.recipe.method}) ...")
     status, cause, train_log = "ok", "", TrainLog()
     try:
@@ -235,7 +253,7 @@ def train_and_validate(
     return report, (route if status == "ok" else None)
 
 
-def run_experiment(exp: Experiment, out_dir: Path, rows: list[Row] | None = None,
+def run_experiment(exp: Experiment, out_dir: Path, rows: Rows | None = None,
                    version: DataVersion | None = None, log=lambda text: None) -> ExperimentReport:
     """Run one experiment into ``out_dir``; return its report (also saved as report.json)."""
     return train_and_validate(exp, out_dir, rows, version, log)[0]

@@ -1,8 +1,9 @@
 """The training recipe of a fine-tuning experiment, and the base model it starts from.
 
 ``TrainRecipe`` is flat (every value a scalar), so it maps onto the search's ``Recipe`` (canonical
-JSON identity) and a proposal can change one knob at a time. LoRA target modules are one
-comma-separated string for the same reason.
+JSON identity) and a proposal can change one knob at a time. LoRA target modules are one string for
+the same reason: a preset (``attention``, ``mlp``, ``all_linear``) resolved per architecture by
+``lora_modules``, or comma-separated module names.
 """
 
 from __future__ import annotations
@@ -22,6 +23,41 @@ def knob_text(knob: str, value: Any) -> str:
     if knob.startswith(DATA_PREFIX):
         return ("+" if value else "-") + knob.removeprefix(DATA_PREFIX)
     return f"{knob}={value}"
+
+
+# Module names per architecture (``config.model_type``; ``reference`` is the reference trainer's model).
+# ``default`` is what an empty lora_targets means: the query and value projections, LoRA's usual choice.
+_LLAMA = {"default": ["q_proj", "v_proj"], "attention": ["q_proj", "k_proj", "v_proj", "o_proj"],
+          "mlp": ["gate_proj", "up_proj", "down_proj"]}
+LORA_MODULES: dict[str, dict[str, list[str]]] = {
+    "reference": {"default": ["wq", "wv"], "attention": ["wq", "wk", "wv", "wo"], "mlp": ["w1", "w2", "w3"]},
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"), _LLAMA),
+    # GPT-2 names both its attention and its MLP output c_proj: the parent's name tells them apart
+    "gpt2": {"default": ["attn.c_attn"], "attention": ["attn.c_attn", "attn.c_proj"],
+             "mlp": ["mlp.c_fc", "mlp.c_proj"]},
+    "gpt_neox": {"default": ["query_key_value"], "attention": ["query_key_value", "attention.dense"],
+                 "mlp": ["dense_h_to_4h", "dense_4h_to_h"]},
+}
+LORA_PRESETS = ("attention", "mlp", "all_linear")
+
+
+def lora_modules(targets: str, model_type: str) -> list[str] | str:
+    """What peft's ``target_modules`` gets: a preset resolved for the architecture, or the names given.
+    Raises ValueError for a preset of an architecture not in ``LORA_MODULES`` (but ``all_linear`` is
+    then peft's own ``all-linear``: every linear layer but the output head)."""
+    names = [t.strip() for t in targets.split(",") if t.strip()]
+    if len(names) > 1 or (names and names[0] not in LORA_PRESETS):
+        return names
+    preset = names[0] if names else "default"
+    table = LORA_MODULES.get(model_type)
+    if table is None:
+        if preset == "all_linear":
+            return "all-linear"
+        if preset == "default":
+            return _LLAMA["default"]  # the most common names; the route checks they exist
+        raise ValueError(f"no '{preset}' preset for model type '{model_type}' (presets exist for "
+                         f"{', '.join(LORA_MODULES)}); name the modules instead, e.g. lora_targets: q_proj,v_proj")
+    return table["attention"] + table["mlp"] if preset == "all_linear" else table[preset]
 
 
 def describe_change(changes: Iterable[tuple[str, Any]]) -> str:
@@ -48,18 +84,21 @@ class TrainRecipe(BaseModel):
     lora_rank: int = Field(8, ge=1, le=1024)
     lora_alpha: float = Field(16.0, gt=0.0)
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    lora_targets: str = Field("", description="comma-separated module names; '' = the route's default")
+    lora_targets: str = Field("", description="a preset (attention | mlp | all_linear, resolved per architecture) "
+                              "or comma-separated module names; '' = the query and value projections")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="training precision: bf16/fp16 autocast over fp32 weights (fp16 needs CUDA)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, "
+                                                            "~20-30% slower, the same maths")
     threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = PyTorch's default")
 
     @model_validator(mode="after")
     def _targets(self) -> TrainRecipe:
         names = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
         if any(not n.replace(".", "").replace("_", "").isalnum() for n in names):
-            raise ValueError("lora_targets: comma-separated module names such as 'wq,wv' or 'q_proj,v_proj'")
+            raise ValueError(f"lora_targets: a preset ({', '.join(LORA_PRESETS)}) or comma-separated module "
+                             "names such as 'wq,wv' or 'q_proj,v_proj'")
         return self
-
-    def target_modules(self, default: list[str]) -> list[str]:
-        return [t.strip() for t in self.lora_targets.split(",") if t.strip()] or default
 
     def total_steps(self, batches_per_epoch: int) -> int:
         if self.max_steps:

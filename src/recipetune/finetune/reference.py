@@ -4,7 +4,10 @@ A short loop rather than transformers' Trainer: wrapping the reference ``Transfo
 ``PreTrainedModel`` would need a config class, a forward with HF's signature and a generation
 mixin, all for a model that has none of HF's conventions; the loop below is ~80 lines a reader
 checks top to bottom. LoRA still comes from ``peft`` (``inject_adapter_in_model`` works on any
-``nn.Module``). Completions end with the task's stop string (a byte model has no end token).
+``nn.Module``). Completions end with the task's stop string (a byte model has no end token). A
+conversation is trained and prompted in its plain rendering (``formats.chat_text``); ``precision:
+bf16`` is autocast over fp32 weights, ``gradient_checkpointing`` the reference trainer's own
+(trainer/parallel.py), and fp16 is refused (routes.check_precision): it would need loss scaling.
 
 ``path: base`` is a small model pretrained on the stdlib corpus by the reference trainer, built
 on first use and cached under ``<cache>/base/`` (``RECIPETUNE_CACHE``, default ~/.cache/recipetune).
@@ -23,15 +26,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from recipetune.finetune.recipe import ModelSpec, TrainRecipe
+from recipetune.finetune.recipe import ModelSpec, TrainRecipe, lora_modules
 from recipetune.finetune.routes import Generation, ModelError, TrainLog, resolve_path
-from recipetune.finetune.task import GenerationSettings
+from recipetune.finetune.task import GenerationSettings, TaskConfig
 from recipetune.trainer.data import ByteTokenizer
 from recipetune.trainer.model import PRESETS, Transformer, get_model_config
 
 IGNORE = -100
 GEN_BATCH = 64
-DEFAULT_LORA_TARGETS = ["wq", "wv"]
 
 
 def base_checkpoint(spec: ModelSpec, cache: Path | None = None, log=print) -> Path:
@@ -101,7 +103,7 @@ class ReferenceRoute:
             from peft import LoraConfig, inject_adapter_in_model
 
             config = LoraConfig(r=recipe.lora_rank, lora_alpha=recipe.lora_alpha, lora_dropout=recipe.lora_dropout,
-                                target_modules=recipe.target_modules(DEFAULT_LORA_TARGETS))
+                                target_modules=lora_modules(recipe.lora_targets, "reference"))
             try:
                 self.model = inject_adapter_in_model(config, self.model)
             except ValueError as e:
@@ -112,6 +114,9 @@ class ReferenceRoute:
     def params(self) -> dict[str, int]:
         ps = list(self.model.parameters())
         return {"total": sum(p.numel() for p in ps), "trainable": sum(p.numel() for p in ps if p.requires_grad)}
+
+    def prompt(self, task: TaskConfig, row: dict) -> str:
+        return task.render(row)
 
     def encode(self, prompt: str, completion: str, max_len: int, completion_only: bool):
         p = self.tok.encode(prompt).tolist()
@@ -157,6 +162,10 @@ class ReferenceRoute:
                 epoch += 1
 
         torch.manual_seed(recipe.seed)
+        if recipe.gradient_checkpointing:
+            from recipetune.trainer.parallel import apply_activation_checkpointing
+
+            apply_activation_checkpointing(self.model, "full")
         params = [p for p in self.model.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]  # no weight decay on norms, as in the reference trainer
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
@@ -169,7 +178,8 @@ class ReferenceRoute:
             n_tok = sum(int((y != IGNORE).sum()) for _, y in batch)
             loss_sum = 0.0
             for x, y in batch:  # normalised over the whole step's answer tokens: exact accumulation
-                logits, _ = self.model(x)
+                with torch.autocast(self.device.type, torch.bfloat16, enabled=recipe.precision == "bf16"):
+                    logits, _ = self.model(x)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE,
                                        reduction="sum") / max(1, n_tok)
                 loss.backward()
@@ -183,6 +193,10 @@ class ReferenceRoute:
                 raise FloatingPointError(f"non-finite training loss at step {step + 1}")
             log.losses.append((step + 1, loss_sum))
             log.tokens += n_tok
+        if recipe.gradient_checkpointing:
+            from recipetune.trainer.parallel import apply_activation_checkpointing
+
+            apply_activation_checkpointing(self.model, "none")  # generation keeps no activations anyway
         self.model.eval()
         return log
 

@@ -3,8 +3,11 @@
 A node of the quality tree is one experiment: (data chain, training recipe). Both map onto the
 search's flat ``Recipe``, so the engine, the proposers and Optuna's samplers need nothing new:
 
-- a training-recipe field is a knob of the same name (``lr``, ``epochs``, ``method``, ``lora_rank`` ...),
-  its domain read from ``TrainRecipe``; ``seed`` is invariant (the final evaluation varies it);
+- a training-recipe field is a knob of the same name (``lr``, ``epochs``, ``method``, ``lora_rank``,
+  ``precision``, ``lora_targets`` ...), its domain read from ``TrainRecipe``; ``seed`` is invariant (the
+  final evaluation varies it), ``threads`` and ``gradient_checkpointing`` are speed knobs (the same maths);
+  a value the route or the machine cannot honour (fp16 without CUDA, a LoRA preset unknown for the
+  architecture) is refused by ``Experiment`` like any bad value (routes.check_fit);
 - a data step the campaign offers (``search.data: {near_dedup: {op: dedup_near, ...}}``) is a boolean
   knob ``data_near_dedup``: on, the step joins the baseline chain, before its decontamination, so
   whatever it adds is decontaminated too.
@@ -28,13 +31,14 @@ from recipetune.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe,
 from recipetune.relations import Relations
 
 _OPERATOR: TypeAdapter = TypeAdapter(Operator)
+SPEED_FIELDS = ("threads", "gradient_checkpointing")  # change how fast, not what is learned
 
 
 def _field_knob(name: str) -> Knob:
     """A knob with the domain pydantic declares for ``TrainRecipe.<name>``."""
     info = TrainRecipe.model_fields[name]
     kind, default = info.annotation, info.default
-    role = INVARIANT if name == "seed" else SPEED if name == "threads" else SEMANTIC
+    role = INVARIANT if name == "seed" else SPEED if name in SPEED_FIELDS else SEMANTIC
     text = info.description or ""
     if typing.get_origin(kind) is Literal:
         return Knob(name, default, role, choices=typing.get_args(kind), help=text)

@@ -1,4 +1,17 @@
-"""A fine-tuning task: three local files, a prompt template, a target field and a metric.
+"""A fine-tuning task: three local files, the shape of their rows, the answer and a metric.
+
+Shapes (``task.format``):
+- ``template`` (the default): ``prompt`` is a template over the row's columns, ``target`` the answer column;
+- ``instruction``: Alpaca-style ``instruction``, optional ``input`` and ``output`` (the answer) columns,
+  rendered as ``INSTRUCTION`` (``INSTRUCTION_NO_INPUT`` when the input is empty);
+- ``chat``: a ``messages`` column of ``{role, content}`` (system, user, assistant); the answer is the
+  final assistant message, the prompt every message before it (plain text: ``formats.chat_text``;
+  the HF route renders it with the tokenizer's own chat template instead);
+- ``completion``: TRL's ``prompt`` and ``completion`` columns, as strings or as lists of messages.
+
+Every row is checked when its file is read: a missing or empty answer, a missing prompt column or a
+malformed conversation is an error naming the file, the line and the field, unless
+``incomplete_rows: drop`` drops such rows (counted in ``Splits.dropped``).
 
 The test split is closed. ``Splits`` hands out ``train`` and ``validation``; ``splits.test`` raises,
 and only ``finetune.final.final_evaluation`` opens it (through ``open_test`` with the key that
@@ -9,18 +22,39 @@ never hands out test text or test metrics.
 
 from __future__ import annotations
 
-import hashlib
 import string
+from collections import Counter
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from recipetune.data.text import ContaminationIndex
+from recipetune.finetune.formats import (
+    FILE_KINDS,
+    Message,
+    RowProblem,
+    TaskError,
+    answer_of,
+    before_answer,
+    chat_text,
+    file_fingerprint,
+    parse_messages,
+    read_rows,
+    row_position,
+    split_path,
+)
+
+__all__ = ["TaskError", "file_fingerprint", "read_rows"]  # read by data/chain.py from here
 
 SplitName = Literal["train", "validation", "test"]
 MetricName = Literal["exact_match", "accuracy", "macro_f1", "rouge_l", "numeric"]
-FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+FORMATS = FILE_KINDS
+TaskFormat = Literal["template", "instruction", "chat", "completion"]
+DEFAULT_TARGET = {"instruction": "output", "chat": "messages", "completion": "completion"}
+# Alpaca's layout without its preamble sentence, which would cost every row ~30 tokens of a short sequence
+INSTRUCTION = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+INSTRUCTION_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 BUILTINS = ("arith", "stdlib-module", "funcname", "argcount", "default-value", "product", "exception")
 
 
@@ -46,9 +80,15 @@ class TaskConfig(BaseModel):
     builtin: Literal["arith", "stdlib-module", "funcname", "argcount", "default-value", "product",
                      "exception"] | None = Field(
         None, description="a benchmark task generated on this machine (finetune/bench.py)")
-    files: dict[SplitName, str] = Field(default_factory=dict, description="split -> .jsonl/.csv/.parquet path")
-    prompt: str = Field(..., min_length=1, description="template over the row's fields, e.g. 'Q: {question}\\nA: '")
-    target: str = Field(..., min_length=1, description="the field holding the expected answer")
+    files: dict[SplitName, str] = Field(default_factory=dict, description="split -> .jsonl/.csv/.parquet path, "
+                                        "or a datasets save_to_disk folder")
+    format: TaskFormat = Field("template", description="the rows' shape: template | instruction | chat | completion")
+    prompt: str | None = Field(None, min_length=1, description="format template: a template over the row's "
+                               "fields, e.g. 'Q: {question}\\nA: '")
+    target: str | None = Field(None, min_length=1, description="the column holding the answer (chat: the "
+                               "messages); default output / messages / completion for those formats")
+    incomplete_rows: Literal["error", "drop"] = Field(
+        "error", description="a row without an answer or a prompt column: an error, or dropped and counted")
     metric: MetricName = "exact_match"
     metrics: list[MetricName] = Field(default_factory=list, description="also reported, not optimised")
     answer_pattern: str | None = Field(None, description="regex a well-formed answer matches (error kind)")
@@ -62,8 +102,8 @@ class TaskConfig(BaseModel):
 
     @field_validator("prompt")
     @classmethod
-    def _plain_fields(cls, v: str) -> str:
-        for _, name, spec, conv in string.Formatter().parse(v):
+    def _plain_fields(cls, v: str | None) -> str | None:
+        for _, name, spec, conv in string.Formatter().parse(v or ""):
             if name is not None and (not name.isidentifier() or spec or conv):
                 raise ValueError(f"template field {{{name}}} must be a plain field name (no attributes, "
                                  "indexes, conversions or format specs)")
@@ -75,55 +115,104 @@ class TaskConfig(BaseModel):
             missing = sorted({"train", "validation", "test"} - set(self.files))
             raise ValueError(f"files needs train, validation and test (missing: {', '.join(missing)}), "
                              "or set builtin to one of " + ", ".join(BUILTINS))
+        if self.format == "template":
+            if self.prompt is None or self.target is None:
+                raise ValueError("format template needs prompt (a template over the row's fields) and target "
+                                 "(the answer's field); or set format to instruction, chat or completion")
+        elif self.prompt is not None:
+            raise ValueError(f"prompt: format {self.format} renders its own prompt (docs/finetune.md, Data "
+                             "formats); a template of your own is format: template")
+        else:
+            self.target = self.target or DEFAULT_TARGET[self.format]
         return self
 
+    # -- what a row says, whatever its shape ------------------------------------------------------
+
     def fields(self) -> list[str]:
-        return [name for _, name, _, _ in string.Formatter().parse(self.prompt) if name]
+        """The columns the prompt reads."""
+        if self.format == "instruction":
+            return ["instruction", "input"]
+        if self.format == "chat":
+            return [self.target or "messages"]
+        if self.format == "completion":
+            return ["prompt"]
+        return [name for _, name, _, _ in string.Formatter().parse(self.prompt or "") if name]
+
+    def required_columns(self) -> list[str]:
+        """The columns every file must have (an instruction's input may be absent)."""
+        return list(dict.fromkeys([c for c in self.fields() if c != "input" or self.format != "instruction"]
+                                  + [str(self.target)]))
+
+    def conversation(self, row: dict) -> list[Message] | None:
+        """A chat row's messages (or a conversational prompt/completion row's, prompt then completion), the
+        answer last; None for a row of text. RowProblem when they are malformed."""
+        if self.format == "chat":
+            return parse_messages(row.get(str(self.target)), str(self.target))
+        if self.format == "completion" and isinstance(row.get("prompt"), list):
+            completion = row.get(str(self.target))
+            if isinstance(completion, str):  # a text answer to a conversational prompt
+                completion = [{"role": "assistant", "content": completion}]
+            return parse_messages(row["prompt"], "prompt") + parse_messages(completion, str(self.target))
+        return None
+
+    def messages(self, row: dict) -> list[Message] | None:
+        """The messages before the answer (what the HF route's chat template renders); None for a row of text."""
+        conversation = self.conversation(row)
+        return None if conversation is None else before_answer(conversation)
 
     def render(self, row: dict) -> str:
-        return self.prompt.format(**{k: "" if row.get(k) is None else row[k] for k in self.fields()})
+        """The prompt as plain text: everything but the HF route's generation and training uses it."""
+        messages = self.messages(row)
+        if messages is not None:
+            return chat_text(messages)
+        if self.format == "instruction":
+            has_input = str(row.get("input") or "").strip()
+            return (INSTRUCTION if has_input else INSTRUCTION_NO_INPUT).format(
+                instruction=row.get("instruction") or "", input=row.get("input") or "")
+        if self.format == "completion":
+            return str(row.get("prompt") or "")
+        return str(self.prompt).format(**{k: "" if row.get(k) is None else row[k] for k in self.fields()})
 
     def input_parts(self, row: dict) -> list[str]:
-        """What varies between rows: the values the prompt reads, without the template's fixed text.
+        """What varies between rows: the values the prompt reads, without the template's fixed text (for
+        a conversation, the contents of the messages before the answer, the system prompt included).
         Decontamination compares these, so a template (or an instruction) every row shares is no
         evidence of a copy."""
+        messages = self.messages(row)
+        if messages is not None:
+            return [m["content"] for m in messages]
         return ["" if row.get(k) is None else str(row[k]) for k in self.fields()]
 
     def answer(self, row: dict) -> str:
-        value = row.get(self.target)
+        conversation = self.conversation(row)
+        if conversation is not None:
+            return conversation[-1]["content"].strip() if conversation[-1]["role"] == "assistant" else ""
+        value = row.get(str(self.target))
         return "" if value is None else str(value).strip()
 
-
-class TaskError(ValueError):
-    """Bad task input; ``field`` is the dotted field of the experiment file it concerns."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(message)
-
-
-def read_rows(path: Path, field: str = "task.files"):
-    """A local JSONL/CSV/Parquet file as a ``datasets.Dataset``."""
-    import datasets
-
-    fmt = FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise TaskError(field, f"{path}: unknown file type; allowed: {', '.join(FORMATS)}")
-    if not path.is_file():
-        raise TaskError(field, f"{path}: no such file")
-    datasets.disable_progress_bars()
-    try:
-        ds = {"json": datasets.Dataset.from_json, "csv": datasets.Dataset.from_csv,
-              "parquet": datasets.Dataset.from_parquet}[fmt](str(path), keep_in_memory=True)
-    except Exception as e:  # malformed files come in many shapes; all are bad input
-        raise TaskError(field, f"{path}: cannot read it as {fmt}: {str(e).splitlines()[0][:200]}") from None
-    if len(ds) == 0:
-        raise TaskError(field, f"{path}: the file holds no rows")
-    return ds
-
-
-def file_fingerprint(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    def problem(self, row: dict) -> RowProblem | None:
+        """Why a row cannot be trained or scored on, or None."""
+        try:
+            conversation = self.conversation(row)
+            if conversation is not None:
+                answer_of(conversation)
+                return None
+        except RowProblem as e:
+            return e
+        for name in self.fields():
+            value = row.get(name)
+            if name == "input" and self.format == "instruction":
+                continue  # an instruction without an input is the common case
+            if value is None or (self.format != "template" and not str(value).strip()):
+                field = "task.prompt" if self.format == "template" else "task.format"
+                return RowProblem("missing prompt field", field,
+                                  f"the prompt's column '{name}' is {'missing' if value is None else 'empty'}")
+        value = row.get(str(self.target))
+        if value is None:
+            return RowProblem("missing target", "task.target", f"the target column '{self.target}' is missing")
+        if not str(value).strip():
+            return RowProblem("empty target", "task.target", f"the target column '{self.target}' is empty")
+        return None
 
 
 _TEST_KEY = object()  # held by finetune/final.py, the one place that opens the test split
@@ -133,22 +222,49 @@ class Splits:
     """Train and validation open; test closed (see the module docstring)."""
 
     def __init__(self, task: TaskConfig, paths: dict[str, Path]):
-        self.task, self.paths = task, paths
+        self.task = task
+        self.paths = {s: split_path(p, s, f"task.files.{s}") for s, p in paths.items()}
+        self.dropped: dict[str, dict[str, int]] = {}  # split -> reason -> rows dropped (incomplete_rows: drop)
         self.train = self._load("train")
         self.validation = self._load("validation")
         self._test = None
-        self.fingerprints = {s: file_fingerprint(p) for s, p in paths.items()}  # hashes reveal nothing
+        self.fingerprints = {s: file_fingerprint(p) for s, p in self.paths.items()}  # hashes reveal nothing
         self._check_overlap()
 
+    @property
+    def conversational(self) -> bool:
+        """Rows are conversations (chat, or TRL's conversational prompt/completion): the HF route needs a
+        chat template."""
+        return self.task.conversation(self.train[0]) is not None
+
     def _load(self, split: str):
-        field = f"task.files.{split}"
-        ds = read_rows(self.paths[split], field)
-        for name in [*self.task.fields(), self.task.target]:
+        path = self.paths[split]
+        ds = read_rows(path, f"task.files.{split}")
+        for name in self.task.required_columns():
             if name not in ds.column_names:
-                where = "task.target" if name == self.task.target else "task.prompt"
-                raise TaskError(where, f"field '{name}' is not in {self.paths[split]} "
-                                       f"(columns: {', '.join(ds.column_names)})")
-        return ds
+                where = "task.target" if name == self.task.target else (
+                    "task.prompt" if self.task.format == "template" else "task.format")
+                raise TaskError(where, f"field '{name}' is not in {path} (columns: {', '.join(ds.column_names)})")
+        return self._checked(split, ds)
+
+    def _checked(self, split: str, ds: Any):
+        """The rows the task can use: an unusable one is an error naming its line, or dropped and counted."""
+        keep, dropped = [], Counter()
+        for i, row in enumerate(ds):
+            problem = self.task.problem(row)
+            if problem is None:
+                keep.append(i)
+            elif self.task.incomplete_rows == "error":
+                raise TaskError(problem.field, f"{row_position(self.paths[split], i)}: {problem}; fix the row, or "
+                                               "set task.incomplete_rows: drop to drop such rows (and count them)")
+            else:
+                dropped[problem.reason] += 1
+        if not dropped:
+            return ds
+        self.dropped[split] = dict(dropped)
+        if not keep:
+            raise TaskError("task.incomplete_rows", f"{self.paths[split]}: every row was dropped ({dict(dropped)})")
+        return ds.select(keep)
 
     def _check_overlap(self) -> None:
         same = [(a, b) for a in self.paths for b in self.paths
