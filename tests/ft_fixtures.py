@@ -33,6 +33,29 @@ def reverse_task(folder: Path, n_train: int = 40) -> dict[str, Path]:
     }
 
 
+SYSTEM = "Reverse the word."
+
+
+def shaped_rows(words: list[str], shape: str) -> list[dict]:
+    """The reverse task's rows in one of the task formats (finetune/task.py)."""
+    if shape == "instruction":
+        return [{"instruction": SYSTEM, "input": w, "output": w[::-1]} for w in words]
+    if shape == "completion":
+        return [{"prompt": f"reverse {w}: ", "completion": w[::-1]} for w in words]
+    if shape == "chat":
+        return [{"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": w},
+                              {"role": "assistant", "content": w[::-1]}]} for w in words]
+    return [{"word": w, "answer": w[::-1]} for w in words]
+
+
+def shaped_task(folder: Path, shape: str, n_train: int = 24) -> dict[str, Path]:
+    """``reverse_task`` in another shape: validation and test disjoint words, train cycling through the rest."""
+    train = [shaped_rows(WORDS[8:], shape)[i % len(WORDS[8:])] for i in range(n_train)]
+    return {"train": write_jsonl(folder / "train.jsonl", train),
+            "validation": write_jsonl(folder / "val.jsonl", shaped_rows(WORDS[:4], shape)),
+            "test": write_jsonl(folder / "test.jsonl", shaped_rows(WORDS[4:8], shape))}
+
+
 def nano_checkpoint(path: Path) -> Path:
     """A reference-trainer checkpoint of the nano preset (random weights: the tests check plumbing)."""
     torch.manual_seed(0)
@@ -57,11 +80,12 @@ def experiment_file(folder: Path, files: dict[str, Path], model: dict, **section
     return path
 
 
-def tiny_llama(folder: Path, files: dict[str, Path]) -> Path:
+def tiny_llama(folder: Path, files: dict[str, Path], **kwargs) -> Path:
+    """A 1-layer Llama of width 32 with its tokenizer (and the small chat template, unless chat_template=None)."""
     from recipetune.finetune.hf import build_tiny_llama
 
     texts = [line for p in files.values() for line in p.read_text().splitlines()] + WORDS
-    return build_tiny_llama(folder, texts, vocab_size=300, hidden=32, layers=1)
+    return build_tiny_llama(folder, texts, vocab_size=300, hidden=32, layers=1, **kwargs)
 
 
 @pytest.fixture
