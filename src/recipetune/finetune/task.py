@@ -55,7 +55,8 @@ DEFAULT_TARGET = {"instruction": "output", "chat": "messages", "completion": "co
 # Alpaca's layout without its preamble sentence, which would cost every row ~30 tokens of a short sequence
 INSTRUCTION = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 INSTRUCTION_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
-BUILTINS = ("arith", "stdlib-module", "funcname", "argcount", "default-value", "product", "exception")
+BUILTINS = ("arith", "stdlib-module", "funcname", "argcount", "default-value", "product", "exception",
+            "chat-rename")
 
 
 class TestSplitClosed(PermissionError):
@@ -78,7 +79,7 @@ class TaskConfig(BaseModel):
 
     name: str = Field("task", min_length=1)
     builtin: Literal["arith", "stdlib-module", "funcname", "argcount", "default-value", "product",
-                     "exception"] | None = Field(
+                     "exception", "chat-rename"] | None = Field(
         None, description="a benchmark task generated on this machine (finetune/bench.py)")
     files: dict[SplitName, str] = Field(default_factory=dict, description="split -> .jsonl/.csv/.parquet path, "
                                         "or a datasets save_to_disk folder")
