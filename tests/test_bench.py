@@ -201,6 +201,7 @@ NEW_TASKS = {  # builtin -> (example file, the field splits are keyed by, target
     "default-value": ("ft-default.yaml", "signature", "default"),
     "product": ("ft-product.yaml", "question", "answer"),
     "exception": ("ft-exception.yaml", "message", "exception"),
+    "chat-rename": ("ft-chat-rename.yaml", "name", "messages"),
 }
 
 
@@ -221,7 +222,10 @@ def test_new_tasks_are_deterministic():
 def test_new_tasks_are_disjoint_and_sized(name):
     first = ftbench.GENERATORS[name]()
     _, key, target = NEW_TASKS[name]
-    keys = {s: {r[key] for r in rows} for s, rows in first.items()}
+    if name == "chat-rename":  # the name is the user's message
+        keys = {s: {r["messages"][1]["content"] for r in rows} for s, rows in first.items()}
+    else:
+        keys = {s: {r[key] for r in rows} for s, rows in first.items()}
     assert not keys["train"] & keys["validation"] and not keys["train"] & keys["test"]
     assert not keys["validation"] & keys["test"]
     assert 150 <= len(first["validation"]) <= 200 and 150 <= len(first["test"]) <= 200
@@ -316,6 +320,9 @@ def test_numeric_metric_through_the_task_and_evaluate():
     from recipetune.finetune.task import TaskConfig
 
     class Echo:  # a route that answers what the row's prompt says
+        def prompt(self, task, row):
+            return task.render(row)
+
         def generate(self, prompts, settings):
             from types import SimpleNamespace
 
@@ -342,3 +349,22 @@ def test_new_example_files_parse_with_their_search_section(name):
     assert spec.task.builtin == name and spec.recipe.threads == 1 and spec.model.path == "base"
     assert set(search["knobs"]) <= set(type(spec.recipe).model_fields) and len(search["data"]) >= 1
     assert search["seeds"] == [1, 2, 3]
+
+
+def test_chat_rename_needs_the_system_prompt():
+    task, rows = _example_task("chat-rename"), ftbench.rename_rows()
+    assert task.format == "chat"
+    for r in rows["validation"]:
+        system, user, assistant = r["messages"]
+        assert [m["role"] for m in r["messages"]] == ["system", "user", "assistant"]
+        style = next(k for k, (label, _, _) in ftbench.STYLES.items() if f" in {label}," in system["content"])
+        assert assistant["content"] == ftbench.STYLES[style][2](user["content"].split("_"))
+        assert task.answer(r) == assistant["content"] and task.render(r).startswith("System: You rename")
+        assert assistant["content"] not in task.render(r)
+    # the same user message gets different answers under different system prompts
+    by_name: dict[str, set[str]] = {}
+    for r in rows["train"]:
+        by_name.setdefault(r["messages"][1]["content"], set()).add(r["messages"][2]["content"])
+    assert sum(len(v) == 2 for v in by_name.values()) > 0.9 * len(by_name)
+    styles = Counter(r["messages"][0]["content"] for r in rows["validation"])
+    assert len(styles) == 4 and min(styles.values()) >= 30

@@ -11,7 +11,9 @@
 - ``product``: two-digit products ``47*86=`` -> ``4042`` (generated; ``numeric``: within a
   relative tolerance set on the task);
 - ``exception``: which built-in exception a stdlib ``raise`` with this message raises (multi-token
-  labels, imbalanced: ValueError about half; macro-F1).
+  labels, imbalanced: ValueError about half; macro-F1);
+- ``chat-rename``: a chat task (``messages`` with a system prompt): rewrite a stdlib function's
+  snake_case name in the style the system prompt names (exact match).
 
 The docstring tasks read the running Python's standard library (the same files the reference
 trainer's ``stdlib`` corpus reads, so the base model has seen this code: a knowledge-recall task,
@@ -229,9 +231,46 @@ def exception_rows() -> dict[str, list[dict]]:
     return _by_hash([{"message": m, "exception": e} for m, e in raised if e in labels], "message")
 
 
+STYLES = {  # name style -> (how the system prompt calls it, its example, the rewrite of snake_case words)
+    "camel": ("camelCase", "openFile", lambda w: w[0] + "".join(x.capitalize() for x in w[1:])),
+    "pascal": ("PascalCase", "OpenFile", lambda w: "".join(x.capitalize() for x in w)),
+    "kebab": ("kebab-case", "open-file", lambda w: "-".join(w)),
+    "constant": ("SCREAMING_SNAKE_CASE", "OPEN_FILE", lambda w: "_".join(w).upper()),
+}
+RENAME_SYSTEM = ("You rename Python identifiers for a style guide. Rewrite the snake_case name the user "
+                 "sends in {style}, as open_file becomes {example}. Reply with the new name only.")
+
+
+def rename_rows(n_train: int = 3000) -> dict[str, list[dict]]:
+    """A chat task with a system prompt: ``messages`` of (system, user, assistant). The system prompt
+    names one of four styles (camelCase, PascalCase, kebab-case, SCREAMING_SNAKE_CASE), the user sends a
+    stdlib function's snake_case name of 2-4 words, the assistant answers the name in that style: the
+    user's message alone does not say which answer is right. Splits are by name; a training name comes
+    in two styles, an evaluation name in one."""
+    import re
+
+    signatures, _ = stdlib_code_facts()
+    names = sorted({s[4:s.index("(")] for s, _, _ in signatures})
+    names = [n for n in names if re.fullmatch(r"[a-z][a-z0-9]*(_[a-z][a-z0-9]*){1,3}", n)]
+    styles = list(STYLES)
+    out: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
+    for name in sorted(names, key=lambda n: hashlib.sha256(n.encode()).hexdigest()):
+        split = _split_of(name)
+        first = _hash_mod("style " + name, len(styles))
+        for k in ((first, (first + 2) % len(styles)) if split == "train" else (first,)):
+            style, example, rewrite = STYLES[styles[k]]
+            out[split].append({"messages": [
+                {"role": "system", "content": RENAME_SYSTEM.format(style=style, example=example)},
+                {"role": "user", "content": name},
+                {"role": "assistant", "content": rewrite(name.split("_"))}]})
+    for split in ("validation", "test"):
+        out[split] = out[split][:EVAL_SIZE]
+    return _capped(out, n_train)
+
+
 GENERATORS = {"arith": arith_rows, "stdlib-module": module_rows, "funcname": funcname_rows,
               "argcount": argcount_rows, "default-value": default_rows, "product": product_rows,
-              "exception": exception_rows}
+              "exception": exception_rows, "chat-rename": rename_rows}
 
 
 def builtin_files(name: str, cache: Path | None = None) -> dict[str, Path]:
