@@ -68,10 +68,10 @@ def test_load_convert_sample_mix(tmp_path):
     assert len(loaded.rows) == 10 and loaded.added == 10
     conv = run({"op": "convert", "rename": {"q": "question"}, "templates": {"text": "{question} -> {a}"},
                 "keep": ["question", "text"]}, [{"q": " hi ", "a": "x"}], tmp_path)
-    assert conv.rows == [{"question": "hi", "text": "hi  -> x"}]
+    assert conv.rows.to_list() == [{"question": "hi", "text": "hi  -> x"}]
     s1 = run({"op": "sample", "n": 3, "seed": 1}, ROWS, tmp_path)
     s2 = run({"op": "sample", "n": 3, "seed": 1}, ROWS, tmp_path)
-    assert s1.rows == s2.rows and len(s1.rows) == 3 and s1.removed == {"not sampled": 3}
+    assert s1.rows.to_list() == s2.rows.to_list() and len(s1.rows) == 3 and s1.removed == {"not sampled": 3}
     assert len(run({"op": "sample", "fraction": 0.5}, ROWS, tmp_path).rows) == 3
     mixed = run({"op": "mix", "sources": [{"path": "other.jsonl", "ratio": 0.25}]}, ROWS, tmp_path)
     assert len(mixed.rows) == 8 and mixed.added == 2  # 6 rows are 75% of 8
@@ -152,7 +152,7 @@ def test_chain_cache_and_version(tmp_path, monkeypatch):
     chain = [OP.validate_python({"op": "dedup_exact"}), OP.validate_python({"op": "sample", "n": 4})]
     rows, v1 = run_chain(chain, splits, tmp_path)
     rows2, v2 = run_chain(chain, splits, tmp_path)
-    assert rows == rows2 and v1.id == v2.id
+    assert rows.to_list() == rows2.to_list() and v1.id == v2.id
     assert [s.cached for s in v2.operators] == [True, True, True] and not any(s.cached for s in v1.operators)
     assert [s.op for s in v1.operators] == ["dedup_exact", "sample", "decontaminate"] and v1.operators[2].implicit
     assert v1.operators[1].fingerprint_in == v1.operators[0].fingerprint_out and v1.rows_out == len(rows)

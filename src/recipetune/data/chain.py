@@ -1,10 +1,14 @@
-"""A YAML chain of data operators over the task's training split, cached by fingerprint.
+"""A YAML chain of data operators over the task's training split, on Arrow, cached by fingerprint.
 
-Every step's output is cached under ``<cache>/data/<key>`` (``datasets.save_to_disk``), where the
-key hashes the input rows' fingerprint, the operator's config and whatever else it reads (source
-files, the evaluation splits' fingerprints for decontamination). The ``DataVersion`` records, per
-operator, the fingerprints in and out, the rows in and out, what was removed and why, and whether it
-came from the cache: what an experiment trained on, exactly.
+The rows are a ``datasets.Dataset`` from end to end (typed columns, memory-mapped Arrow files;
+``data/ops.py`` says how the operators run). Fingerprints are derived, as ``datasets`` derives its
+own, never computed by hashing rows: the source's from the training file's sha256 and the settings it
+was loaded with, and each step's output from its input fingerprint, the operator's config and
+whatever else it reads (the prompt template, source files, the evaluation splits' fingerprints for
+decontamination) and the operators' code. Every step's output is cached under ``<cache>/data/<its
+fingerprint>`` (``datasets.save_to_disk``); a hit is a memory-mapped ``load_from_disk``. The
+``DataVersion`` records, per operator, the fingerprints in and out, the rows in and out, what was
+removed and why, and whether it came from the cache: what an experiment trained on, exactly.
 
 Decontamination is always on: a chain without a ``decontaminate`` step gets one (defaults) before
 its first ``export``, or at the end.
@@ -16,15 +20,31 @@ import hashlib
 import json
 import os
 import shutil
+import sys
+import tempfile
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from recipetune.data.ops import Context, Decontaminate, Export, Load, Mix, OpBase, Row, apply, write_rows
+from recipetune.data import ops
+from recipetune.data.ops import (
+    PARALLEL_MIN_ROWS,
+    Context,
+    Decontaminate,
+    Export,
+    Load,
+    Mix,
+    OpBase,
+    apply,
+    as_dataset,
+    write_rows,
+)
 
-CACHE_VERSION = "1"  # bump when an operator's behaviour changes, so stale outputs are not reused
+CACHE_VERSION = "2"  # bump when an operator's behaviour changes, so stale outputs are not reused
+WORKERS_ENV = "RECIPETUNE_DATA_WORKERS"
 
 
 class ChainError(ValueError):
@@ -59,6 +79,8 @@ class DataVersion(BaseModel):
     rows_in: int
     rows_out: int
     operators: list[OperatorStats]
+    dropped_at_load: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="split -> reason -> rows dropped when the file was read")
 
     def removed_total(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -68,16 +90,36 @@ class DataVersion(BaseModel):
         return out
 
 
-def rows_fingerprint(rows: list[Row]) -> str:
+def fingerprint(*parts: Any) -> str:
+    """A fingerprint derived from others and settings (``datasets``' way): nothing hashes rows."""
+    text = "|".join(p if isinstance(p, str) else json.dumps(p, sort_keys=True, default=str) for p in parts)
+    return hashlib.sha256(f"{CACHE_VERSION}|{text}".encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """The operators' code (ops.py and the text and MinHash rules they apply): a change to it is a
+    change to every step's output."""
+    from recipetune.data import minhash, text
+
     h = hashlib.sha256()
-    for row in rows:
-        h.update(json.dumps(row, sort_keys=True, default=str).encode() + b"\n")
+    for mod in (ops, text, minhash):
+        h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()[:16]
 
 
-def as_rows(ds) -> list[Row]:
-    """A dataset as rows of strings: files of any format then mix, and fingerprints are stable."""
-    return [{k: None if v is None else str(v) for k, v in row.items()} for row in ds]
+def task_reads(task) -> dict[str, Any]:
+    """What of the task the operators (and the loading of its files) read: its shape, not its metric."""
+    return {"format": getattr(task, "format", "template"), "prompt": task.prompt, "target": task.target,
+            "fields": task.fields(), "incomplete_rows": getattr(task, "incomplete_rows", None)}
+
+
+def source_fingerprint(splits) -> str:
+    """The training split as loaded: its file's sha256 and the settings it was read with."""
+    path = Path(splits.paths["train"])
+    dropped = (getattr(splits, "dropped", None) or {}).get("train", {})
+    return fingerprint("source", splits.fingerprints["train"], path.suffix.lower(), task_reads(splits.task),
+                       dropped, len(splits.train))
 
 
 def with_decontamination(chain: list[OpBase]) -> tuple[list[OpBase], int | None]:
@@ -88,6 +130,25 @@ def with_decontamination(chain: list[OpBase]) -> tuple[list[OpBase], int | None]
     return [*chain[:at], Decontaminate(op="decontaminate"), *chain[at:]], at
 
 
+def default_workers() -> int:
+    """Processes for the batched maps: ``RECIPETUNE_DATA_WORKERS``, else min(2, the CPUs this process may use)."""
+    env = os.environ.get(WORKERS_ENV)
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(2, cpus))
+
+
+def _show_progress() -> bool:
+    return sys.stderr.isatty() and "PYTEST_CURRENT_TEST" not in os.environ
+
+
 def _cache_root() -> Path:
     from recipetune.measure import cache_dir
 
@@ -96,85 +157,135 @@ def _cache_root() -> Path:
 
 def run_chain(
     chain: list[OpBase], splits, base_dir: Path, out_dir: Path | None = None, cache: Path | None = None,
-    use_cache: bool = True,
-) -> tuple[list[Row], DataVersion]:
-    """Run the chain on ``splits.train``; raise ChainError when a step fails or leaves no rows."""
+    use_cache: bool = True, workers: int | None = None,
+):
+    """Run the chain on ``splits.train``: ``(datasets.Dataset, DataVersion)``; raise ChainError when a
+    step fails or leaves no rows. ``workers``: processes for the batched maps (default
+    ``default_workers()``; inputs under PARALLEL_MIN_ROWS rows run in one). The result is the same
+    for any number of workers."""
     import datasets
 
     from recipetune.finetune.task import TaskError, file_fingerprint, read_rows
 
-    datasets.disable_progress_bars()
+    datasets.disable_progress_bars()  # long steps turn them on (ops._progress)
     cache = cache or _cache_root()
+    cache.mkdir(parents=True, exist_ok=True)
     task = splits.task
     steps, implicit_at = with_decontamination(chain)
+    work = Path(tempfile.mkdtemp(prefix="work-", dir=cache))  # intermediate Arrow files, removed at the end
 
-    def read_file(path: str, field: str) -> list[Row]:
+    def read_file(path: str, field: str):
         p = Path(path).expanduser()
         p = p if p.is_absolute() else (base_dir / p).resolve()
-        return as_rows(read_rows(p, field))
+        return read_rows(p, field)
 
     ctx = Context(render=task.render, prompt_fields=task.fields(), base_dir=base_dir, out_dir=out_dir,
-                  read_file=read_file, contamination_index=splits.contamination_index,
-                  parts=task.input_parts)
-    rows = as_rows(splits.train)
-    stats: list[OperatorStats] = []
-    for i, op in enumerate(steps):
-        field = f"data.{i}" if implicit_at is None or i < implicit_at else f"data.{i - 1}"
-        fp_in = rows_fingerprint(rows)
-        extra = _reads(op, base_dir, splits, file_fingerprint)
-        key = hashlib.sha256(f"{CACHE_VERSION}|{fp_in}|{op.model_dump_json()}|{extra}".encode()).hexdigest()[:24]
-        folder = cache / key
-        t0 = time.perf_counter()
-        hit = None
-        if use_cache and not isinstance(op, Export):
-            hit = _cache_get(folder)
+                  read_file=read_file, contamination_index=splits.contamination_index, parts=task.input_parts,
+                  features=splits.train.features, workers=max(1, workers or default_workers()), work_dir=work,
+                  progress=_show_progress())
+    try:
+        fp_in = source_fingerprint(splits)
+        ds = _source(splits.train, cache / fp_in, work, use_cache)
+        stats: list[OperatorStats] = []
+        for i, op in enumerate(steps):
+            field = f"data.{i}" if implicit_at is None or i < implicit_at else f"data.{i - 1}"
+            exporting = isinstance(op, Export)
+            extra = _reads(op, base_dir, splits, file_fingerprint)
+            fp_out = fp_in if exporting else fingerprint(fp_in, op.model_dump_json(), extra, code_fingerprint())
+            folder = cache / fp_out
+            t0 = time.perf_counter()
+            hit = _cache_get(folder) if use_cache and not exporting else None
+            if hit is not None:
+                out, meta = hit
+            else:
+                ctx.step = fp_out
+                if not ds.cache_files and len(ds) >= PARALLEL_MIN_ROWS:
+                    ds = _store(ds, work / f"{fp_in}-in")  # on disk: workers map it instead of unpickling it
+                try:
+                    outcome = apply(op, ds, ctx)
+                except (TaskError, ValueError, KeyError) as e:
+                    sub = getattr(e, "field", "")
+                    raise ChainError(f"{field}.{sub}" if sub else f"{field}.op", f"{op.op}: {e}") from None
+                out = outcome.rows
+                meta = {"removed": dict(outcome.removed), "examples": outcome.examples, "added": outcome.added,
+                        "rows": len(out)}
+            if len(out) == 0:
+                raise ChainError(f"{field}.op", f"step {i} ({op.op}) leaves no training rows "
+                                                f"({len(ds)} in; removed: {meta['removed']})")
+            if hit is None and use_cache and not exporting:
+                out = _cache_put(folder, out, meta)
+            stats.append(OperatorStats(
+                index=i, op=op.op, config=op.model_dump(exclude={"op"}), rows_in=len(ds), rows_out=len(out),
+                added=meta["added"], removed=meta["removed"], examples=meta["examples"], fingerprint_in=fp_in,
+                fingerprint_out=fp_out, cached=hit is not None, seconds=round(time.perf_counter() - t0, 4),
+                implicit=i == implicit_at,
+            ))
+            ds, fp_in = out, fp_out
+        for path, exported in ctx.exports:
+            write_rows(path, exported)
+        if _inside(ds, work):  # the work folder goes: what is returned must not live there
+            ds = ds.flatten_indices(keep_in_memory=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    version = DataVersion(id=fp_in, sources=dict(splits.fingerprints), rows_in=len(splits.train), rows_out=len(ds),
+                          operators=stats, dropped_at_load=_dropped(splits))
+    return ds, version
+
+
+def _dropped(splits) -> dict[str, dict[str, int]]:
+    dropped = getattr(splits, "dropped", None) or {}
+    return {split: {str(k): int(v) for k, v in reasons.items()} for split, reasons in dropped.items()}
+
+
+def _inside(ds, folder: Path) -> bool:
+    return any(Path(f["filename"]).resolve().is_relative_to(folder.resolve()) for f in ds.cache_files)
+
+
+def _source(train, folder: Path, work: Path, use_cache: bool):
+    """The training split as a memory-mapped dataset: from the cache, or stored there (or in the work
+    folder without the cache, when it is large enough for workers to map it)."""
+    train = as_dataset(train)
+    if use_cache:
+        hit = _cache_get(folder)
         if hit is not None:
-            out_rows, meta = hit
-        else:
-            try:
-                outcome = apply(op, rows, ctx)
-            except (TaskError, ValueError, KeyError) as e:
-                sub = getattr(e, "field", "")
-                raise ChainError(f"{field}.{sub}" if sub else f"{field}.op", f"{op.op}: {e}") from None
-            out_rows = outcome.rows
-            meta = {"removed": dict(outcome.removed), "examples": outcome.examples, "added": outcome.added}
-        if not out_rows:
-            raise ChainError(f"{field}.op", f"step {i} ({op.op}) leaves no training rows "
-                                            f"({len(rows)} in; removed: {meta['removed']})")
-        if hit is None and use_cache and not isinstance(op, Export):
-            _cache_put(folder, out_rows, meta)
-        stats.append(OperatorStats(
-            index=i, op=op.op, config=op.model_dump(exclude={"op"}), rows_in=len(rows), rows_out=len(out_rows),
-            added=meta["added"], removed=meta["removed"], examples=meta["examples"], fingerprint_in=fp_in,
-            fingerprint_out=rows_fingerprint(out_rows), cached=hit is not None,
-            seconds=round(time.perf_counter() - t0, 4), implicit=i == implicit_at,
-        ))
-        rows = out_rows
-    for path, exported in ctx.exports:
-        write_rows(path, exported)
-    version = DataVersion(id=rows_fingerprint(rows), sources=dict(splits.fingerprints),
-                          rows_in=len(splits.train), rows_out=len(rows), operators=stats)
-    return rows, version
+            return hit[0]
+        if train.cache_files and train._indices is None:
+            return train  # already memory-mapped
+        return _cache_put(folder, train, {"removed": {}, "examples": [], "added": 0, "rows": len(train)})
+    if not train.cache_files and len(train) >= PARALLEL_MIN_ROWS:
+        return _store(train, work / "source")
+    return train
+
+
+def _store(ds, folder: Path):
+    import datasets
+
+    ds.save_to_disk(str(folder))
+    return datasets.load_from_disk(str(folder))
 
 
 def _reads(op: OpBase, base_dir: Path, splits, file_fingerprint) -> str:
-    """What else an operator's output depends on, beside its input rows and config."""
+    """What else an operator's output depends on, beside its input rows and config: the task's shape
+    (the prompt most operators read), files, the evaluation splits."""
 
     def fp(path: str) -> str:
         p = Path(path).expanduser()
         p = p if p.is_absolute() else base_dir / p
-        return file_fingerprint(p) if p.is_file() else "missing"
+        return file_fingerprint(p) if p.exists() else "missing"
 
+    template = json.dumps(task_reads(splits.task), sort_keys=True, default=str)
     if isinstance(op, Load):
-        return fp(op.path)
+        return f"{template}|{fp(op.path)}"
     if isinstance(op, Mix):
-        return ",".join(fp(s.path) for s in op.sources)
+        return f"{template}|" + ",".join(fp(s.path) for s in op.sources)
     if isinstance(op, Decontaminate):
-        return f"{splits.fingerprints['validation']},{splits.fingerprints['test']}"
-    return ""
+        dropped = {s: v for s, v in (getattr(splits, "dropped", None) or {}).items() if s != "train"}
+        return (f"{template}|{splits.fingerprints['validation']},{splits.fingerprints['test']}|"
+                f"{json.dumps(dropped, sort_keys=True, default=str)}")
+    return template
 
 
-def _cache_get(folder: Path) -> tuple[list[Row], dict] | None:
+def _cache_get(folder: Path):
     import datasets
 
     meta_file = folder / "meta.json"
@@ -182,22 +293,28 @@ def _cache_get(folder: Path) -> tuple[list[Row], dict] | None:
         return None
     try:
         meta = json.loads(meta_file.read_text())
-        return as_rows(datasets.load_from_disk(str(folder / "rows"))), meta
+        ds = datasets.load_from_disk(str(folder / "rows"))  # memory-mapped: nothing is read yet
+        if meta.get("rows", len(ds)) != len(ds):
+            return None
+        return ds, meta
     except (OSError, ValueError, FileNotFoundError):
         return None  # a damaged entry is recomputed
 
 
-def _cache_put(folder: Path, rows: list[Row], meta: dict) -> None:
+def _cache_put(folder: Path, ds, meta: dict):
+    """Store ``ds`` and its meta; the stored, memory-mapped copy (``ds`` itself if storing failed)."""
     import datasets
 
     tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        datasets.Dataset.from_list(rows).save_to_disk(str(tmp / "rows"))
+        ds.save_to_disk(str(tmp / "rows"))
         (tmp / "meta.json").write_text(json.dumps(meta, default=str))
         if folder.exists():
             shutil.rmtree(tmp, ignore_errors=True)  # another process filled it first
         else:
             os.replace(tmp, folder)
+        return datasets.load_from_disk(str(folder / "rows"))
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # caching is an optimisation, never a failure
+        return ds
