@@ -31,7 +31,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from recipetune.data.text import ContaminationIndex
 from recipetune.finetune.formats import (
-    FILE_KINDS,
     Message,
     RowProblem,
     TaskError,
@@ -45,11 +44,8 @@ from recipetune.finetune.formats import (
     split_path,
 )
 
-__all__ = ["TaskError", "file_fingerprint", "read_rows"]  # read by data/chain.py from here
-
 SplitName = Literal["train", "validation", "test"]
 MetricName = Literal["exact_match", "accuracy", "macro_f1", "rouge_l", "numeric"]
-FORMATS = FILE_KINDS
 TaskFormat = Literal["template", "instruction", "chat", "completion"]
 DEFAULT_TARGET = {"instruction": "output", "chat": "messages", "completion": "completion"}
 # Alpaca's layout without its preamble sentence, which would cost every row ~30 tokens of a short sequence
