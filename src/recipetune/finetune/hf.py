@@ -216,7 +216,9 @@ class HFRoute:
             for row, lead in zip(ids[:, batch["input_ids"].shape[1]:].tolist(), moved, strict=True):
                 ended = any(e in row for e in eos_ids)
                 text = self.tok.decode(row, skip_special_tokens=True)
-                text = text[len(lead):] if lead and text.startswith(lead) else text  # else a stop "\n" ends it at 0
+                # the whitespace moved out of the prompt is not the answer: with a prompt ending in "\n" and
+                # the stop "\n", the answer would otherwise end before it starts
+                text = text[len(lead):] if lead and text.startswith(lead) else text
                 stopped = bool(settings.stop) and settings.stop in text
                 if stopped:
                     text = text[: text.index(settings.stop)]
