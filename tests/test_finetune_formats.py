@@ -434,3 +434,26 @@ def test_every_shape_trains_and_is_scored_on_both_routes(tmp_path, monkeypatch, 
         assert report.status == "ok" and report.route == route and report.validation.n_examples == 4, report.cause
         first = json.loads((tmp_path / route / "predictions.jsonl").read_text().splitlines()[0])
         assert first["target"] == "ahpla" and first["prompt"] == exp.spec.task.render(exp.splits.validation[0])
+
+
+def test_hf_generation_keeps_an_answer_after_a_prompt_ending_in_the_stop_string(tmp_path, monkeypatch):
+    """The instruction layout ends with "\\n", the default stop: the newline trained as the answer's start
+    must not end the generated answer before it starts."""
+    from recipetune.finetune.hf import HFRoute
+    from recipetune.finetune.task import GenerationSettings
+
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    files = shaped_task(tmp_path, "instruction", n_train=4)
+    exp = load_experiment(shaped_file(tmp_path, files, {"kind": "hf", "path": str(tiny_llama(tmp_path / "l", files))},
+                                      "instruction"))
+    route = HFRoute(exp.spec.model, exp.base_dir, exp.spec.recipe)
+    answer = route.tok("\nahpla\nzzz", add_special_tokens=False, return_tensors="pt")["input_ids"]
+
+    def generate(input_ids, **_):  # a model that has learnt the answer: newline, answer, stop
+        return torch.cat([input_ids, answer.repeat(len(input_ids), 1)], dim=1)
+
+    monkeypatch.setattr(route.model, "generate", generate)
+    prompt = route.prompt(exp.spec.task, exp.splits.validation[0])
+    assert prompt.endswith("### Response:\n")
+    [gen] = route.generate([prompt], GenerationSettings(max_new_tokens=16))
+    assert gen.text == "ahpla" and not gen.truncated
