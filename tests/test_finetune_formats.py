@@ -66,6 +66,10 @@ def test_each_shape_renders_its_prompt_answer_and_varying_parts():
     conv = {"prompt": CHAT[:2], "completion": [{"role": "assistant", "content": "4"}]}  # TRL's conversational form
     assert p.render(conv) == "System: Be brief.\nUser: 2+2?\nAssistant: " and p.answer(conv) == "4"
     assert p.messages(conv) == CHAT[:2] and p.input_parts(conv) == ["Be brief.", "2+2?"]
+    as_text = {k: str(v) for k, v in conv.items()}  # a CSV cell, or a row the data chain stringified
+    assert p.messages(as_text) == CHAT[:2] and p.answer(as_text) == "4"
+    assert p.answer({"prompt": CHAT[:2], "completion": "4"}) == "4"  # a text answer to a conversation
+    assert p.messages({"prompt": "[see above] 2+2=", "completion": "4"}) is None  # text, though it opens with [
 
 
 @pytest.mark.parametrize("fields, message", [

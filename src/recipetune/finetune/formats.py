@@ -64,6 +64,16 @@ def parse_messages(value: Any, column: str) -> list[Message]:
     return out
 
 
+def as_messages(value: Any) -> list | None:
+    """A cell that holds messages (a list of dicts with a role, or its JSON or Python-literal text, as a
+    CSV cell or a stringified row has it), as a list; None for anything else, a text prompt above all."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        value = _literal(value)
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
+        return value
+    return None
+
+
 def _literal(text: str) -> Any:
     try:
         return json.loads(text)

@@ -35,6 +35,7 @@ from recipetune.finetune.formats import (
     RowProblem,
     TaskError,
     answer_of,
+    as_messages,
     before_answer,
     chat_text,
     file_fingerprint,
@@ -145,12 +146,13 @@ class TaskConfig(BaseModel):
         answer last; None for a row of text. RowProblem when they are malformed."""
         if self.format == "chat":
             return parse_messages(row.get(str(self.target)), str(self.target))
-        if self.format == "completion" and isinstance(row.get("prompt"), list):
-            completion = row.get(str(self.target))
-            if isinstance(completion, str):  # a text answer to a conversational prompt
-                completion = [{"role": "assistant", "content": completion}]
-            return parse_messages(row["prompt"], "prompt") + parse_messages(completion, str(self.target))
-        return None
+        prompt = as_messages(row.get("prompt")) if self.format == "completion" else None
+        if prompt is None:
+            return None
+        completion = row.get(str(self.target))
+        if isinstance(completion, str) and as_messages(completion) is None:  # a text answer to a conversation
+            completion = [{"role": "assistant", "content": completion}]
+        return parse_messages(prompt, "prompt") + parse_messages(completion, str(self.target))
 
     def messages(self, row: dict) -> list[Message] | None:
         """The messages before the answer (what the HF route's chat template renders); None for a row of text."""
