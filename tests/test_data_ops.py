@@ -143,7 +143,9 @@ def test_planted_train_test_overlap_is_found_and_removed(tmp_path, monkeypatch):
     # punctuation apart; but no phrase of a template is enough on its own
     rows2, v2 = run_chain([OP.validate_python({"op": "decontaminate", "ngram": 30, "near_threshold": 1.0,
                                                "common_share": 1.0})], splits, tmp_path)
-    assert len(rows2) == 6 and v2.operators[0].removed["overlaps test (contains a whole input)"] == 2
+    assert len(rows2) == 6 and v2.operators[0].removed == {
+        "overlaps test (same input)": 1, "overlaps test (contains a whole input)": 1,
+        "overlaps validation (contains a whole input)": 1}
 
 
 def test_chain_cache_and_version(tmp_path, monkeypatch):

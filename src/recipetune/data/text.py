@@ -8,20 +8,22 @@ same three tokens, ``12*34`` another, and case or spacing never hides a copy.
 every row shares. It reads a row's ``input_parts`` (the values the prompt template reads, never the
 template's fixed text), and it masks *boilerplate*: every token covered by a word ``COMMON_N``-gram
 that at least ``common_share`` of the evaluation rows contain (an instruction every prompt repeats,
-a fixed preamble inside a field). What is left of an evaluation row, its *varying text* v, is
-indexed by its length:
+a fixed preamble inside a field). What is left of an evaluation row is its *varying text* v. A
+training row (its varying text u, masked alike) overlaps an evaluation row when:
 
-- v of ``ngram`` tokens or more: its word n-grams; a training row sharing one overlaps it;
-- v shorter than that, but of ``min_tokens`` or more: v whole; a training row whose varying text
-  contains v as a run of tokens overlaps it (a short prompt copied, whatever was put around it);
-- v shorter still (an input that is almost all shared text): a training row overlaps it if its
-  varying text *is* v, or if it contains the whole evaluation input, shared text included;
-- and a training row whose varying text has an estimated Jaccard similarity of ``near_threshold``
-  or more with v (one-permutation MinHash over character 5-grams, ``data/minhash.py``), for v of
-  ``min_tokens`` or more, is a near-duplicate (a renamed identifier, a reworded word).
+- v has ``ngram`` tokens or more and u holds at least ``min_overlap`` of v's distinct word n-grams
+  (a copy, renamed or re-prefixed, keeps most of them; an idiom two functions share, a few);
+- v has fewer than 2 x ``ngram`` tokens and u contains v as a run of tokens (``min_tokens`` or
+  more of them: a short prompt copied, whatever was put around it), or contains v with one name
+  renamed everywhere (v of ``RENAME_MIN_TOKENS`` or more, the name a word, not a number); such
+  inputs are found through their two rarest tokens (anchors), so a rename of one leaves the other;
+- v is shorter than ``min_tokens`` (an input that is almost all shared text) and u *is* v, or the
+  training row contains the whole evaluation input, shared text included;
+- or their estimated Jaccard similarity reaches ``near_threshold`` (one-permutation MinHash over
+  character 5-grams, ``data/minhash.py``), both of ``NEAR_MIN_CHARS`` or more.
 
-The index keeps hashes and signatures; it answers which split a text overlaps and how, never the
-evaluation text itself.
+The index lives in memory, is never written, and answers which split a text overlaps and how, never
+the evaluation text itself.
 """
 
 from __future__ import annotations
@@ -29,16 +31,20 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
-
-from xxhash import xxh3_64_intdigest
 
 from recipetune.data import minhash
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+_IDENTIFIER = re.compile(r"[^\W\d]\w*")  # a word that starts with a letter or _: a name, not a number
+_TRUE = [True] * 3
 COMMON_N = 3  # boilerplate is found as shared word 3-grams: long enough to be phrasing, short enough to
 # cover an instruction's every token
 MIN_COMMON_ROWS = 3  # a phrase in fewer evaluation rows than this is never boilerplate (tiny splits)
+RENAME_MIN_TOKENS = 5  # a short input with one name renamed is a copy only if the other tokens are 4 or more
+NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates similarity too roughly
+# (two 8-character sums share half their shingles by chance): shorter texts have the token rules
 
 
 def normalize(text: str) -> str:
@@ -57,10 +63,7 @@ def ngrams(text: str, n: int) -> set[str]:
 
 
 def part_tokens(parts: Sequence[str]) -> list[str]:
-    out: list[str] = []
-    for part in parts:
-        out += tokens(part)
-    return out
+    return tokens(" ".join(parts))  # no token spans whitespace: the parts stay apart
 
 
 class Boilerplate:
@@ -77,51 +80,67 @@ class Boilerplate:
 
     def varying(self, toks: list[str]) -> tuple[list[str], list[int]]:
         """The tokens no common phrase covers, and their positions in ``toks``."""
-        n, masked = len(toks), None
-        if self.phrases:
-            for i in range(n - COMMON_N + 1):
-                if toks[i] in self.words and tuple(toks[i : i + COMMON_N]) in self.phrases:
-                    if masked is None:
-                        masked = [False] * n
-                    masked[i : i + COMMON_N] = [True] * COMMON_N
-        if masked is None:
+        n, words, phrases = len(toks), self.words, self.phrases
+        starts = [i for i, t in enumerate(toks) if t in words and i + COMMON_N <= n] if phrases else ()
+        masked = [False] * n
+        hit = False
+        for i in starts:
+            if tuple(toks[i : i + COMMON_N]) in phrases:
+                masked[i : i + COMMON_N] = _TRUE
+                hit = True
+        if not hit:
             return toks, list(range(n))
         keep = [i for i in range(n) if not masked[i]]
         return [toks[i] for i in keep], keep
 
 
+@dataclass(frozen=True)
+class _Short:
+    """An evaluation input of fewer than 2n varying tokens, checked by alignment at its anchors."""
+
+    split: str
+    varying: tuple[str, ...]
+    full: tuple[str, ...]  # all its tokens, shared text included
+    start: int  # where ``varying`` begins in ``full``
+
+
 class ContaminationIndex:
     """Evaluation rows (their input parts, by split) indexed as the module docstring says.
-    ``settings`` has ``ngram``, ``min_tokens``, ``common_share``, ``near_threshold``, ``num_perm``."""
+    ``settings`` has ``ngram``, ``min_overlap``, ``min_tokens``, ``common_share``, ``near_threshold``,
+    ``num_perm``. It lives in memory and is never written anywhere."""
 
     def __init__(self, evals: dict[str, list[list[str]]], settings: Any):
-        self.n = settings.ngram
-        self.min_tokens = settings.min_tokens
+        self.n, self.min_overlap, self.min_tokens = settings.ngram, settings.min_overlap, settings.min_tokens
         self.num_perm = settings.num_perm
         labelled = [(split, part_tokens(parts)) for split, rows in evals.items() for parts in rows]
         self.boilerplate = Boilerplate([toks for _, toks in labelled], settings.common_share)
-        self.grams: dict[int, str] = {}  # hash of a varying n-gram -> split ("test" wins)
-        self.whole: dict[int, dict[int, str]] = {}  # length -> hash of a whole (short) varying text -> split
-        # length -> hash of a very short varying text -> (split, its offset in the input, input length, input hash)
-        self.tiny: dict[int, dict[int, list[tuple[str, int, int, int]]]] = {}
         self.rows = Counter(split for split, _ in labelled)
         self.all_boilerplate: Counter = Counter()
+        self.grams: dict[tuple[str, ...], list[int]] = {}  # varying n-gram -> the long inputs holding it
+        self.long: list[tuple[str, int]] = []  # long input -> (split, its number of distinct n-grams)
+        self.short: list[_Short] = []
+        self.anchors: dict[str, list[tuple[int, int]]] = {}  # token -> (short input, its offset there)
+        varied = [(split, toks, *self.boilerplate.varying(toks)) for split, toks in labelled]
+        df = Counter(t for _, _, v, _ in varied for t in set(v))
         near_texts, self.near_split = [], []
-        for split, toks in labelled:
-            v, pos = self.boilerplate.varying(toks)
+        for split, toks, v, pos in varied:
             if not v:
                 self.all_boilerplate[split] += 1  # nothing varies: nothing to find a copy of
-            elif len(v) >= self.n:
-                for i in range(len(v) - self.n + 1):
-                    _put(self.grams, _key(v[i : i + self.n]), split)
-            elif len(v) >= self.min_tokens:
-                _put(self.whole.setdefault(len(v), {}), _key(v), split)
-            else:
-                self.tiny.setdefault(len(v), {}).setdefault(_key(v), []).append(
-                    (split, pos[0], len(toks), _key(toks)))
-            if len(v) >= self.min_tokens:
-                near_texts.append(" ".join(v))
+                continue
+            if len(v) >= self.n:
+                grams = {tuple(v[i : i + self.n]) for i in range(len(v) - self.n + 1)}
+                for g in grams:
+                    self.grams.setdefault(g, []).append(len(self.long))
+                self.long.append((split, len(grams)))
+            if len(v) < 2 * self.n:
+                # two anchors, the rarest distinct tokens: a rename of one leaves the other
+                for token in sorted(set(v), key=lambda t: (df[t], -len(t), t))[:2]:
+                    self.anchors.setdefault(token, []).append((len(self.short), v.index(token)))
+                self.short.append(_Short(split, tuple(v), tuple(toks), pos[0]))
+            if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
+                near_texts.append(text)
                 self.near_split.append(split)
+        self.gram_starts = {g[0] for g in self.grams}
         self.near = None
         if settings.near_threshold < 1 and near_texts:
             self.near = minhash.BucketIndex(minhash.signatures(near_texts, self.num_perm), settings.near_threshold)
@@ -131,51 +150,61 @@ class ContaminationIndex:
 
     def hits_batch(self, rows: Sequence[Sequence[str]]) -> list[tuple[str, str] | None]:
         """For each training row's input parts: (split, how) of an overlap, else None. ``how`` is
-        ``<n>-gram``, ``contains a whole <split> input``, ``same input`` or ``near-duplicate``."""
-        out: list[tuple[str, str] | None] = []
+        ``<n>-grams``, ``same input``, ``contains a whole input``, ``renamed copy`` or
+        ``near-duplicate``."""
         full = [part_tokens(parts) for parts in rows]
         varying = [self.boilerplate.varying(toks) for toks in full]
-        for toks, (v, pos) in zip(full, varying, strict=True):
-            out.append(self._exact_hit(toks, v, pos))
+        out = [self._token_hit(toks, v, pos) for toks, (v, pos) in zip(full, varying, strict=True)]
         if self.near is not None:
-            todo = [i for i, hit in enumerate(out) if hit is None and len(varying[i][0]) >= self.min_tokens]
+            texts = {i: " ".join(varying[i][0]) for i, hit in enumerate(out) if hit is None}
+            todo = [i for i, text in texts.items() if len(text) >= NEAR_MIN_CHARS]
             if todo:
-                sig = minhash.signatures([" ".join(varying[i][0]) for i in todo], self.num_perm)
+                sig = minhash.signatures([texts[i] for i in todo], self.num_perm)
                 for i, j in zip(todo, self.near.query(sig).tolist(), strict=True):
                     if j >= 0:
                         out[i] = (self.near_split[j], "near-duplicate")
         return out
 
-    def _exact_hit(self, toks: list[str], v: list[str], pos: list[int]) -> tuple[str, str] | None:
+    def _token_hit(self, toks: list[str], v: list[str], pos: list[int]) -> tuple[str, str] | None:
         if not v:
             return None
-        if len(v) >= self.n and self.grams:
-            for i in range(len(v) - self.n + 1):
-                split = self.grams.get(_key(v[i : i + self.n]))
-                if split:
-                    return split, f"{self.n}-gram"
-        for length, table in self.whole.items():
-            for i in range(len(v) - length + 1):
-                split = table.get(_key(v[i : i + length]))
-                if split:
-                    return split, "contains a whole input"
-        # an input with (almost) nothing but shared text: the same varying tokens, or the whole input copied
-        for length, table in self.tiny.items():
-            for i in range(len(v) - length + 1):
-                for split, offset, size, digest in table.get(_key(v[i : i + length]), ()):
-                    if len(v) == length:
-                        return split, "same input"
-                    at = pos[i] - offset
-                    if at >= 0 and at + size <= len(toks) and _key(toks[at : at + size]) == digest:
-                        return split, "contains a whole input"
+        n = self.n
+        if len(v) >= n and self.grams:
+            grams, shared = self.grams, Counter()
+            for i in [i for i, t in enumerate(v[: len(v) - n + 1]) if t in self.gram_starts]:
+                holders = grams.get(tuple(v[i : i + n]))
+                if holders:
+                    shared.update(holders)
+            for j, count in shared.items():  # (a gram repeated in u counts once per repeat: rare, harmless)
+                split, total = self.long[j]
+                if count >= self.min_overlap * total:
+                    return split, f"{n}-grams"
+        anchors = self.anchors
+        for i in [i for i, t in enumerate(v) if t in anchors]:
+            for j, offset in anchors[v[i]]:
+                e = self.short[j]
+                at, size = i - offset, len(e.varying)
+                if at < 0 or at + size > len(v):
+                    continue
+                window = tuple(v[at : at + size])
+                if window == e.varying:
+                    if size == len(v):
+                        return e.split, "same input"
+                    if size >= self.min_tokens:
+                        return e.split, "contains a whole input"
+                    # (almost) nothing of it varies: only the whole input, shared text and all, counts
+                    first = pos[at] - e.start
+                    if first >= 0 and tuple(toks[first : first + len(e.full)]) == e.full:
+                        return e.split, "contains a whole input"
+                elif size >= RENAME_MIN_TOKENS and _renamed(e.varying, window):
+                    return e.split, "renamed copy"
         return None
 
 
-def _key(toks: list[str]) -> int:
-    """A stable 64-bit name of a token run (the same in every process, unlike ``hash``)."""
-    return xxh3_64_intdigest("\x1f".join(toks).encode())
-
-
-def _put(table: dict[int, str], key: int, split: str) -> None:
-    if table.get(key) != "test":
-        table[key] = split
+def _renamed(original: tuple[str, ...], window: tuple[str, ...]) -> bool:
+    """``window`` is ``original`` with one identifier renamed everywhere (and nothing else changed)."""
+    pairs = {(a, b) for a, b in zip(original, window, strict=True) if a != b}
+    if len(pairs) != 1:
+        return False
+    (old, new), = pairs
+    return _IDENTIFIER.fullmatch(old) is not None and _IDENTIFIER.fullmatch(new) is not None and new not in original

@@ -1,0 +1,137 @@
+"""Decontamination's rule, each mode beside the case it must not reject: copies found in what varies
+between rows, never in a template or an instruction every row repeats (data/text.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from ft_fixtures import write_jsonl
+
+from recipetune.data.chain import run_chain
+from recipetune.data.ops import Decontaminate
+from recipetune.data.text import Boilerplate, ContaminationIndex, tokens
+from recipetune.finetune.task import Splits, TaskConfig
+
+INSTRUCTION = "Read the function below and count its parameters. Answer with a number only."
+rng = random.Random(0)
+NAMES = ["".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(4, 9))) for _ in range(400)]
+
+
+def function(i: int) -> str:
+    a, b, c = NAMES[3 * i % 400], NAMES[(3 * i + 1) % 400], NAMES[(3 * i + 2) % 400]
+    return f"def {a}_{i}({b}, {c}=None):\n    total = {b} * {i} + len({c} or [])\n    return total - {i % 7}"
+
+
+def settings(**kw) -> Decontaminate:
+    return Decontaminate(op="decontaminate", **kw)
+
+
+def code_index(**kw) -> ContaminationIndex:
+    evals = {"validation": [[f"{INSTRUCTION}\n{function(i)}"] for i in range(0, 60)],
+             "test": [[f"{INSTRUCTION}\n{function(i)}"] for i in range(60, 120)]}
+    return ContaminationIndex(evals, settings(**kw))
+
+
+def test_a_shared_instruction_is_not_evidence_but_a_copy_of_what_varies_is():
+    index = code_index()
+    clean = [[f"{INSTRUCTION}\n{function(i)}"] for i in range(200, 260)]
+    assert index.hits_batch(clean) == [None] * len(clean)  # the issue's case: every row shares it
+    copy = f"{INSTRUCTION}\n{function(70)}"
+    variant = copy.upper().replace(" ", "  \t")
+    renamed = copy.replace(NAMES[210 % 400] + "_70", "widget_factory")
+    reworded = "How many parameters does this function take? Reply with a number.\n" + function(70)
+    hits = index.hits_batch([[copy], [variant], [renamed], [reworded]])
+    assert [h[0] for h in hits] == ["test"] * 4
+    assert index.hits([function(10)]) == ("validation", "8-grams")  # the instruction dropped: still a copy
+
+
+def test_long_inputs_need_the_minimum_share_of_their_ngrams():
+    """A training row holding under half a long input's n-grams is an idiom in common, over half a copy."""
+    words = [f"w{i}" for i in range(40)]
+    index = ContaminationIndex({"validation": [], "test": [[" ".join(words)]]}, settings(near_threshold=1.0))
+    total = len(words) - 8 + 1  # 33 distinct 8-grams
+    for keep, found in ((16, False), (17, True)):  # 16/33 < 0.5 <= 17/33
+        # the first (keep + 7) words hold exactly `keep` of the input's 8-grams; then unrelated words
+        text = " ".join(words[: keep + 7] + [f"x{i}" for i in range(30)])
+        assert (index.hits([text]) is not None) == found, (keep, total)
+
+
+@pytest.mark.parametrize("text, hit", [
+    ("347+589=", ("test", "same input")),
+    ("347 + 589 =", ("test", "same input")),  # spacing
+    ("What is 347+589=", ("test", "contains a whole input")),  # words put before it
+    ("347+598=", None), ("1347+589=", None), ("347*589=", None), ("347+589", None),  # other problems
+])
+def test_short_inputs_are_copies_only_whole(text, hit):
+    index = ContaminationIndex({"validation": [["12+34="]], "test": [["347+589="], ["928+666="]]}, settings())
+    assert index.hits([text]) == hit
+
+
+@pytest.mark.parametrize("text, hit", [
+    ("Return True if the future was cancelled", "same input"),
+    ("Docs: return true if the FUTURE was cancelled.", "contains a whole input"),
+    ("Return True if the widget was cancelled", "renamed copy"),  # one name renamed
+    ("Return True if the widget was destroyed", None),  # two words changed: another docstring
+    ("Return True if the future is running", None),
+    # (a word inserted before the last, "... was not cancelled", reads as the last renamed: a copy)
+])
+def test_a_short_input_with_one_name_renamed_is_a_copy(text, hit):
+    """Seven tokens, under the 8-gram: found whole, or with one name renamed, through its anchors."""
+    index = ContaminationIndex({"validation": [["Close the selector and release its resources."]],
+                                "test": [["Return True if the future was cancelled"]]}, settings())
+    found = index.hits([text])
+    assert (found and found[1]) == hit
+
+
+def test_a_renamed_number_is_another_problem():
+    index = ContaminationIndex({"validation": [], "test": [["Add 12 apples to 35 pears and count them"]]},
+                               settings())
+    assert index.hits(["Add 12 apples to 36 pears and count them"]) is None
+    assert index.hits(["Add 12 plums to 35 pears and count them"])[1] == "renamed copy"
+
+
+def test_an_input_that_is_almost_all_template_counts_whole():
+    """Eval rows that differ in one number: a training row must be that input, not just share the number."""
+    evals = {"validation": [[f"Compute the checksum of block number {i} using crc32"] for i in range(5)],
+             "test": [[f"Compute the checksum of block number {i} using crc32"] for i in range(5, 10)]}
+    index = ContaminationIndex(evals, settings())
+    assert index.hits(["Compute the checksum of block number 7 using crc32"]) == ("test", "same input")
+    assert index.hits(["Please: compute the CHECKSUM of block number 7 using crc32!"]) == (
+        "test", "contains a whole input")
+    assert index.hits(["Compute the checksum of block number 17 using crc32"]) is None
+    assert index.hits(["Parse header line 7 of the response"]) is None  # the number alone is no copy
+
+
+def test_near_duplicates_need_enough_text_for_the_estimate():
+    long_doc = "Return the number of bytes written to the underlying stream, counting headers"
+    index = ContaminationIndex({"validation": [["928+666="]], "test": [[long_doc]]}, settings(ngram=30))
+    assert index.hits(["928+866="]) is None  # 8 characters: MinHash would guess
+    edited = long_doc.replace("stream,", "stream;")  # no name renamed; Jaccard 0.9 over character 5-grams
+    assert index.hits([edited]) == ("test", "near-duplicate")
+    assert ContaminationIndex({"validation": [], "test": [[long_doc]]}, settings(ngram=30, near_threshold=1.0)
+                              ).hits([edited]) is None
+
+
+def test_boilerplate_is_a_phrase_in_the_given_share_of_evaluation_rows():
+    rows = [tokens(f"please answer this {i}") for i in range(95)] + [tokens("unrelated words here")] * 5
+    assert ("please", "answer", "this") in Boilerplate(rows, 0.95).phrases
+    assert not Boilerplate(rows, 0.96).phrases - {("unrelated", "words", "here")}
+    assert Boilerplate(rows, 1.0).phrases == set()  # common_share 1: nothing is boilerplate
+    tiny = [tokens("a b c"), tokens("a b c d")]
+    assert Boilerplate(tiny, 0.05).phrases == set()  # fewer rows than MIN_COMMON_ROWS share it
+
+
+def test_the_chain_keeps_rows_that_share_the_template_or_instruction(tmp_path, monkeypatch):
+    """The issue's task end to end: the instruction in the field, or in the template; only copies go."""
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    for template, field in (("{prompt}\nAnswer: ", lambda f: f"{INSTRUCTION}\n{f}"),
+                            (INSTRUCTION + "\n{prompt}\nAnswer: ", lambda f: f)):
+        rows = lambda ids, field=field: [{"prompt": field(function(i)), "answer": "2"} for i in ids]  # noqa: E731
+        train = rows(range(200, 300)) + rows([65]) + [{"prompt": field(function(5)).lower(), "answer": "2"}]
+        paths = {s: write_jsonl(tmp_path / f"{s}.jsonl", r) for s, r in
+                 (("train", train), ("validation", rows(range(60))), ("test", rows(range(60, 120))))}
+        task = TaskConfig(prompt=template, target="answer", files={k: str(v) for k, v in paths.items()})
+        kept, version = run_chain([Decontaminate(op="decontaminate")], Splits(task, paths), tmp_path)
+        assert len(kept) == 100
+        assert version.operators[0].removed == {"overlaps test (8-grams)": 1, "overlaps validation (8-grams)": 1}
