@@ -15,7 +15,7 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   (a copy, renamed or re-prefixed, keeps most of them; an idiom two functions share, a few);
 - v has fewer than 2 x ``ngram`` tokens and u contains v as a run of tokens (``min_tokens`` or
   more of them: a short prompt copied, whatever was put around it), or contains v with one name
-  renamed everywhere (v of ``RENAME_MIN_TOKENS`` or more, the name a word, not a number); such
+  renamed everywhere (the name a word, not a number, and ``RENAME_MIN_WORDS`` other words alike); such
   inputs are found through their two rarest tokens (anchors), so a rename of one leaves the other;
 - v is shorter than ``min_tokens`` (an input that is almost all shared text) and u *is* v, or the
   training row contains the whole evaluation input, shared text included;
@@ -42,7 +42,8 @@ _TRUE = [True] * 3
 COMMON_N = 3  # boilerplate is found as shared word 3-grams: long enough to be phrasing, short enough to
 # cover an instruction's every token
 MIN_COMMON_ROWS = 3  # a phrase in fewer evaluation rows than this is never boilerplate (tiny splits)
-RENAME_MIN_TOKENS = 5  # a short input with one name renamed is a copy only if the other tokens are 4 or more
+RENAME_MIN_WORDS = 4  # a short input with one name renamed is a copy only if 4 other words still match:
+# "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings, a sentence
 NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates similarity too roughly
 # (two 8-character sums share half their shingles by chance): shorter texts have the token rules
 
@@ -196,7 +197,7 @@ class ContaminationIndex:
                     first = pos[at] - e.start
                     if first >= 0 and tuple(toks[first : first + len(e.full)]) == e.full:
                         return e.split, "contains a whole input"
-                elif size >= RENAME_MIN_TOKENS and _renamed(e.varying, window):
+                elif _renamed(e.varying, window):
                     return e.split, "renamed copy"
         return None
 
@@ -207,4 +208,6 @@ def _renamed(original: tuple[str, ...], window: tuple[str, ...]) -> bool:
     if len(pairs) != 1:
         return False
     (old, new), = pairs
-    return _IDENTIFIER.fullmatch(old) is not None and _IDENTIFIER.fullmatch(new) is not None and new not in original
+    if not (_IDENTIFIER.fullmatch(old) and _IDENTIFIER.fullmatch(new)) or new in original:
+        return False
+    return sum(1 for t in original if t != old and _IDENTIFIER.fullmatch(t)) >= RENAME_MIN_WORDS
