@@ -84,6 +84,14 @@ def test_a_short_input_with_one_name_renamed_is_a_copy(text, hit):
     assert (found and found[1]) == hit
 
 
+def test_a_rename_needs_enough_words_left_alike():
+    """Two one-argument signatures share only a keyword and punctuation: another function, not a copy."""
+    index = ContaminationIndex({"validation": [], "test": [["def isabs(s):"], ["def get_item(self, key, default):"]]},
+                               settings())
+    assert index.hits(["def isdir(s):"]) is None
+    assert index.hits(["def get_entry(self, key, default):"])[1] == "renamed copy"  # 4 words left alike
+
+
 def test_a_renamed_number_is_another_problem():
     index = ContaminationIndex({"validation": [], "test": [["Add 12 apples to 35 pears and count them"]]},
                                settings())
