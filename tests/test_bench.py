@@ -357,9 +357,9 @@ def test_chat_rename_needs_the_system_prompt():
     for r in rows["validation"]:
         system, user, assistant = r["messages"]
         assert [m["role"] for m in r["messages"]] == ["system", "user", "assistant"]
-        style = next(k for k, (label, _, _) in ftbench.STYLES.items() if f" in {label}," in system["content"])
+        style = next(k for k, (label, _, _) in ftbench.STYLES.items() if f" in {label} (" in system["content"])
         assert assistant["content"] == ftbench.STYLES[style][2](user["content"].split("_"))
-        assert task.answer(r) == assistant["content"] and task.render(r).startswith("System: You rename")
+        assert task.answer(r) == assistant["content"] and task.render(r).startswith("System: Rewrite the user's")
         assert assistant["content"] not in task.render(r)
     # the same user message gets different answers under different system prompts
     by_name: dict[str, set[str]] = {}

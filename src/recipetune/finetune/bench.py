@@ -39,6 +39,7 @@ from pathlib import Path
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, _walk_files
 
 VERSION = "1"
+TASK_VERSIONS = {"chat-rename": "3"}  # a task whose generator changed (its cached files are regenerated)
 EVAL_SIZE = 200  # validation and test rows per task
 
 
@@ -237,21 +238,20 @@ STYLES = {  # name style -> (how the system prompt calls it, its example, the re
     "kebab": ("kebab-case", "open-file", lambda w: "-".join(w)),
     "constant": ("SCREAMING_SNAKE_CASE", "OPEN_FILE", lambda w: "_".join(w).upper()),
 }
-RENAME_SYSTEM = ("You rename Python identifiers for a style guide. Rewrite the snake_case name the user "
-                 "sends in {style}, as open_file becomes {example}. Reply with the new name only.")
+RENAME_SYSTEM = "Rewrite the user's snake_case name in {style} (open_file: {example}). Reply with the name only."
 
 
 def rename_rows(n_train: int = 3000) -> dict[str, list[dict]]:
     """A chat task with a system prompt: ``messages`` of (system, user, assistant). The system prompt
     names one of four styles (camelCase, PascalCase, kebab-case, SCREAMING_SNAKE_CASE), the user sends a
-    stdlib function's snake_case name of 2-4 words, the assistant answers the name in that style: the
-    user's message alone does not say which answer is right. Splits are by name; a training name comes
-    in two styles, an evaluation name in one."""
+    stdlib function's snake_case name of 2-4 words (at most 24 characters), the assistant answers the
+    name in that style: the user's message alone does not say which answer is right. Splits are by
+    name; a training name comes in two styles, an evaluation name in one."""
     import re
 
     signatures, _ = stdlib_code_facts()
     names = sorted({s[4:s.index("(")] for s, _, _ in signatures})
-    names = [n for n in names if re.fullmatch(r"[a-z][a-z0-9]*(_[a-z][a-z0-9]*){1,3}", n)]
+    names = [n for n in names if re.fullmatch(r"[a-z][a-z0-9]*(_[a-z][a-z0-9]*){1,3}", n) and len(n) <= 24]
     styles = list(STYLES)
     out: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
     for name in sorted(names, key=lambda n: hashlib.sha256(n.encode()).hexdigest()):
@@ -279,7 +279,8 @@ def builtin_files(name: str, cache: Path | None = None) -> dict[str, Path]:
 
     v = sys.version_info
     where = hashlib.sha256(sysconfig.get_paths()["stdlib"].encode()).hexdigest()[:8]
-    folder = (cache or cache_dir()) / "tasks" / f"{name}-v{VERSION}-py{v.major}.{v.minor}.{v.micro}-{where}"
+    version = TASK_VERSIONS.get(name, VERSION)
+    folder = (cache or cache_dir()) / "tasks" / f"{name}-v{version}-py{v.major}.{v.minor}.{v.micro}-{where}"
     files = {s: folder / f"{s}.jsonl" for s in ("train", "validation", "test")}
     if all(p.is_file() for p in files.values()):
         return files
