@@ -21,6 +21,7 @@ Results go to stdout as a markdown table and, with ``--json``, to a file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -110,6 +111,7 @@ class Sampler(threading.Thread):
         import psutil
 
         self.proc, self.period, self.peak, self.stop = psutil.Process(), period, 0, False
+        self.highest = 0  # over the whole run
 
     @staticmethod
     def _mem(proc) -> int:
@@ -123,20 +125,25 @@ class Sampler(threading.Thread):
 
         total = self._mem(self.proc)
         for child in self.proc.children(recursive=True):
-            try:
+            with contextlib.suppress(psutil.Error):
                 total += self._mem(child)
-            except psutil.Error:
-                pass
         return total
 
     def run(self) -> None:
         while not self.stop:
             self.peak = max(self.peak, self.rss())
+            self.highest = max(self.highest, self.peak)
             time.sleep(self.period)
 
     def reset(self) -> int:
         peak, self.peak = self.peak, self.rss()
         return max(peak, self.peak)
+
+
+def cpu() -> float:
+    """CPU seconds of this process and its finished workers (user + system)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def one(n: int, data: Path, label: str, workers: int | None) -> dict:
@@ -163,48 +170,53 @@ def one(n: int, data: Path, label: str, workers: int | None) -> dict:
     marks: list[dict] = []
     inner = chain_mod.apply
 
-    def apply(op, rows, ctx):  # marks the operator's span and the peak RSS inside it
+    def apply(op, rows, ctx):  # marks the operator's span, its CPU time and the peak memory inside it
         sampler.reset()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), cpu()
         out = inner(op, rows, ctx)
-        marks.append({"op": op.op, "seconds": time.perf_counter() - t, "peak_rss": sampler.reset()})
+        marks.append({"op": op.op, "seconds": time.perf_counter() - t, "cpu": cpu() - c, "peak_rss": sampler.reset()})
         return out
 
     chain_mod.apply = apply
     kwargs = {"workers": workers} if workers is not None else {}
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), cpu()
     rows, version = chain_mod.run_chain(chain, splits, data, cache=cache / "data", **kwargs)
-    t_chain = time.perf_counter() - t1
-    chain_peak = sampler.reset()
+    t_chain, c_chain = time.perf_counter() - t1, cpu() - c1
+    sampler.reset()
+    chain_peak = max([sampler.highest, *(m["peak_rss"] for m in marks)])
     sampler.stop = True
     ops_out = []
     for st, mark in zip(version.operators, marks, strict=True):
         ops_out.append({"op": st.op, "rows_in": st.rows_in, "rows_out": st.rows_out, "removed": st.removed,
                         "seconds": st.seconds, "apply_seconds": round(mark["seconds"], 3),
+                        "cpu_seconds": round(mark["cpu"], 2),
                         "rows_per_s": round(st.rows_in / max(st.seconds, 1e-9)), "peak_rss": mark["peak_rss"]})
     self_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     children_max = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     subprocess.run(["rm", "-rf", str(cache)], check=False)
     return {"label": label, "rows": n, "rows_out": len(rows), "load_seconds": round(t_load, 2),
-            "load_peak_rss": load_peak, "chain_seconds": round(t_chain, 2), "chain_peak_rss": chain_peak,
+            "load_peak_rss": load_peak, "chain_seconds": round(t_chain, 2),
+            "chain_cpu_seconds": round(c_chain, 2), "chain_peak_rss": chain_peak,
             "ru_maxrss_self": self_max, "ru_maxrss_children": children_max, "operators": ops_out,
             "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
 
 
 def table(results: list[dict]) -> str:
     mb = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
-    lines = ["| code | rows | operator | rows in | rows out | s | rows/s | peak RSS MB |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    peak = lambda r: mb(max(r["chain_peak_rss"], r["load_peak_rss"]))  # noqa: E731
+    lines = ["| code | rows | operator | rows in | rows out | s | CPU s | rows/s | peak memory MB |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['label']} | {r['rows']:,} | ({r['error']}) | | | | | |")
+            lines.append(f"| {r['label']} | {r['rows']:,} | ({r['error']}) | | | | | | |")
             continue
         for o in r["operators"]:
             lines.append(f"| {r['label']} | {r['rows']:,} | {o['op']} | {o['rows_in']:,} | {o['rows_out']:,} | "
-                         f"{o['seconds']:.2f} | {o['rows_per_s']:,} | {mb(o['peak_rss'])} |")
+                         f"{o['seconds']:.2f} | {o.get('cpu_seconds', 0):.2f} | {o['rows_per_s']:,} | "
+                         f"{mb(o['peak_rss'])} |")
         lines.append(f"| {r['label']} | {r['rows']:,} | **chain** (load {r['load_seconds']:.1f} s) | "
                      f"{r['rows']:,} | {r['rows_out']:,} | **{r['chain_seconds']:.2f}** | "
-                     f"{round(r['rows'] / r['chain_seconds']):,} | **{mb(max(r['chain_peak_rss'], r['load_peak_rss']))}** "
+                     f"{r['chain_cpu_seconds']:.2f} | {round(r['rows'] / r['chain_seconds']):,} | **{peak(r)}** "
                      f"(max RSS self {mb(r['ru_maxrss_self'])}, workers {mb(r['ru_maxrss_children'])}) |")
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,197 @@ def test_chain_cache_and_version(tmp_path, monkeypatch):
     with pytest.raises(ChainError) as e:
         run_chain([OP.validate_python({"op": "filter_length", "min_chars": 10_000})], splits, tmp_path)
     assert e.value.field == "data.0.op" and "leaves no training rows" in str(e.value)
+
+
+# --- the chain on Arrow: typed columns, derived fingerprints, the cache, workers, memory ----------------
+
+def typed_task(tmp_path: Path, n: int = 12, **task) -> Splits:
+    """Rows with a list-of-dicts column (``messages``) and an integer column beside the prompt's."""
+    train = [{"q": f"Question number {i} about the topic {i % 4}", "a": str(i % 3), "n": i,
+              "messages": [{"role": "user", "content": f"hello {i}"}, {"role": "assistant", "content": "hi"}]}
+             for i in range(n)]
+    train.append(dict(train[1]))  # an exact duplicate
+    val = [{"q": "Sort the list of integers in place", "a": "x", "n": 0, "messages": []}]
+    test = [{"q": "Compute the checksum of a block", "a": "y", "n": 0, "messages": []}]
+    paths = {s: write_jsonl(tmp_path / f"{s}.jsonl", rows) for s, rows in
+             (("train", train), ("validation", val), ("test", test))}
+    return Splits(TaskConfig(prompt="Q: {q}", target="a", files={s: str(p) for s, p in paths.items()}, **task),
+                  paths)
+
+
+def test_typed_columns_survive_the_chain(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    splits = typed_task(tmp_path)
+    chain = [OP.validate_python(op) for op in ({"op": "dedup_exact"}, {"op": "convert", "templates": {"t": "{q}!"}},
+                                               {"op": "sample", "n": 10}, {"op": "export", "path": "out.jsonl"})]
+    rows, version = run_chain(chain, splits, tmp_path, out_dir=tmp_path / "run")
+    assert len(rows) == 10 and version.operators[0].removed == {"exact duplicate": 1}
+    first = rows[0]
+    assert first["messages"] == [{"role": "user", "content": "hello 0"}, {"role": "assistant", "content": "hi"}]
+    assert isinstance(first["n"], int) and first["t"] == first["q"] + "!"
+    exported = [json.loads(line) for line in (tmp_path / "run" / "out.jsonl").read_text().splitlines()]
+    assert exported[0]["messages"][0] == {"role": "user", "content": "hello 0"} and exported[0]["n"] == 0
+    # a CSV mixed in: its integers are cast to the training data's strings, its missing columns are nulls
+    (tmp_path / "more.csv").write_text("q,a\n" + "".join(f"Another question {i},{i}\n" for i in range(20)))
+    mixed, _ = run_chain([OP.validate_python({"op": "mix", "sources": [{"path": "more.csv", "ratio": 0.5}]})],
+                         splits, tmp_path)
+    added = [r for r in mixed if r["q"].startswith("Another")]
+    assert len(mixed) == 26 and len(added) == 13 and all(isinstance(r["a"], str) for r in mixed)
+    assert all(r["messages"] is None and r["n"] is None for r in added)
+    assert mixed.features["messages"] == splits.train.features["messages"]
+
+
+def test_a_file_that_cannot_be_cast_is_a_chain_error_naming_the_field(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    splits = typed_task(tmp_path)
+    write_jsonl(tmp_path / "bad.jsonl", [{"q": "What", "a": "x", "n": "not a number"}])
+    with pytest.raises(ChainError) as e:
+        run_chain([OP.validate_python({"op": "mix", "sources": [{"path": "bad.jsonl", "ratio": 0.2}]})],
+                  splits, tmp_path)
+    assert e.value.field == "data.0.sources.0.path" and "'n'" in str(e.value)
+    with pytest.raises(ChainError) as e:
+        run_chain([OP.validate_python({"op": "load", "path": "bad.jsonl"})], splits, tmp_path)
+    assert e.value.field == "data.0.path" and "'n'" in str(e.value)
+
+
+def fingerprints(version) -> list[tuple[str, str]]:
+    return [(s.fingerprint_in, s.fingerprint_out) for s in version.operators]
+
+
+def test_fingerprints_are_derived_stable_and_change_with_config_and_files(tmp_path, monkeypatch):
+    splits = planted(tmp_path)
+    chain = [OP.validate_python({"op": "dedup_exact"}), OP.validate_python({"op": "sample", "n": 4, "seed": 1})]
+    _, v1 = run_chain(chain, splits, tmp_path, cache=tmp_path / "c1")
+    _, v2 = run_chain(chain, splits, tmp_path, cache=tmp_path / "c2", use_cache=False)
+    assert fingerprints(v1) == fingerprints(v2) and v1.id == v2.id == v1.operators[-1].fingerprint_out
+    # another seed: the sample's output and what follows change, what comes before does not
+    _, v3 = run_chain([chain[0], OP.validate_python({"op": "sample", "n": 4, "seed": 2})], splits, tmp_path,
+                      use_cache=False)
+    assert v3.operators[0].fingerprint_out == v1.operators[0].fingerprint_out
+    assert v3.operators[1].fingerprint_out != v1.operators[1].fingerprint_out and v3.id != v1.id
+    # another validation file: only decontamination reads it
+    rows = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    write_jsonl(tmp_path / "validation.jsonl", [*rows, {"q": "Reverse the words of a sentence", "a": "r"}])
+    _, v4 = run_chain(chain, planted_splits(tmp_path), tmp_path, use_cache=False)
+    assert fingerprints(v4)[:2] == fingerprints(v1)[:2] and fingerprints(v4)[2] != fingerprints(v1)[2]
+    # one training row changed: the source's fingerprint (its file's sha256) and so every step's
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    rows[0]["q"] += " twice"
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    _, v5 = run_chain(chain, planted_splits(tmp_path), tmp_path, use_cache=False)
+    assert all(a != b for a, b in zip(fingerprints(v5), fingerprints(v4), strict=True))
+
+
+def planted_splits(tmp_path: Path) -> Splits:
+    task = TaskConfig(prompt="Q: {q}", target="a", files={"train": "t", "validation": "v", "test": "x"})
+    return Splits(task, {s: tmp_path / f"{s}.jsonl" for s in ("train", "validation", "test")})
+
+
+def test_a_cache_hit_recomputes_nothing_and_is_memory_mapped(tmp_path, monkeypatch):
+    import recipetune.data.chain as chain_mod
+
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    splits = planted(tmp_path)
+    chain = [OP.validate_python({"op": "dedup_near", "threshold": 0.7}), OP.validate_python({"op": "filter_length",
+                                                                                             "min_chars": 5})]
+    rows, v1 = run_chain(chain, splits, tmp_path)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("recomputed")
+
+    monkeypatch.setattr(chain_mod, "apply", fail)
+    monkeypatch.setattr(splits, "contamination_index", fail)
+    again, v2 = run_chain(chain, splits, tmp_path)
+    assert again.to_list() == rows.to_list() and all(s.cached for s in v2.operators)
+    assert [s.removed for s in v2.operators] == [s.removed for s in v1.operators] and v2.id == v1.id
+    assert again.cache_files and all(str(tmp_path / "cache") in f["filename"] for f in again.cache_files)
+
+
+def many_rows(tmp_path: Path, n: int) -> Splits:
+    import random
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(300)]
+    train = [{"q": " ".join(rng.choice(words) for _ in range(rng.randint(3, 14))), "a": str(i)} for i in range(n)]
+    for i in range(0, n, 10):
+        train[i + 1]["q"] = train[i]["q"].upper()  # exact duplicates
+    test = [{"q": " ".join(rng.choice(words) for _ in range(12)), "a": "t"} for _ in range(20)]
+    train[5]["q"] = test[3]["q"]  # a copy of a test input
+    val = [{"q": " ".join(rng.choice(words) for _ in range(12)), "a": "v"} for _ in range(20)]
+    paths = {s: write_jsonl(tmp_path / f"{s}.jsonl", rows) for s, rows in
+             (("train", train), ("validation", val), ("test", test))}
+    return Splits(TaskConfig(prompt="Q: {q}", target="a", files={s: str(p) for s, p in paths.items()}), paths)
+
+
+CHAIN = [{"op": "dedup_exact"}, {"op": "dedup_near", "threshold": 0.8}, {"op": "filter_length", "min_chars": 12},
+         {"op": "filter_regex", "pattern": "w1", "field": "q"}, {"op": "convert", "templates": {"t": "{q}/{a}"}},
+         {"op": "decontaminate", "ngram": 13}, {"op": "sample", "fraction": 0.9}]
+
+
+def test_workers_give_the_same_rows_as_one_process(tmp_path, monkeypatch):
+    import datasets
+
+    import recipetune.data.chain as chain_mod
+
+    monkeypatch.setattr(ops, "PARALLEL_MIN_ROWS", 100)  # parallel from 100 rows, not 20,000
+    monkeypatch.setattr(chain_mod, "PARALLEL_MIN_ROWS", 100)
+    procs: list[int | None] = []
+    inner = datasets.Dataset.map
+
+    def counted(self, *args, **kwargs):
+        procs.append(kwargs.get("num_proc"))
+        return inner(self, *args, **kwargs)
+
+    monkeypatch.setattr(datasets.Dataset, "map", counted)
+    splits = many_rows(tmp_path, 600)
+    chain = [OP.validate_python(op) for op in CHAIN]
+    one, v1 = run_chain(chain, splits, tmp_path, use_cache=False, workers=1)
+    assert set(procs) == {None}
+    two, v2 = run_chain(chain, splits, tmp_path, use_cache=False, workers=2)
+    assert 2 in procs
+    assert one.to_list() == two.to_list()
+    assert v1.model_dump(exclude={"operators"}) == v2.model_dump(exclude={"operators"})
+    assert [s.model_dump(exclude={"seconds"}) for s in v1.operators] == [s.model_dump(exclude={"seconds"})
+                                                                        for s in v2.operators]
+    removed = v1.removed_total()
+    assert removed["exact duplicate"] == 60 and removed["overlaps test (same input)"] == 1
+
+
+def test_the_chain_never_holds_all_rows_as_python_objects(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    splits = many_rows(tmp_path, 3000)
+    calls: list[str] = []
+
+    def guard(name):
+        inner = getattr(datasets.Dataset, name)
+
+        def wrapped(self, *args, **kwargs):
+            if len(self) > 100:  # a few examples, the evaluation rows: fine; the training rows: never
+                calls.append(f"{name} of {len(self)} rows")
+            return inner(self, *args, **kwargs)
+
+        return wrapped
+
+    for name in ("__iter__", "to_list", "to_dict", "to_pandas", "__getitem__"):
+        monkeypatch.setattr(datasets.Dataset, name, guard(name))
+    rows, version = run_chain([OP.validate_python(op) for op in CHAIN], splits, tmp_path)
+    assert not calls
+    assert version.rows_in == 3000 and 2000 < version.rows_out < 2700
+    # the result is Arrow on disk, memory-mapped from the cache: no copy in memory
+    assert rows.cache_files and rows._indices is None and len(rows) == version.rows_out
+
+
+def test_rows_dropped_at_load_are_in_the_data_version(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    rows = [{"q": f"question {i}", "a": str(i)} for i in range(5)] + [{"q": "no answer", "a": ""}]
+    paths = {"train": write_jsonl(tmp_path / "train.jsonl", rows),
+             "validation": write_jsonl(tmp_path / "validation.jsonl", [{"q": "v", "a": "1"}]),
+             "test": write_jsonl(tmp_path / "test.jsonl", [{"q": "t", "a": "2"}])}
+    task = TaskConfig(prompt="Q: {q}", target="a", files={s: str(p) for s, p in paths.items()},
+                      incomplete_rows="drop")
+    splits = Splits(task, paths)
+    _, version = run_chain([], splits, tmp_path)
+    assert version.dropped_at_load == splits.dropped == {"train": {"empty target": 1}}
+    assert version.rows_in == 5

@@ -355,6 +355,39 @@ def batch_map(ds, fn, columns: list[str], ctx: Context, name: str, features=None
         del _SHARED[token]
 
 
+def array_map(ds, fn, columns: list[str], ctx: Context, name: str, dtype, width: int = 1) -> np.ndarray:
+    """``fn(batch, n) -> (n, width) array`` over ``ds`` (as ``batch_map``), as one (len(ds), width) array:
+    each batch's array comes back as one binary value, not as n Arrow rows (a signature matrix
+    through Arrow's list arrays costs more than computing it)."""
+    import datasets
+
+    out = batch_map(ds, lambda batch, n: {"block": [np.ascontiguousarray(fn(batch, n), dtype=dtype).tobytes()]},
+                    columns, ctx, name, features=datasets.Features({"block": datasets.Value("binary")}))
+    whole = np.empty((len(ds), width), dtype=dtype)
+    at = 0
+    for batch in _record_batches(out):
+        for value in batch.column(0):
+            block = np.frombuffer(value.as_buffer(), dtype=dtype).reshape(-1, width)
+            whole[at : at + len(block)] = block
+            at += len(block)
+    if at != len(ds):
+        raise RuntimeError(f"{name}: {at} rows computed for {len(ds)}")
+    return whole
+
+
+def _record_batches(ds):
+    """The record batches of a map's output in order: read from its files one at a time where it has
+    files (not memory-mapped: the blocks are copied once, not also kept mapped), else from memory."""
+    import pyarrow as pa
+
+    if not ds.cache_files:
+        yield from ds.data.table.to_batches()
+        return
+    for f in ds.cache_files:
+        with pa.OSFile(f["filename"]) as source:
+            yield from pa.ipc.open_stream(source)
+
+
 def _texts(batch: dict[str, list], n: int, fld: str | None, ctx: Context) -> list[str]:
     """The text an operator looks at, per row of a batch: the rendered prompt, or ``fld``'s value."""
     if fld is not None:
@@ -530,7 +563,6 @@ def _convert(op: Convert, ds, ctx: Context) -> Outcome:
 
 
 def _dedup_exact(op: DedupExact, ds, ctx: Context) -> Outcome:
-    import datasets
 
     if len(ds) == 0:
         return Outcome(ds)
@@ -541,12 +573,10 @@ def _dedup_exact(op: DedupExact, ds, ctx: Context) -> Outcome:
         cols = [batch.get(f, [None] * n) for f in op.fields]
         return [normalize("\x1f".join(str(v) for v in values)) for values in zip(*cols, strict=True)]
 
-    def hashes(batch: dict[str, list], n: int) -> dict:
-        return {"h": np.fromiter((xxh3_64_intdigest(k.encode()) for k in key(batch, n)), dtype=np.uint64, count=n)}
+    def hashes(batch: dict[str, list], n: int) -> np.ndarray:
+        return np.fromiter((xxh3_64_intdigest(k.encode()) for k in key(batch, n)), dtype=np.uint64, count=n)
 
-    out = batch_map(ds, hashes, op.fields or ctx.prompt_fields, ctx, "hash",
-                    features=datasets.Features({"h": datasets.Value("uint64")}))
-    h = out.data.column("h").to_numpy()
+    h = array_map(ds, hashes, op.fields or ctx.prompt_fields, ctx, "hash", np.uint64)[:, 0]
     _, first = np.unique(h, return_index=True)  # the first occurrence of every text is kept
     keep = np.zeros(len(h), dtype=bool)
     keep[first] = True
@@ -555,15 +585,12 @@ def _dedup_exact(op: DedupExact, ds, ctx: Context) -> Outcome:
 
 
 def _dedup_near(op: DedupNear, ds, ctx: Context) -> Outcome:
-    import datasets
 
     if len(ds) == 0:
         return Outcome(ds)
     m = op.num_perm
-    out = batch_map(ds, lambda batch, n: {"sig": signatures(_texts(batch, n, op.field, ctx), m)},
-                    _columns(op.field, ctx), ctx, "minhash",
-                    features=datasets.Features({"sig": datasets.Sequence(datasets.Value("uint32"), length=m)}))
-    sig = out.data.column("sig").combine_chunks().flatten().to_numpy().reshape(len(ds), m)
+    sig = array_map(ds, lambda batch, n: signatures(_texts(batch, n, op.field, ctx), m), _columns(op.field, ctx),
+                    ctx, "minhash", np.uint32, m)
     match = near_duplicates(sig, op.threshold)
     dropped = np.flatnonzero(match >= 0)
     return _removal(ds, match < 0, dropped, np.zeros(len(dropped), dtype=np.int64),
