@@ -314,24 +314,24 @@ def _can_fork() -> bool:
 
 @contextmanager
 def _progress(ctx: Context, n: int):
+    """datasets' progress bar for a long step on a terminal (``ctx.progress``), off otherwise."""
     import datasets
 
-    on = ctx.progress and n >= PROGRESS_MIN_ROWS
-    if on:
-        datasets.enable_progress_bars()
+    was, on = datasets.is_progress_bar_enabled(), ctx.progress and n >= PROGRESS_MIN_ROWS
+    (datasets.enable_progress_bars if on else datasets.disable_progress_bars)()
     try:
         yield
     finally:
-        if on:
-            datasets.disable_progress_bars()
+        (datasets.enable_progress_bars if was else datasets.disable_progress_bars)()
 
 
 def batch_map(ds, fn, columns: list[str], ctx: Context, name: str, features=None, parallel: bool = True,
               remove: list[str] | None = None):
     """``fn(batch, n) -> {column: values}`` over ``ds`` in batches of BATCH rows (``batch`` holds the
     ``columns`` that exist, as Python lists), in ``ctx.workers`` forked processes for inputs of
-    PARALLEL_MIN_ROWS rows or more when ``parallel``. The result has one row per input row: the
-    outputs, and the input's columns but ``remove`` (default: all of them)."""
+    PARALLEL_MIN_ROWS rows or more when ``parallel``. The result holds the outputs (a row per input
+    row, or per batch where ``fn`` returns one, as ``array_map``'s does) and the input's columns but
+    ``remove`` (default: all of them). Batches keep their order, whatever the workers."""
     cols = [c for c in dict.fromkeys(columns) if c in ds.column_names]
 
     def call(*args):
