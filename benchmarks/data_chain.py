@@ -229,8 +229,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="the chain's workers (default: its own)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per size before giving up")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--tables", type=Path, nargs="+", default=None,
+                        help="print one table of these --json files (before and after side by side), and exit")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.tables:
+        results = [r for f in args.tables for r in json.loads(f.read_text())]
+        print(table(sorted(results, key=lambda r: (r["rows"], r["label"] != "before"))))
+        return
     args.data.mkdir(parents=True, exist_ok=True)
     if args.one is not None:
         print(json.dumps(one(args.one, args.data, args.label, args.workers)))
