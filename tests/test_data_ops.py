@@ -190,6 +190,9 @@ def test_typed_columns_survive_the_chain(tmp_path, monkeypatch):
     first = rows[0]
     assert first["messages"] == [{"role": "user", "content": "hello 0"}, {"role": "assistant", "content": "hi"}]
     assert isinstance(first["n"], int) and first["t"] == first["q"] + "!"
+    # a typed value is read as its text: the integer 0 is "0", one character
+    kept, _ = run_chain([OP.validate_python({"op": "filter_length", "field": "n", "min_chars": 1})], splits, tmp_path)
+    assert len(kept) == 13 and 0 in kept["n"]
     exported = [json.loads(line) for line in (tmp_path / "run" / "out.jsonl").read_text().splitlines()]
     assert exported[0]["messages"][0] == {"role": "user", "content": "hello 0"} and exported[0]["n"] == 0
     # a CSV mixed in: its integers are cast to the training data's strings, its missing columns are nulls

@@ -172,6 +172,7 @@ def run_chain(
     cache.mkdir(parents=True, exist_ok=True)
     task = splits.task
     steps, implicit_at = with_decontamination(chain)
+    _sweep(cache)
     work = Path(tempfile.mkdtemp(prefix="work-", dir=cache))  # intermediate Arrow files, removed at the end
 
     def read_file(path: str, field: str):
@@ -230,6 +231,20 @@ def run_chain(
     version = DataVersion(id=fp_in, sources=dict(splits.fingerprints), rows_in=len(splits.train), rows_out=len(ds),
                           operators=stats, dropped_at_load=_dropped(splits))
     return ds, version
+
+
+STALE_S = 24 * 3600  # a work folder or half-written entry this old belongs to no running chain
+
+
+def _sweep(cache: Path) -> None:
+    """Remove what chains that were killed left behind: work folders, half-written cache entries."""
+    now = time.time()
+    for p in [*cache.glob("work-*"), *cache.glob("*.tmp")]:
+        try:
+            if now - p.stat().st_mtime > STALE_S:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def _dropped(splits) -> dict[str, dict[str, int]]:

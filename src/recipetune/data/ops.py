@@ -390,8 +390,8 @@ def _record_batches(ds):
 
 def _texts(batch: dict[str, list], n: int, fld: str | None, ctx: Context) -> list[str]:
     """The text an operator looks at, per row of a batch: the rendered prompt, or ``fld``'s value."""
-    if fld is not None:
-        return [str(v or "") for v in batch.get(fld, [None] * n)]
+    if fld is not None:  # typed values as text: 0 is "0", a missing value ""
+        return ["" if v is None else str(v) for v in batch.get(fld, [None] * n)]
     return [ctx.render(row) for row in _rows(batch, n)]
 
 
