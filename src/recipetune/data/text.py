@@ -16,7 +16,8 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
 - v has fewer than 2 x ``ngram`` tokens and u contains v as a run of tokens (``min_tokens`` or
   more of them: a short prompt copied, whatever was put around it), or contains v with one name
   renamed everywhere (the name a word, not a number, and ``RENAME_MIN_WORDS`` other words alike); such
-  inputs are found through their two rarest tokens (anchors), so a rename of one leaves the other;
+  inputs are found through their two rarest token pairs with no token in common (anchors), so a
+  rename leaves one of them;
 - v is shorter than ``min_tokens`` (an input that is almost all shared text) and u *is* v, or the
   training row contains the whole evaluation input, shared text included;
 - or their estimated Jaccard similarity reaches ``near_threshold`` (one-permutation MinHash over
@@ -120,9 +121,11 @@ class ContaminationIndex:
         self.grams: dict[tuple[str, ...], list[int]] = {}  # varying n-gram -> the long inputs holding it
         self.long: list[tuple[str, int]] = []  # long input -> (split, its number of distinct n-grams)
         self.short: list[_Short] = []
-        self.anchors: dict[str, list[tuple[int, int]]] = {}  # token -> (short input, its offset there)
-        varied = [(split, toks, *self.boilerplate.varying(toks)) for split, toks in labelled]
-        df = Counter(t for _, _, v, _ in varied for t in set(v))
+        # a token pair (or, for a one-token input, the token) -> (short input, the pair's offset there)
+        self.anchors: dict[Any, list[tuple[int, int]]] = {}
+        self._parts: dict[str, tuple[list[str], list[str], list[int]]] = {}
+        varied = [(split, *self._split(parts)) for split, rows in evals.items() for parts in rows]
+        df = Counter(p for _, _, v, _ in varied for p in set(zip(v, v[1:], strict=False)))
         near_texts, self.near_split = [], []
         for split, toks, v, pos in varied:
             if not v:
@@ -134,14 +137,14 @@ class ContaminationIndex:
                     self.grams.setdefault(g, []).append(len(self.long))
                 self.long.append((split, len(grams)))
             if len(v) < 2 * self.n:
-                # two anchors, the rarest distinct tokens: a rename of one leaves the other
-                for token in sorted(set(v), key=lambda t: (df[t], -len(t), t))[:2]:
-                    self.anchors.setdefault(token, []).append((len(self.short), v.index(token)))
+                for key, offset in _anchors(v, df):
+                    self.anchors.setdefault(key, []).append((len(self.short), offset))
                 self.short.append(_Short(split, tuple(v), tuple(toks), pos[0]))
             if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
                 near_texts.append(text)
                 self.near_split.append(split)
         self.gram_starts = {g[0] for g in self.grams}
+        self.single = any(len(e.varying) == 1 for e in self.short)
         self.near = None
         if settings.near_threshold < 1 and near_texts:
             self.near = minhash.BucketIndex(minhash.signatures(near_texts, self.num_perm), settings.near_threshold)
@@ -153,8 +156,11 @@ class ContaminationIndex:
         """For each training row's input parts: (split, how) of an overlap, else None. ``how`` is
         ``<n>-grams``, ``same input``, ``contains a whole input``, ``renamed copy`` or
         ``near-duplicate``."""
-        full = [part_tokens(parts) for parts in rows]
-        varying = [self.boilerplate.varying(toks) for toks in full]
+        full, varying = [], []
+        for parts in rows:
+            toks, v, pos = self._split(parts)
+            full.append(toks)
+            varying.append((v, pos))
         out = [self._token_hit(toks, v, pos) for toks, (v, pos) in zip(full, varying, strict=True)]
         if self.near is not None:
             texts = {i: " ".join(varying[i][0]) for i, hit in enumerate(out) if hit is None}
@@ -165,6 +171,32 @@ class ContaminationIndex:
                     if j >= 0:
                         out[i] = (self.near_split[j], "near-duplicate")
         return out
+
+    def _split(self, parts: Sequence[str]) -> tuple[list[str], list[str], list[int]]:
+        """A row's tokens, varying tokens and their positions, part by part: a part every row repeats
+        (an instruction field, a system prompt) is tokenised and masked once."""
+        if len(parts) == 1:
+            return self._part(parts[0])  # (shared with the cache: callers read, never change them)
+        toks: list[str] = []
+        v: list[str] = []
+        pos: list[int] = []
+        for part in parts:
+            t, pv, pp = self._part(part)
+            pos += [p + len(toks) for p in pp]
+            toks += t
+            v += pv
+        return toks, v, pos
+
+    def _part(self, part: str) -> tuple[list[str], list[str], list[int]]:
+        hit = self._parts.get(part)
+        if hit is None:
+            toks = tokens(part)
+            hit = (toks, *self.boilerplate.varying(toks))
+            if len(part) < 2000:  # short parts repeat; long ones rarely do
+                if len(self._parts) >= 20_000:
+                    self._parts.clear()
+                self._parts[part] = hit
+        return hit
 
     def _token_hit(self, toks: list[str], v: list[str], pos: list[int]) -> tuple[str, str] | None:
         if not v:
@@ -181,14 +213,17 @@ class ContaminationIndex:
                 if count >= self.min_overlap * total:
                     return split, f"{n}-grams"
         anchors = self.anchors
-        for i in [i for i, t in enumerate(v) if t in anchors]:
-            for j, offset in anchors[v[i]]:
+        keys = list(enumerate(zip(v, v[1:], strict=False)))
+        if self.single:  # some inputs are one token: their anchor is that token
+            keys += enumerate(v)
+        for i, key in [(i, key) for i, key in keys if key in anchors]:
+            for j, offset in anchors[key]:
                 e = self.short[j]
                 at, size = i - offset, len(e.varying)
                 if at < 0 or at + size > len(v):
                     continue
-                window = tuple(v[at : at + size])
-                if window == e.varying:
+                found = _aligned(e.varying, v, at)
+                if found == "same":
                     if size == len(v):
                         return e.split, "same input"
                     if size >= self.min_tokens:
@@ -197,17 +232,40 @@ class ContaminationIndex:
                     first = pos[at] - e.start
                     if first >= 0 and tuple(toks[first : first + len(e.full)]) == e.full:
                         return e.split, "contains a whole input"
-                elif _renamed(e.varying, window):
+                elif found == "renamed":
                     return e.split, "renamed copy"
         return None
 
 
-def _renamed(original: tuple[str, ...], window: tuple[str, ...]) -> bool:
-    """``window`` is ``original`` with one identifier renamed everywhere (and nothing else changed)."""
-    pairs = {(a, b) for a, b in zip(original, window, strict=True) if a != b}
-    if len(pairs) != 1:
-        return False
-    (old, new), = pairs
+def _anchors(v: list[str], df: Counter) -> list[tuple[Any, int]]:
+    """Where a short input is looked for: its rarest token pair, and a second one with none of the
+    first's tokens, so a name renamed everywhere leaves one of them; a one-token input, the token."""
+    if len(v) == 1:
+        return [(v[0], 0)]
+    pairs = sorted(range(len(v) - 1), key=lambda i: (df[(v[i], v[i + 1])], i))
+    first = pairs[0]
+    out = [((v[first], v[first + 1]), first)]
+    for i in pairs[1:]:
+        if not {v[i], v[i + 1]} & {v[first], v[first + 1]}:
+            out.append(((v[i], v[i + 1]), i))
+            break
+    return out
+
+
+def _aligned(original: tuple[str, ...], u: list[str], at: int) -> str | None:
+    """``same`` when ``u[at:]`` starts with ``original``; ``renamed`` when it does with one identifier
+    renamed everywhere and nothing else changed; else None (most candidates fail at once)."""
+    old = new = None
+    for k, a in enumerate(original):
+        b = u[at + k]
+        if a != b:
+            if old is None:
+                old, new = a, b
+            elif a != old or b != new:
+                return None
+    if old is None:
+        return "same"
     if not (_IDENTIFIER.fullmatch(old) and _IDENTIFIER.fullmatch(new)) or new in original:
-        return False
-    return sum(1 for t in original if t != old and _IDENTIFIER.fullmatch(t)) >= RENAME_MIN_WORDS
+        return None
+    words = sum(1 for t in original if t != old and _IDENTIFIER.fullmatch(t))
+    return "renamed" if words >= RENAME_MIN_WORDS else None
