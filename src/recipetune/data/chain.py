@@ -200,7 +200,7 @@ def run_chain(
                 out, meta = hit
             else:
                 ctx.step = fp_out
-                if not ds.cache_files and len(ds) >= PARALLEL_MIN_ROWS:
+                if ctx.workers > 1 and not ds.cache_files and len(ds) >= PARALLEL_MIN_ROWS:
                     ds = _store(ds, work / f"{fp_in}-in")  # on disk: workers map it instead of unpickling it
                 try:
                     outcome = apply(op, ds, ctx)
