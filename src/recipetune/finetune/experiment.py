@@ -27,7 +27,7 @@ from recipetune.finetune import metrics as M
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe
 from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, LossCurve, Prediction
 from recipetune.finetune.routes import ModelError, Route, TrainLog, check_fit, check_model, load_route
-from recipetune.finetune.task import Splits, TaskConfig, TaskError, load_splits
+from recipetune.finetune.task import Splits, TaskConfig, TaskError, iter_rows, load_splits
 
 if TYPE_CHECKING:
     import datasets
@@ -122,7 +122,7 @@ def prepare_data(exp: Experiment, out_dir: Path | None = None) -> tuple[Rows, Da
         rows, version = run_chain(exp.spec.data, exp.splits, exp.base_dir, out_dir)
     except ChainError as e:
         raise ConfigError(exp.path, e.field, str(e)) from None
-    for i, row in enumerate(rows):
+    for i, row in enumerate(iter_rows(rows) if hasattr(rows, "iter") else rows):
         problem = exp.spec.task.problem(row)
         if problem is not None:
             raise ConfigError(exp.path, "data", f"row {i} of the data chain's output: {problem}; a step of the chain "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import string
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,7 +135,7 @@ class TaskConfig(BaseModel):
             return [self.target or "messages"]
         if self.format == "completion":
             return ["prompt"]
-        return [name for _, name, _, _ in string.Formatter().parse(self.prompt or "") if name]
+        return list(_template_fields(self.prompt or ""))
 
     def required_columns(self) -> list[str]:
         """The columns every file must have (an instruction's input may be absent)."""
@@ -214,7 +215,13 @@ class TaskConfig(BaseModel):
         return None
 
 
-def _rows(ds: Any, batch_size: int = 4096):
+@lru_cache(maxsize=64)
+def _template_fields(template: str) -> tuple[str, ...]:
+    """The fields a template reads (parsed once: rendering a million rows asks a million times)."""
+    return tuple(name for _, name, _, _ in string.Formatter().parse(template) if name)
+
+
+def iter_rows(ds: Any, batch_size: int = 4096):
     """A dataset's rows as dicts, read a batch at a time (per-row indexing of Arrow costs ~20x more)."""
     for batch in ds.iter(batch_size=batch_size):
         columns = list(batch)
@@ -257,7 +264,7 @@ class Splits:
     def _checked(self, split: str, ds: Any):
         """The rows the task can use: an unusable one is an error naming its line, or dropped and counted."""
         keep, dropped = [], Counter()
-        for i, row in enumerate(_rows(ds)):
+        for i, row in enumerate(iter_rows(ds)):
             problem = self.task.problem(row)
             if problem is None:
                 keep.append(i)
