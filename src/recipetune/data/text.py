@@ -80,18 +80,18 @@ class Boilerplate:
         self.phrases = {g for g, c in df.items() if c >= need} if share < 1 else set()
         self.words = {w for g in self.phrases for w in g}  # only these tokens can be masked
 
-    def varying(self, toks: list[str]) -> tuple[list[str], list[int]]:
+    def varying(self, toks: list[str]) -> tuple[list[str], Sequence[int]]:
         """The tokens no common phrase covers, and their positions in ``toks``."""
         n, words, phrases = len(toks), self.words, self.phrases
-        starts = [i for i, t in enumerate(toks) if t in words and i + COMMON_N <= n] if phrases else ()
-        masked = [False] * n
-        hit = False
-        for i in starts:
-            if tuple(toks[i : i + COMMON_N]) in phrases:
+        hits = [i for i, t in enumerate(toks) if t in words] if phrases else ()
+        masked = None
+        for i in hits:
+            if i + COMMON_N <= n and tuple(toks[i : i + COMMON_N]) in phrases:
+                if masked is None:
+                    masked = [False] * n
                 masked[i : i + COMMON_N] = _TRUE
-                hit = True
-        if not hit:
-            return toks, list(range(n))
+        if masked is None:
+            return toks, range(n)
         keep = [i for i in range(n) if not masked[i]]
         return [toks[i] for i in keep], keep
 
@@ -123,7 +123,7 @@ class ContaminationIndex:
         self.short: list[_Short] = []
         # a token pair (or, for a one-token input, the token) -> (short input, the pair's offset there)
         self.anchors: dict[Any, list[tuple[int, int]]] = {}
-        self._parts: dict[str, tuple[list[str], list[str], list[int]]] = {}
+        self._parts: dict[str, tuple[list[str], list[str], Sequence[int]]] = {}
         varied = [(split, *self._split(parts)) for split, rows in evals.items() for parts in rows]
         df = Counter(p for _, _, v, _ in varied for p in set(zip(v, v[1:], strict=False)))
         near_texts, self.near_split = [], []
@@ -143,7 +143,7 @@ class ContaminationIndex:
             if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
                 near_texts.append(text)
                 self.near_split.append(split)
-        self.gram_starts = {g[0] for g in self.grams}
+        self.gram_starts = {g[:2] for g in self.grams}  # the token pairs an n-gram can start with
         self.single = any(len(e.varying) == 1 for e in self.short)
         self.near = None
         if settings.near_threshold < 1 and near_texts:
@@ -172,7 +172,7 @@ class ContaminationIndex:
                         out[i] = (self.near_split[j], "near-duplicate")
         return out
 
-    def _split(self, parts: Sequence[str]) -> tuple[list[str], list[str], list[int]]:
+    def _split(self, parts: Sequence[str]) -> tuple[list[str], list[str], Sequence[int]]:
         """A row's tokens, varying tokens and their positions, part by part: a part every row repeats
         (an instruction field, a system prompt) is tokenised and masked once."""
         if len(parts) == 1:
@@ -187,7 +187,7 @@ class ContaminationIndex:
             v += pv
         return toks, v, pos
 
-    def _part(self, part: str) -> tuple[list[str], list[str], list[int]]:
+    def _part(self, part: str) -> tuple[list[str], list[str], Sequence[int]]:
         hit = self._parts.get(part)
         if hit is None:
             toks = tokens(part)
@@ -198,13 +198,14 @@ class ContaminationIndex:
                 self._parts[part] = hit
         return hit
 
-    def _token_hit(self, toks: list[str], v: list[str], pos: list[int]) -> tuple[str, str] | None:
+    def _token_hit(self, toks: list[str], v: list[str], pos: Sequence[int]) -> tuple[str, str] | None:
         if not v:
             return None
         n = self.n
+        pairs = list(zip(v, v[1:], strict=False))
         if len(v) >= n and self.grams:
-            grams, shared = self.grams, Counter()
-            for i in [i for i, t in enumerate(v[: len(v) - n + 1]) if t in self.gram_starts]:
+            grams, starts, shared = self.grams, self.gram_starts, Counter()
+            for i in [i for i, p in enumerate(pairs[: len(v) - n + 1]) if p in starts]:
                 holders = grams.get(tuple(v[i : i + n]))
                 if holders:
                     shared.update(holders)
@@ -213,7 +214,7 @@ class ContaminationIndex:
                 if count >= self.min_overlap * total:
                     return split, f"{n}-grams"
         anchors = self.anchors
-        keys = list(enumerate(zip(v, v[1:], strict=False)))
+        keys = list(enumerate(pairs))
         if self.single:  # some inputs are one token: their anchor is that token
             keys += enumerate(v)
         for i, key in [(i, key) for i, key in keys if key in anchors]:
