@@ -9,7 +9,7 @@ import pytest
 from ft_fixtures import write_jsonl
 from pydantic import TypeAdapter, ValidationError
 
-from recipetune.data import ops
+from recipetune.data import operators, ops, runtime
 from recipetune.data.chain import ChainError, run_chain, with_decontamination
 from recipetune.data.text import ContaminationIndex
 from recipetune.finetune.task import Splits, TaskConfig
@@ -17,16 +17,16 @@ from recipetune.finetune.task import Splits, TaskConfig
 OP = TypeAdapter(ops.Operator)
 
 
-def ctx(tmp_path: Path, index: ContaminationIndex | None = None) -> ops.Context:
-    return ops.Context(
+def ctx(tmp_path: Path, index: ContaminationIndex | None = None) -> runtime.Context:
+    return runtime.Context(
         render=lambda r: f"Q: {r['q']}", prompt_fields=["q"], base_dir=tmp_path, out_dir=tmp_path / "out",
         read_file=lambda path, field: [{"q": f"extra {i}", "a": "x"} for i in range(10)],
         contamination_index=lambda settings: index,
     )
 
 
-def run(op: dict, rows: list[dict], tmp_path: Path, index=None) -> ops.Outcome:
-    return ops.apply(OP.validate_python(op), rows, ctx(tmp_path, index))
+def run(op: dict, rows: list[dict], tmp_path: Path, index=None) -> runtime.Outcome:
+    return operators.apply(OP.validate_python(op), rows, ctx(tmp_path, index))
 
 
 ROWS = [{"q": "What is two plus two", "a": "4"}, {"q": "what is  TWO plus two", "a": "4"},
@@ -91,9 +91,9 @@ def test_augment_and_synthesize(tmp_path):
 
 def test_export_is_written_by_the_chain_at_the_end(tmp_path):
     c = ctx(tmp_path)
-    ops.apply(OP.validate_python({"op": "export", "path": "dump.csv"}), ROWS, c)
+    operators.apply(OP.validate_python({"op": "export", "path": "dump.csv"}), ROWS, c)
     assert c.exports[0][0] == tmp_path / "out" / "dump.csv" and not (tmp_path / "out").exists()
-    ops.write_rows(c.exports[0][0], c.exports[0][1])
+    operators.write_rows(c.exports[0][0], c.exports[0][1])
     assert (tmp_path / "out" / "dump.csv").read_text().count("\n") == len(ROWS) + 1
 
 
@@ -297,7 +297,7 @@ def test_workers_give_the_same_rows_as_one_process(tmp_path, monkeypatch):
 
     import recipetune.data.chain as chain_mod
 
-    monkeypatch.setattr(ops, "PARALLEL_MIN_ROWS", 100)  # parallel from 100 rows, not 20,000
+    monkeypatch.setattr(runtime, "PARALLEL_MIN_ROWS", 100)  # parallel from 100 rows, not 20,000
     monkeypatch.setattr(chain_mod, "PARALLEL_MIN_ROWS", 100)
     procs: list[int | None] = []
     inner = datasets.Dataset.map

@@ -1,7 +1,7 @@
 """A YAML chain of data operators over the task's training split, on Arrow, cached by fingerprint.
 
 The rows are a ``datasets.Dataset`` from end to end (typed columns, memory-mapped Arrow files;
-``data/ops.py`` says how the operators run). Fingerprints are derived, as ``datasets`` derives its
+``data/runtime.py`` says how the operators run). Fingerprints are derived, as ``datasets`` derives its
 own, never computed by hashing rows: the source's from the training file's sha256 and the settings it
 was loaded with, and each step's output from its input fingerprint, the operator's config and
 whatever else it reads (the prompt template, source files, the evaluation splits' fingerprints for
@@ -29,19 +29,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from recipetune.data import ops
-from recipetune.data.ops import (
-    PARALLEL_MIN_ROWS,
-    Context,
-    Decontaminate,
-    Export,
-    Load,
-    Mix,
-    OpBase,
-    apply,
-    as_dataset,
-    write_rows,
-)
+from recipetune.data import operators, ops, runtime
+from recipetune.data.operators import apply, write_rows
+from recipetune.data.ops import Decontaminate, Export, Load, Mix, OpBase
+from recipetune.data.runtime import PARALLEL_MIN_ROWS, Context, as_dataset
 
 CACHE_VERSION = "2"  # bump when an operator's behaviour changes, so stale outputs are not reused
 WORKERS_ENV = "RECIPETUNE_DATA_WORKERS"
@@ -98,12 +89,13 @@ def fingerprint(*parts: Any) -> str:
 
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """The operators' code (ops.py and the text and MinHash rules they apply): a change to it is a
+    """The operators' code (their configs, functions and runtime, and the text and MinHash rules they
+    apply): a change to it is a
     change to every step's output."""
     from recipetune.data import minhash, text
 
     h = hashlib.sha256()
-    for mod in (ops, text, minhash):
+    for mod in (ops, operators, runtime, text, minhash):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()[:16]
 
@@ -167,7 +159,7 @@ def run_chain(
 
     from recipetune.finetune.task import TaskError, file_fingerprint, read_rows
 
-    datasets.disable_progress_bars()  # long steps turn them on (ops._progress)
+    datasets.disable_progress_bars()  # long steps turn them on (runtime._progress)
     cache = cache or _cache_root()
     cache.mkdir(parents=True, exist_ok=True)
     task = splits.task

@@ -57,7 +57,7 @@ def data_run(
     out: Path | None = typer.Option(None, help="output folder (default: runs/data-TASK-TIME)"),
 ) -> None:
     """Run the data chain alone: what each operator kept and removed, and the data version."""
-    from recipetune.data.ops import write_rows
+    from recipetune.data.operators import write_rows
     from recipetune.finetune.experiment import load_experiment, prepare_data
 
     try:
