@@ -368,3 +368,12 @@ def test_chat_rename_needs_the_system_prompt():
     assert sum(len(v) == 2 for v in by_name.values()) > 0.9 * len(by_name)
     styles = Counter(r["messages"][0]["content"] for r in rows["validation"])
     assert len(styles) == 4 and min(styles.values()) >= 30
+
+
+def test_edit_distance_decides_a_near_miss():
+    from recipetune.finetune.metrics import edit_distance, error_kind
+
+    assert edit_distance("kitten", "sitting") == 3 and edit_distance("", "abc") == 3
+    # max(1, 20% of the target): one edit in 5 characters is a near miss, two are not
+    assert error_kind("12346", "12345", False, None, None) == "near_miss"
+    assert error_kind("12366", "12345", False, None, None) != "near_miss"
