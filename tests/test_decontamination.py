@@ -143,3 +143,14 @@ def test_the_chain_keeps_rows_that_share_the_template_or_instruction(tmp_path, m
         kept, version = run_chain([Decontaminate(op="decontaminate")], Splits(task, paths), tmp_path)
         assert len(kept) == 100
         assert version.operators[0].removed == {"overlaps test (8-grams)": 1, "overlaps validation (8-grams)": 1}
+
+
+def test_a_row_that_overlaps_both_splits_is_reported_as_test():
+    """Its example is withheld only as test text: validation found first must not show it."""
+    doc = "Return the number of bytes written to the underlying stream, counting headers"
+    index = ContaminationIndex({"validation": [[doc]], "test": [[doc.replace("stream,", "stream;")]]},
+                               settings())
+    assert index.hits([doc])[0] == "test"  # a whole copy of validation, a near copy of test
+    near = ContaminationIndex({"validation": [[doc.replace("headers", "header")]],
+                               "test": [[doc.replace("stream,", "stream;")]]}, settings(ngram=30, min_tokens=30))
+    assert near.hits([doc]) == ("test", "near-duplicate")

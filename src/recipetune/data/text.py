@@ -145,9 +145,12 @@ class ContaminationIndex:
                 self.near_split.append(split)
         self.gram_starts = {g[:2] for g in self.grams}  # the token pairs an n-gram can start with
         self.single = any(len(e.varying) == 1 for e in self.short)
-        self.near = None
+        self.near: dict[str, minhash.BucketIndex] = {}  # split -> its inputs' LSH buckets, test first
         if settings.near_threshold < 1 and near_texts:
-            self.near = minhash.BucketIndex(minhash.signatures(near_texts, self.num_perm), settings.near_threshold)
+            sig = minhash.signatures(near_texts, self.num_perm)
+            for split in sorted(set(self.near_split), key=lambda s: s != "test"):
+                rows = [i for i, s in enumerate(self.near_split) if s == split]
+                self.near[split] = minhash.BucketIndex(sig[rows], settings.near_threshold)
 
     def hits(self, parts: Sequence[str]) -> tuple[str, str] | None:
         return self.hits_batch([parts])[0]
@@ -162,14 +165,19 @@ class ContaminationIndex:
             full.append(toks)
             varying.append((v, pos))
         out = [self._token_hit(toks, v, pos) for toks, (v, pos) in zip(full, varying, strict=True)]
-        if self.near is not None:
-            texts = {i: " ".join(varying[i][0]) for i, hit in enumerate(out) if hit is None}
+        if self.near:  # rows with no overlap yet, or one with validation only: test may still be near
+            texts = {i: " ".join(varying[i][0]) for i, hit in enumerate(out) if hit is None or hit[0] != "test"}
             todo = [i for i, text in texts.items() if len(text) >= NEAR_MIN_CHARS]
-            if todo:
-                sig = minhash.signatures([texts[i] for i in todo], self.num_perm)
-                for i, j in zip(todo, self.near.query(sig).tolist(), strict=True):
-                    if j >= 0:
-                        out[i] = (self.near_split[j], "near-duplicate")
+            sig = minhash.signatures([texts[i] for i in todo], self.num_perm) if todo else None
+            for split, index in self.near.items():
+                if not todo:
+                    break
+                match = index.query(sig)
+                for i in [i for i, j in zip(todo, match.tolist(), strict=True) if j >= 0]:
+                    if out[i] is None or split == "test":
+                        out[i] = (split, "near-duplicate")
+                keep = [k for k, i in enumerate(todo) if out[i] is None]  # test rows found: done with them
+                todo, sig = [todo[k] for k in keep], sig[keep]
         return out
 
     def _split(self, parts: Sequence[str]) -> tuple[list[str], list[str], Sequence[int]]:
@@ -199,8 +207,18 @@ class ContaminationIndex:
         return hit
 
     def _token_hit(self, toks: list[str], v: list[str], pos: Sequence[int]) -> tuple[str, str] | None:
+        """The first overlap with test, else with validation, else None: a training row that overlaps
+        both must be reported as test text (its example is withheld)."""
+        found: tuple[str, str] | None = None
+        for hit in self._token_hits(toks, v, pos):
+            if hit[0] == "test":
+                return hit
+            found = found or hit
+        return found
+
+    def _token_hits(self, toks: list[str], v: list[str], pos: Sequence[int]):
         if not v:
-            return None
+            return
         n = self.n
         pairs = list(zip(v, v[1:], strict=False))
         if len(v) >= n and self.grams:
@@ -212,7 +230,7 @@ class ContaminationIndex:
             for j, count in shared.items():  # (a gram repeated in u counts once per repeat: rare, harmless)
                 split, total = self.long[j]
                 if count >= self.min_overlap * total:
-                    return split, f"{n}-grams"
+                    yield split, f"{n}-grams"
         anchors = self.anchors
         keys = list(enumerate(pairs))
         if self.single:  # some inputs are one token: their anchor is that token
@@ -226,16 +244,15 @@ class ContaminationIndex:
                 found = _aligned(e.varying, v, at)
                 if found == "same":
                     if size == len(v):
-                        return e.split, "same input"
-                    if size >= self.min_tokens:
-                        return e.split, "contains a whole input"
-                    # (almost) nothing of it varies: only the whole input, shared text and all, counts
-                    first = pos[at] - e.start
-                    if first >= 0 and tuple(toks[first : first + len(e.full)]) == e.full:
-                        return e.split, "contains a whole input"
+                        yield e.split, "same input"
+                    elif size >= self.min_tokens:
+                        yield e.split, "contains a whole input"
+                    else:  # (almost) nothing of it varies: only the whole input, shared text and all, counts
+                        first = pos[at] - e.start
+                        if first >= 0 and tuple(toks[first : first + len(e.full)]) == e.full:
+                            yield e.split, "contains a whole input"
                 elif found == "renamed":
-                    return e.split, "renamed copy"
-        return None
+                    yield e.split, "renamed copy"
 
 
 def _anchors(v: list[str], df: Counter) -> list[tuple[Any, int]]:
