@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import re
-import string
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +45,7 @@ from recipetune.data.runtime import (
     rows_of,
     texts_of,
 )
-from recipetune.data.text import normalize, tokens
+from recipetune.data.text import normalize, template_fields, tokens
 from recipetune.expr import ExprError
 from recipetune.expr import evaluate as eval_expr
 
@@ -65,10 +64,6 @@ def _load(op: Load, ds, ctx: Context) -> Outcome:
     return out
 
 
-def _template_fields(template: str) -> list[str]:
-    return [re.split(r"[.\[]", name, maxsplit=1)[0] for _, name, _, _ in string.Formatter().parse(template) if name]
-
-
 def _is_string(feature) -> bool:
     import datasets
 
@@ -84,7 +79,7 @@ def _convert(op: Convert, ds, ctx: Context) -> Outcome:
     final = list(op.keep) if op.keep is not None else list(dict.fromkeys([*names, *made]))
     strip = [c for c in final if c in made or (c in names and _is_string(ds.features[c]))] if op.strip else []
     missing = [c for c in final if c not in names and c not in made]
-    reads = {f for t in op.templates.values() for f in _template_fields(t)} | {c for c in strip if c in names}
+    reads = {f for t in op.templates.values() for f in template_fields(t)} | {c for c in strip if c in names}
     if not made and not strip and not missing and final == names:
         return Outcome(ds)
 

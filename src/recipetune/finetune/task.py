@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import string
 from collections import Counter
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recipetune.data.text import ContaminationIndex
+from recipetune.data.text import ContaminationIndex, template_fields
 from recipetune.finetune.formats import (
     Message,
     RowProblem,
@@ -135,7 +134,7 @@ class TaskConfig(BaseModel):
             return [self.target or "messages"]
         if self.format == "completion":
             return ["prompt"]
-        return list(_template_fields(self.prompt or ""))
+        return list(template_fields(self.prompt or ""))
 
     def required_columns(self) -> list[str]:
         """The columns every file must have (an instruction's input may be absent)."""
@@ -213,12 +212,6 @@ class TaskConfig(BaseModel):
         if not str(value).strip():
             return RowProblem("empty target", "task.target", f"the target column '{self.target}' is empty")
         return None
-
-
-@lru_cache(maxsize=64)
-def _template_fields(template: str) -> tuple[str, ...]:
-    """The fields a template reads (parsed once: rendering a million rows asks a million times)."""
-    return tuple(name for _, name, _, _ in string.Formatter().parse(template) if name)
 
 
 def iter_rows(ds: Any, batch_size: int = 4096):
