@@ -1,4 +1,4 @@
-"""Text primitives the operators share: normalisation, word tokens and n-grams, and the
+"""Text primitives the operators share: normalisation, word tokens, template fields, and the
 contamination index that decontamination queries.
 
 Tokens are lower-cased words and single punctuation marks, so ``12+34`` and ``12 + 34`` are the
@@ -38,6 +38,7 @@ from functools import lru_cache
 from typing import Any
 
 from recipetune.data import minhash
+from recipetune.data.minhash import normalize  # noqa: F401  (one normalisation: MinHash's, re-exported)
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _IDENTIFIER = re.compile(r"[^\W\d]\w*")  # a word that starts with a letter or _: a name, not a number
@@ -59,19 +60,8 @@ def template_fields(template: str) -> tuple[str, ...]:
                  if name)
 
 
-def normalize(text: str) -> str:
-    return " ".join(text.lower().split())
-
-
 def tokens(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
-
-
-def ngrams(text: str, n: int) -> set[str]:
-    toks = tokens(text)
-    if len(toks) < n:
-        return {" ".join(toks)} if toks else set()
-    return {" ".join(toks[i : i + n]) for i in range(len(toks) - n + 1)}
 
 
 def part_tokens(parts: Sequence[str]) -> list[str]:
@@ -126,8 +116,6 @@ class ContaminationIndex:
         self.num_perm = settings.num_perm
         labelled = [(split, part_tokens(parts)) for split, rows in evals.items() for parts in rows]
         self.boilerplate = Boilerplate([toks for _, toks in labelled], settings.common_share)
-        self.rows = Counter(split for split, _ in labelled)
-        self.all_boilerplate: Counter = Counter()
         self.grams: dict[tuple[str, ...], list[int]] = {}  # varying n-gram -> the long inputs holding it
         self.long: list[tuple[str, int]] = []  # long input -> (split, its number of distinct n-grams)
         self.short: list[_Short] = []
@@ -136,11 +124,10 @@ class ContaminationIndex:
         self._parts: dict[str, tuple[list[str], list[str], Sequence[int]]] = {}
         varied = [(split, *self._split(parts)) for split, rows in evals.items() for parts in rows]
         df = Counter(p for _, _, v, _ in varied for p in set(zip(v, v[1:], strict=False)))
-        near_texts, self.near_split = [], []
+        near_texts, near_split = [], []
         for split, toks, v, pos in varied:
             if not v:
-                self.all_boilerplate[split] += 1  # nothing varies: nothing to find a copy of
-                continue
+                continue  # nothing varies: nothing to find a copy of
             if len(v) >= self.n:
                 grams = {tuple(v[i : i + self.n]) for i in range(len(v) - self.n + 1)}
                 for g in grams:
@@ -152,14 +139,14 @@ class ContaminationIndex:
                 self.short.append(_Short(split, tuple(v), tuple(toks), pos[0]))
             if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
                 near_texts.append(text)
-                self.near_split.append(split)
+                near_split.append(split)
         self.gram_starts = {g[:2] for g in self.grams}  # the token pairs an n-gram can start with
         self.single = any(len(e.varying) == 1 for e in self.short)
         self.near: dict[str, minhash.BucketIndex] = {}  # split -> its inputs' LSH buckets, test first
         if settings.near_threshold < 1 and near_texts:
             sig = minhash.signatures(near_texts, self.num_perm)
-            for split in sorted(set(self.near_split), key=lambda s: s != "test"):
-                rows = [i for i, s in enumerate(self.near_split) if s == split]
+            for split in sorted(set(near_split), key=lambda s: s != "test"):
+                rows = [i for i, s in enumerate(near_split) if s == split]
                 self.near[split] = minhash.BucketIndex(sig[rows], settings.near_threshold)
 
     def hits(self, parts: Sequence[str]) -> tuple[str, str] | None:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recipetune.data.text import ContaminationIndex, template_fields
+from recipetune.data.text import ContaminationIndex, normalize, template_fields
 from recipetune.finetune.formats import (
     Message,
     RowProblem,
@@ -281,9 +281,9 @@ class Splits:
             raise TaskError(f"task.files.{b}", f"{a} and {b} are the same file {self.paths[a]}")
         # validation and test must not share an input: the search would be tuned on test examples.
         # (train overlaps are removed by decontamination instead, and reported.)
-        test_inputs = {_norm(self.task.render(r)) for r in self._read_test()}
+        test_inputs = {normalize(self.task.render(r)) for r in self._read_test()}
         for i, row in enumerate(self.validation):
-            if _norm(self.task.render(row)) in test_inputs:
+            if normalize(self.task.render(row)) in test_inputs:
                 raise TaskError("task.files.validation", f"row {i} of {self.paths['validation']} is also in the "
                                 "test file: validation and test splits overlap")
 
@@ -308,10 +308,6 @@ class Splits:
         parts = self.task.input_parts
         return ContaminationIndex({"validation": [parts(r) for r in self.validation],
                                    "test": [parts(r) for r in self._read_test()]}, settings)
-
-
-def _norm(text: str) -> str:
-    return " ".join(text.lower().split())
 
 
 def resolve_files(task: TaskConfig, base_dir: Path, cache_dir: Path | None = None) -> dict[str, Path]:
