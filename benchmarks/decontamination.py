@@ -233,7 +233,6 @@ def plant(shape: Shape, rng: random.Random) -> tuple[dict[str, list[Parts]], lis
         sources = rng.sample(val, PER_KIND // 2) + rng.sample(test, PER_KIND // 2)
         train += [(m, kind) for m in (leak(p, rng) for p in sources) if m is not None]
     rng.shuffle(train)
-    shape.natural = len(natural)  # type: ignore[attr-defined]
     return {"validation": val, "test": test}, [p for p, _ in train], [k for _, k in train]
 
 
@@ -275,7 +274,7 @@ def measure(rule, shapes: list[str], seed: int) -> list[dict]:
         t0 = time.perf_counter()
         removed = rule(shape, evals, train)
         seconds = time.perf_counter() - t0
-        row = {"shape": name, "what": shape.what, "natural": shape.natural, "seconds": seconds,
+        row = {"shape": name, "what": shape.what, "natural": kinds.count("natural"), "seconds": seconds,
                "natural_removed": sum(r for r, k in zip(removed, kinds, strict=True) if k == "natural"),
                "clean": sum(k is None for k in kinds),
                "false": sum(r for r, k in zip(removed, kinds, strict=True) if k is None)}
