@@ -27,8 +27,8 @@ from pathlib import Path
 
 from recipetune.config import load_campaign
 from recipetune.execute.executor import LocalExecutor
-from recipetune.search import campaign as campaign_mod
-from recipetune.search.campaign import plan
+from recipetune.speed import job as campaign_mod
+from recipetune.speed.job import plan
 
 
 def measure(file: Path, overrides: list[str], out: Path) -> dict:

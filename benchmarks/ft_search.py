@@ -32,9 +32,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from recipetune.engine.loop import Outcome, Reporter, Row, Search
 from recipetune.execute.executor import LocalExecutor
-from recipetune.finetune import search as ft
-from recipetune.search.engine import Outcome, Reporter, Row, Search
+from recipetune.finetune import job as ft
 
 ARMS = {
     "mcts": ["search.selection=uct", "search.proposer=analyst"],
@@ -102,7 +102,7 @@ class SearchOnly(ft.QualityJob):
 def trajectory(folder: Path, baseline: float) -> tuple[list[float], float]:
     """Best validation metric after each experiment (the baseline before any), and the experiments'
     own time (their reports' total, so a cached experiment counts what it took when it ran)."""
-    from recipetune.store import CampaignStore
+    from recipetune.engine.store import CampaignStore
 
     best, out, seconds = baseline, [], 0.0
     for rec in sorted(CampaignStore(folder).records(), key=lambda r: r.number):

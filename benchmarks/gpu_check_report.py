@@ -16,7 +16,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from recipetune.measure import RunResult
+from recipetune.core.measure import RunResult
 
 RESULTS = Path(os.environ.get("GPU_CHECK_RESULTS", Path(__file__).resolve().parent / "results"))
 

@@ -17,9 +17,9 @@ from recipetune.bench.replay import STRATEGIES, Trajectory, Trial, replay
 from recipetune.bench.table import FORMAT, Entry, Measurement, Table, build_table
 from recipetune.cli import app
 from recipetune.config import load_campaign
+from recipetune.engine.store import distributions
 from recipetune.finetune import bench as ftbench
 from recipetune.finetune import metrics as ftm
-from recipetune.store import distributions
 from recipetune.workloads.reference import ReferenceWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def synthetic_table(infeasible: set[tuple] = frozenset()) -> Table:
     w = ReferenceWorkload()
     base = w.resolve({"model": "nano", "global_batch_size": 16, "micro_batch_size": 1, "num_threads": 1,
                       "device": "cpu"})
-    from recipetune.recipe import SearchSpace
+    from recipetune.core.recipe import SearchSpace
 
     dists = distributions(SearchSpace.from_lists(w.knobs(), SPACE), base)
     entries = []

@@ -31,7 +31,7 @@ from recipetune.cbs.sweep import (
     scale_lr,
 )
 from recipetune.config import ConfigError
-from recipetune.measure import EvalRecord, RunResult, StepRecord
+from recipetune.core.measure import EvalRecord, RunResult, StepRecord
 from recipetune.workloads.reference import ReferenceWorkload
 
 runner = CliRunner()

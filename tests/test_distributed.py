@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from recipetune.config import ConfigError
+from recipetune.core.recipe import Recipe
+from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.tree import Tree
 from recipetune.execute.config import ExecuteConfig, TrialResources
-from recipetune.recipe import Recipe
-from recipetune.search.tree import Tree
-from recipetune.store import CampaignStore, distributions
 
 BASE = Recipe({"a": 1, "b": "x"})
 
@@ -105,7 +105,7 @@ def test_a_trial_without_heartbeat_is_failed_and_its_recipe_released(tmp_path):
 
 
 def distributions_for(recipe: Recipe):
-    from recipetune.recipe import Knob, KnobSet, SearchSpace
+    from recipetune.core.recipe import Knob, KnobSet, SearchSpace
 
     knobs = KnobSet([Knob("a", 1, "speed", choices=(1, 5, 7)), Knob("b", "x", "speed", choices=("x",))])
     return distributions(SearchSpace.from_lists(knobs, {"a": [1, 5, 7]}), BASE)

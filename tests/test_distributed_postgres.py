@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from postgres_server import PostgresServer, binaries  # noqa: E402
 from test_search_campaign import write_campaign_file  # noqa: E402
 
-from recipetune.store import CampaignStore  # noqa: E402
+from recipetune.engine.store import CampaignStore  # noqa: E402
 
 pytest.importorskip("psycopg")
 DRIVER = str(Path(__file__).resolve().parent / "test_search_campaign.py")  # `recipetune tune` with the fakes

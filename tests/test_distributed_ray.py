@@ -22,11 +22,11 @@ ray = pytest.importorskip("ray")
 from test_search_campaign import Recorder, fake_guard  # noqa: E402
 
 from recipetune.config import ConfigError, load_campaign  # noqa: E402
+from recipetune.engine.store import CampaignStore  # noqa: E402
 from recipetune.execute.executor import TrialLost  # noqa: E402
 from recipetune.execute.ray import RayExecutor  # noqa: E402
-from recipetune.search import campaign as campaign_mod  # noqa: E402
-from recipetune.search.campaign import plan  # noqa: E402
-from recipetune.store import CampaignStore  # noqa: E402
+from recipetune.speed import job as campaign_mod  # noqa: E402
+from recipetune.speed.job import plan  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 FAKE = TESTS / "fixtures" / "fake_trainer.py"

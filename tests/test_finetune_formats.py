@@ -270,7 +270,7 @@ def test_precision_is_refused_where_the_device_cannot_run_it(tiny_ft, monkeypatc
 
 
 def test_the_search_space_has_the_knobs_and_refuses_values_the_machine_cannot_run(tiny_ft, monkeypatch):
-    from recipetune.finetune import search as ft
+    from recipetune.finetune import job as ft
 
     tmp_path, files, model = tiny_ft
     _no_cuda(monkeypatch)

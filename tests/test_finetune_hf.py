@@ -11,8 +11,8 @@ from ft_fixtures import SYSTEM, experiment_file, reverse_task, shaped_task, tiny
 from typer.testing import CliRunner
 
 from recipetune.cli import app
+from recipetune.engine.store import CampaignStore
 from recipetune.finetune.experiment import load_experiment, run_experiment
-from recipetune.store import CampaignStore
 
 runner = CliRunner()
 

@@ -18,16 +18,16 @@ from typer.testing import CliRunner
 
 from recipetune.cli import app
 from recipetune.config import ConfigError
+from recipetune.engine.llm import check_edits, compress_context
+from recipetune.engine.loop import Reporter, Search
+from recipetune.engine.researcher import SearchContext, make_proposer
+from recipetune.engine.store import CampaignStore
+from recipetune.engine.tree import Tree, metric_reward, normalised_gain
 from recipetune.execute.executor import LocalExecutor
 from recipetune.finetune import decide as decide_mod
-from recipetune.finetune import search as ft
+from recipetune.finetune import job as ft
 from recipetune.finetune.analyst import experiment_facts
 from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, FinalResult, LossCurve, Prediction
-from recipetune.search.engine import Reporter, Search
-from recipetune.search.llm import check_edits, compress_context
-from recipetune.search.proposers import SearchContext, make_proposer
-from recipetune.search.tree import Tree, metric_reward, normalised_gain
-from recipetune.store import CampaignStore
 
 runner = CliRunner()
 SEARCH = {"knobs": {"lr": [0.001, 0.003, 0.01], "max_steps": [3, 6]},

@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 import torch
 
-from recipetune.measure import gpu_peak_flops
+from recipetune.core.measure import gpu_peak_flops
 from recipetune.workloads.reference import ReferenceWorkload
 
 pytestmark = [

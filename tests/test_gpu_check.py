@@ -36,7 +36,7 @@ def test_without_a_gpu_it_fails_fast_and_runs_nothing(tmp_path):
 
 def test_report_collects_the_figures(tmp_path):
     # The files a GPU run leaves (result.json, run.json), written here from a made-up 6-step run.
-    from recipetune.measure import RunResult, StepRecord
+    from recipetune.core.measure import RunResult, StepRecord
 
     out = tmp_path / "check"
     (out / "run").mkdir(parents=True)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from recipetune.core.measure import RunResult
 from recipetune.guard.baseline import profile_baseline
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.screen import screen
 from recipetune.guard.verdict import final_verdict
-from recipetune.measure import RunResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from faulty_workload import FaultyWorkload  # noqa: E402

@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recipetune.core.measure import RunResult, StepRecord, robust_rate
+from recipetune.core.recipe import Recipe
 from recipetune.guard import stats
 from recipetune.guard.baseline import build_profile, trusted_aa
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.looks import gather, plan_looks
 from recipetune.guard.parity import compare
 from recipetune.guard.speed import measure_speed
-from recipetune.measure import RunResult, StepRecord, robust_rate
-from recipetune.recipe import Recipe
 from recipetune.workloads.command import CommandSpec, CommandWorkload
 
 SPEC = CommandSpec.model_validate({

@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from recipetune.core.measure import EvalRecord, RunResult, StepRecord
+from recipetune.core.recipe import Recipe
 from recipetune.guard.baseline import build_profile
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.parity import compare
 from recipetune.guard.screen import screen
-from recipetune.measure import EvalRecord, RunResult, StepRecord
-from recipetune.recipe import Recipe
 from recipetune.workloads.reference import ReferenceWorkload
 
 STEPS = 120

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from recipetune.core.recipe import SEMANTIC, SPEED, Knob, KnobSet, Recipe
 from recipetune.guard.static import static_check, static_report
-from recipetune.recipe import SEMANTIC, SPEED, Knob, KnobSet, Recipe
 from recipetune.workloads.base import Invariant, Workload
 from recipetune.workloads.reference import ReferenceWorkload
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from recipetune.cbs.noise_scale import NoiseScaleTracker, from_micro_batches, two_batch_estimates
+from recipetune.trainer.noise_scale import NoiseScaleTracker, from_micro_batches, two_batch_estimates
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from recipetune.recipe import KnobError
+from recipetune.core.recipe import KnobError
 from recipetune.trainer.knobs import check_recipe, reference_knobs
 from recipetune.trainer.layout import LAYOUT_RELATION, Layout
 from recipetune.workloads.reference import ReferenceWorkload
@@ -99,7 +99,7 @@ def test_good_layouts_pass_and_split_the_batch_over_data_parallel_ranks():
 
 
 def test_layout_relation_is_declared_for_the_search():
-    from recipetune import expr
+    from recipetune.core import expr
 
     w = ReferenceWorkload()
     assert any(i.kind == "holds" and i.expr == LAYOUT_RELATION for i in w.invariants())
@@ -150,7 +150,7 @@ def test_float8_is_refused_clearly_without_torchao_or_gpu():
 
 
 def test_playbook_rules_for_the_layout_knobs():
-    from recipetune.search.proposers import AnalystProposer, load_playbook
+    from recipetune.engine.researcher import AnalystProposer, load_playbook
 
     analyst = AnalystProposer(load_playbook())
     recipe = resolve(nproc=4, dp_shard=2, tp=2, micro_batch_size=4)

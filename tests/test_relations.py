@@ -10,14 +10,14 @@ import pytest
 import yaml
 
 from recipetune.config import ConfigError, load_campaign
+from recipetune.core.measure import RunResult, StepRecord
+from recipetune.core.recipe import SearchSpace
+from recipetune.engine.researcher import AnalystProposer, RandomProposer, SearchContext, load_playbook, profile_facts
+from recipetune.engine.samplers import OptunaStrategy, make_sampler
+from recipetune.engine.store import CampaignStore
+from recipetune.engine.tree import Tree
 from recipetune.guard.static import static_check
-from recipetune.measure import RunResult, StepRecord
-from recipetune.recipe import SearchSpace
-from recipetune.search.campaign import plan, run
-from recipetune.search.proposers import AnalystProposer, RandomProposer, SearchContext, load_playbook, profile_facts
-from recipetune.search.strategies import OptunaStrategy, make_sampler
-from recipetune.search.tree import Tree
-from recipetune.store import CampaignStore
+from recipetune.speed.job import plan, run
 from recipetune.workloads.reference import ReferenceWorkload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

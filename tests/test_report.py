@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from recipetune.cli import app
 from recipetune.config import parse_override
-from recipetune.measure import RunResult, StepRecord
+from recipetune.core.measure import RunResult, StepRecord
 from recipetune.report.browser import console_messages, dump_dom, find_chromium
 from recipetune.report.html import render
 from recipetune.report.model import NO_VERDICT, Evidence, headline, load_report, override, tokens_per_s_interval

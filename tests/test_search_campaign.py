@@ -26,14 +26,14 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from recipetune.config import Campaign, CampaignConfig, ConfigError, load_campaign
+from recipetune.core.measure import RunResult
+from recipetune.core.process import kill_orphans, run_process
+from recipetune.core.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe
+from recipetune.engine.store import CampaignStore
 from recipetune.execute.executor import LocalExecutor
-from recipetune.execute.local import kill_orphans, run_process
 from recipetune.guard.baseline import GuardError
-from recipetune.measure import RunResult
-from recipetune.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe
-from recipetune.search import campaign as campaign_mod
-from recipetune.search.campaign import Guard, Reporter, Row, plan, run
-from recipetune.store import CampaignStore
+from recipetune.speed import job as campaign_mod
+from recipetune.speed.job import Guard, Reporter, Row, plan, run
 from recipetune.workloads.base import Workload, build_result
 
 CHILD = r"""

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from recipetune.config import ConfigError, load_campaign
-from recipetune.search.campaign import plan
-from recipetune.search.config import LLMSettings
-from recipetune.search.llm import LLMProposer
+from recipetune.engine.config import LLMSettings
+from recipetune.engine.llm import LLMProposer
+from recipetune.speed.job import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -169,7 +169,7 @@ def test_a_campaign_whose_first_answer_is_bad_still_runs(tmp_path):
     # The failure: one malformed first answer marked the root exhausted, 0 runs.
     from test_search_campaign import Recorder, fake_guard, make_campaign
 
-    from recipetune.search.campaign import run
+    from recipetune.speed.job import run
 
     answers = ["I think a faster impl would help", answer({"edits": {"speed": 2}, "rationale": "faster"}),
                answer({"edits": {"speed": 3}, "rationale": "faster still"}), '{"proposals": []}']

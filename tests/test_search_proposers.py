@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from recipetune.measure import RunResult, StepRecord
-from recipetune.recipe import SearchSpace
-from recipetune.search.proposers import (
+from recipetune.core.measure import RunResult, StepRecord
+from recipetune.core.recipe import SearchSpace
+from recipetune.engine.researcher import (
     AnalystProposer,
     PlaybookError,
     RandomProposer,
@@ -16,7 +16,7 @@ from recipetune.search.proposers import (
     make_proposer,
     profile_facts,
 )
-from recipetune.search.tree import Tree
+from recipetune.engine.tree import Tree
 from recipetune.workloads.reference import ReferenceWorkload
 
 WORKLOAD = ReferenceWorkload()

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from recipetune.cli import app
 from recipetune.config import load_campaign
-from recipetune.store import CampaignStore
+from recipetune.engine.store import CampaignStore
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SMALL = ["model=nano", "seq_len=32", "eval_batches=1", "num_threads=1", "search.steps_per_trial=6",

@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 from recipetune.cbs.sweep import cbs_bound
 from recipetune.cbs.table import load_table, summarize, write_summary
 from recipetune.config import Campaign, CampaignConfig, ConfigError
-from recipetune.measure import EvalRecord, RunResult, StepRecord, default_warmup_steps
-from recipetune.recipe import Recipe
-from recipetune.search.campaign import Reporter, plan, run
-from recipetune.search.semantic import RULE, BatchRule, batch_rule
+from recipetune.core.measure import EvalRecord, RunResult, StepRecord, default_warmup_steps
+from recipetune.core.recipe import Recipe
+from recipetune.speed.job import Reporter, plan, run
+from recipetune.speed.semantic import RULE, BatchRule, batch_rule
 from recipetune.workloads.reference import ReferenceWorkload
 
 BASELINE = {"model": "nano", "data": "stdlib", "seq_len": 32, "global_batch_size": 16, "micro_batch_size": 16,

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from recipetune.recipe import Recipe
-from recipetune.search.tree import Tree, reward, uct
+from recipetune.core.recipe import Recipe
+from recipetune.engine.tree import Tree, reward, uct
 
 BASE = Recipe({"a": 1, "b": "x"})
 C = 1 / math.sqrt(2)

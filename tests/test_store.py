@@ -7,8 +7,8 @@ import json
 import optuna
 import pytest
 
-from recipetune.recipe import Knob, KnobSet, Recipe, SearchSpace
-from recipetune.store import INTERRUPTED, CampaignStore, distributions
+from recipetune.core.recipe import Knob, KnobSet, Recipe, SearchSpace
+from recipetune.engine.store import INTERRUPTED, CampaignStore, distributions
 
 KNOBS = KnobSet([Knob("mbs", 1, choices=(1, 2, 4, 8)), Knob("impl", "loop", choices=("loop", "foreach")),
                  Knob("pin", False, choices=(False, True))])

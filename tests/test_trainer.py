@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recipetune.measure import RunResult
+from recipetune.core.measure import RunResult
 from recipetune.workloads.reference import ReferenceWorkload
 
 # The smallest settings that still train: nano model, short sequences, a few steps.

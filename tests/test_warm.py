@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from recipetune.execute.warm import Launcher
 from recipetune.trainer import data
 from recipetune.workloads.reference import ReferenceWorkload
+from recipetune.workloads.warm import Launcher
 
 W = ReferenceWorkload()
 RECIPE = W.resolve({"model": "nano", "seq_len": 32, "global_batch_size": 4, "micro_batch_size": 2,
@@ -53,7 +53,7 @@ def test_warm_run_timeout_and_invalid_recipe(warm, tmp_path):
 def test_launcher_kills_its_run_when_the_driver_dies(tmp_path):
     # A driver killed with SIGKILL must not leave a trainer running (it would skew the next measurement).
     code = (f"import os, sys; os.environ['RECIPETUNE_WARM_START'] = '1'; from pathlib import Path; "
-            f"from recipetune.execute.warm import Launcher; from tests.test_warm import W, RECIPE; "
+            f"from recipetune.workloads.warm import Launcher; from tests.test_warm import W, RECIPE; "
             f"W.run(RECIPE, 100_000, Path({str(tmp_path / 'run')!r}), timeout_s=600)")
     driver = subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.pathsep
                               .join([os.environ.get("PYTHONPATH", ""), os.getcwd()])})
@@ -88,6 +88,6 @@ def test_the_driver_does_not_import_torch():
     # Only the runs train; the driver checks recipes and counts FLOPs from the torch-free presets.
     code = ("import sys; from pathlib import Path; from recipetune.config import load_campaign; "
             "c = load_campaign(Path('examples/tiny-campaign.yaml'), []); c.workload.check(c.baseline); "
-            "c.workload.flops_per_token(c.baseline); import recipetune.search.campaign; "
+            "c.workload.flops_per_token(c.baseline); import recipetune.speed.job; "
             "assert 'torch' not in sys.modules, 'the driver imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

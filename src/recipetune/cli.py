@@ -12,8 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from recipetune.config import ConfigError, load_campaign
-from recipetune.measure import RunResult
-from recipetune.recipe import Recipe
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import Recipe
 from recipetune.workloads.base import Workload
 
 app = typer.Typer(
@@ -134,7 +134,7 @@ def _mount_subcommands(wanted: str | None = None) -> None:
 
         app.command()(verify)
     if wanted in (None, "tune"):
-        from recipetune.search.cli import tune
+        from recipetune.speed.cli import tune
 
         app.command()(tune)
     if wanted in (None, "report", "show"):

@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from recipetune.core.recipe import KnobError, Recipe
+from recipetune.engine.config import SearchConfig
 from recipetune.execute.config import ExecuteConfig
 from recipetune.guard.config import GuardConfig
-from recipetune.recipe import KnobError, Recipe
-from recipetune.search.config import SearchConfig
 from recipetune.workloads.base import Workload
 from recipetune.workloads.command import CommandSpec
 

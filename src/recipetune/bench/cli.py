@@ -37,7 +37,7 @@ def table_cmd(
 
     try:
         campaign = load_campaign(campaign_file, overrides or [])
-        from recipetune.search.campaign import check_space
+        from recipetune.speed.job import check_space
 
         check_space(campaign)
     except ConfigError as e:

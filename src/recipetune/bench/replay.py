@@ -1,9 +1,9 @@
 """Search strategies replayed against a measured table.
 
-Each strategy is the project's own search code (``search/tree.py``'s MCTS with UCT, the proposers
-of ``search/proposers.py``, the Optuna samplers of ``search/strategies.py``) or a plain baseline
+Each strategy is the project's own search code (``engine/tree.py``'s MCTS with UCT, the proposers
+of ``engine/researcher.py``, the Optuna samplers of ``engine/samplers.py``) or a plain baseline
 (greedy best-first, sequential one-knob-at-a-time), driven by a loop that mirrors the campaign's
-(``search/campaign.py``: ``Search.mcts`` and ``Search.optuna``). Instead of running a recipe, a
+(``speed/job.py``: ``Search.mcts`` and ``Search.optuna``). Instead of running a recipe, a
 trial draws one of that recipe's measured repeats: its status, throughput and profile are what the
 proposer reads, its wall time is what the trial costs (a slow or failing recipe costs time too). A
 recipe the table lists as infeasible is refused as the guard's static check would: no run, no cost.
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipetune.bench.table import Entry, Measurement, Table
-from recipetune.measure import RunResult, StepRecord
-from recipetune.recipe import KnobError, Recipe, SearchSpace
-from recipetune.search.proposers import Proposal, SearchContext, make_proposer
-from recipetune.search.tree import Node, Tree, reward
+from recipetune.core.measure import RunResult, StepRecord
+from recipetune.core.recipe import KnobError, Recipe, SearchSpace
+from recipetune.engine.researcher import Proposal, SearchContext, make_proposer
+from recipetune.engine.tree import Node, Tree, reward
 
 STRATEGIES = ("mcts-analyst", "mcts-random", "greedy", "sequential", "tpe", "gp", "optuna-random", "grid")
 
@@ -188,8 +188,8 @@ def _add(tree: Tree, parent: Node, recipe: Recipe, proposal: Proposal,
 def replay_optuna(oracle: Oracle, strategy: str, budget: int, seed: int) -> Trajectory:
     import optuna
 
-    from recipetune.search.strategies import FeasibleSampler, make_sampler
-    from recipetune.store import distributions
+    from recipetune.engine.samplers import FeasibleSampler, make_sampler
+    from recipetune.engine.store import distributions
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = {"optuna-random": "random"}.get(strategy, strategy)

@@ -26,9 +26,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from recipetune.config import Campaign
-from recipetune.measure import RunResult, environment_fingerprint
-from recipetune.recipe import Recipe, Scalar
-from recipetune.store import distributions
+from recipetune.core.measure import RunResult, environment_fingerprint
+from recipetune.core.recipe import Recipe, Scalar
+from recipetune.engine.store import distributions
 from recipetune.workloads.base import Workload
 
 FORMAT = "recipetune-bench-table/1"
@@ -134,7 +134,7 @@ class Table(BaseModel):
 
 def space_points(campaign: Campaign) -> list[dict[str, Scalar]]:
     """Every combination of the searched knobs' values (the baseline's value included, as Optuna sees it)."""
-    from recipetune.search.campaign import check_space
+    from recipetune.speed.job import check_space
 
     dists = distributions(check_space(campaign), campaign.baseline)
     names = list(dists)

@@ -39,7 +39,7 @@ from recipetune.cbs.sweep import (
     validate_model,
 )
 from recipetune.config import ConfigError, apply_overrides, check_recipe, read_yaml
-from recipetune.recipe import Recipe
+from recipetune.core.recipe import Recipe
 from recipetune.workloads.reference import ReferenceWorkload
 
 LOCAL_KNOBS = {

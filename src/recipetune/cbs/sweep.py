@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rich.progress import Progress
 
 from recipetune.config import ConfigError, apply_overrides, check_recipe, read_yaml, resolve_paths
-from recipetune.measure import RunResult
-from recipetune.recipe import KnobError, Recipe, Scalar
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import KnobError, Recipe, Scalar
 from recipetune.workloads.reference import ReferenceWorkload
 
 PositiveInt = Annotated[int, Field(ge=1)]

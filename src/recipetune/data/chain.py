@@ -142,7 +142,7 @@ def _show_progress() -> bool:
 
 
 def _cache_root() -> Path:
-    from recipetune.measure import cache_dir
+    from recipetune.core.measure import cache_dir
 
     return cache_dir() / "data"
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from xxhash import xxh3_64_intdigest
 
+from recipetune.core.expr import ExprError
+from recipetune.core.expr import evaluate as eval_expr
 from recipetune.data.minhash import near_duplicates, signatures
 from recipetune.data.ops import (
     Augment,
@@ -46,8 +48,6 @@ from recipetune.data.runtime import (
     texts_of,
 )
 from recipetune.data.text import normalize, template_fields, tokens
-from recipetune.expr import ExprError
-from recipetune.expr import evaluate as eval_expr
 
 
 def apply(op: OpBase, rows, ctx: Context) -> Outcome:

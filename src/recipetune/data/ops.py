@@ -177,7 +177,7 @@ class Slot(OpBase):
 
 class Synthesize(OpBase):
     """Template synthesis: rows from templates over random slot values. A field value starting with
-    '=' is arithmetic evaluated by recipetune.expr after filling (never Python eval)."""
+    '=' is arithmetic evaluated by recipetune.core.expr after filling (never Python eval)."""
 
     op: Literal["synthesize"]
     n: int = Field(..., ge=1, le=1_000_000)

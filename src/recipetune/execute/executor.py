@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from recipetune.config import Campaign, ConfigError
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import Recipe
 from recipetune.execute.config import ExecuteConfig
-from recipetune.measure import RunResult
-from recipetune.recipe import Recipe
 from recipetune.workloads.base import ProgressFn, Workload
 
 T = TypeVar("T")

@@ -36,11 +36,11 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from recipetune.config import ConfigError
+from recipetune.core.measure import RunResult
+from recipetune.core.process import kill_orphans
+from recipetune.core.recipe import Recipe
 from recipetune.execute.config import ExecuteConfig, TrialResources
 from recipetune.execute.executor import TrialLost
-from recipetune.execute.local import kill_orphans
-from recipetune.measure import RunResult
-from recipetune.recipe import Recipe
 from recipetune.workloads.base import ProgressFn, Workload
 
 T = TypeVar("T")

@@ -1,5 +1,5 @@
 """``python -m recipetune.finetune FILE --out DIR [--child CHILD.json] [key=value ...]``: one experiment in
-its own process, so a search can give it a timeout and kill it (execute/local.py's ``run_process``).
+its own process, so a search can give it a timeout and kill it (core/process.py's ``run_process``).
 
 ``CHILD.json`` holds ``{"recipe": {...}, "data": [...]}``: a child experiment (``Experiment.derive``).
 Exit codes: 0 ok (``report.json`` written), 2 invalid input (message on stderr, nothing written),

@@ -275,7 +275,7 @@ GENERATORS = {"arith": arith_rows, "stdlib-module": module_rows, "funcname": fun
 
 def builtin_files(name: str, cache: Path | None = None) -> dict[str, Path]:
     """Generate (once) and return the task's split files."""
-    from recipetune.measure import cache_dir
+    from recipetune.core.measure import cache_dir
 
     v = sys.version_info
     where = hashlib.sha256(sysconfig.get_paths()["stdlib"].encode()).hexdigest()[:8]

@@ -12,10 +12,10 @@ from rich.panel import Panel
 from rich.text import Text
 
 from recipetune.config import ConfigError
-from recipetune.recipe import Recipe
-from recipetune.search.cli import Columns, LiveReporter, decision_panel, option_overrides, run_live
-from recipetune.search.engine import Outcome
-from recipetune.store import CampaignStore
+from recipetune.core.recipe import Recipe
+from recipetune.engine.loop import Outcome
+from recipetune.engine.store import CampaignStore
+from recipetune.speed.cli import Columns, LiveReporter, decision_panel, option_overrides, run_live
 
 console = Console()
 
@@ -53,8 +53,8 @@ def finetune(
 ) -> None:
     """Search fine-tuning experiments (data chain + training recipe) from the file's baseline; approve
     one only on the test split, over seeds, with the gain's confidence interval above zero."""
-    from recipetune.finetune import search as ft_search
-    from recipetune.search.campaign import default_folder
+    from recipetune.finetune import job as ft_search
+    from recipetune.speed.job import default_folder
 
     extra = option_overrides(overrides, {
         "search.budget.trials": budget, "search.strategy": strategy, "search.proposer": proposer,

@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel
 
+from recipetune.core.recipe import Recipe
+from recipetune.engine.loop import Outcome, Search
+from recipetune.engine.store import write_atomic
+from recipetune.engine.tree import normalised_gain
 from recipetune.finetune.final import final_evaluation
 from recipetune.finetune.report import FinalResult
 from recipetune.guard.stats import t_interval
-from recipetune.recipe import Recipe
-from recipetune.search.engine import Outcome, Search
-from recipetune.search.tree import normalised_gain
-from recipetune.store import write_atomic
 
 if TYPE_CHECKING:
-    from recipetune.finetune.search import QualityJob
+    from recipetune.finetune.job import QualityJob
 
 
 class QualityVerdict(BaseModel):
@@ -50,7 +50,7 @@ class QualityVerdict(BaseModel):
     ci_low: float
     ci_high: float
     confidence: float
-    normalised_gain: float  # of the means (search/tree.py)
+    normalised_gain: float  # of the means (engine/tree.py)
     validation_baseline: float
     validation_candidate: float
 

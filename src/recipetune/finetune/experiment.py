@@ -90,7 +90,7 @@ def _validate(path: Path, raw: dict) -> ExperimentSpec:
         raise ConfigError(path, loc, err["msg"].removeprefix("Value error, ")) from None
 
 
-CAMPAIGN_SECTIONS = ("search", "execute")  # read by `recipetune finetune` (finetune/search.py)
+CAMPAIGN_SECTIONS = ("search", "execute")  # read by `recipetune finetune` (finetune/job.py)
 
 
 def read_experiment_file(path: Path, overrides: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -186,7 +186,7 @@ def train_and_validate(
     log=lambda text: None,
 ) -> tuple[ExperimentReport, Route | None]:
     """The experiment, returning the trained route too (final.py evaluates it on test)."""
-    from recipetune.measure import environment_fingerprint
+    from recipetune.core.measure import environment_fingerprint
     from recipetune.trainer.loop import peak_memory_bytes
 
     t0 = time.perf_counter()

@@ -41,7 +41,7 @@ def hf_path(spec: ModelSpec, base_dir: Path) -> Path:
     """``tiny``: a tiny Llama (random weights, BPE tokenizer trained on stdlib text), built once and cached."""
     if spec.path != "tiny":
         return resolve_path(spec.path, base_dir)
-    from recipetune.measure import cache_dir
+    from recipetune.core.measure import cache_dir
     from recipetune.trainer.data import load_corpus
 
     folder = cache_dir() / "base" / "hf-tiny-llama-v2"  # v2: with TINY_CHAT_TEMPLATE

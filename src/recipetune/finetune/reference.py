@@ -38,7 +38,7 @@ GEN_BATCH = 64
 
 def base_checkpoint(spec: ModelSpec, cache: Path | None = None, log=print) -> Path:
     """The stdlib-pretrained base model, trained once by the reference trainer and cached."""
-    from recipetune.measure import cache_dir
+    from recipetune.core.measure import cache_dir
     from recipetune.trainer.knobs import reference_knobs
     from recipetune.trainer.loop import train
 

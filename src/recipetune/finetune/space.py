@@ -24,11 +24,11 @@ from typing import Any, Literal
 from pydantic import TypeAdapter, ValidationError
 
 from recipetune.config import ConfigError
+from recipetune.core.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe, Scalar
+from recipetune.core.relations import Relations
 from recipetune.data.ops import Operator
 from recipetune.finetune.experiment import Experiment
 from recipetune.finetune.recipe import DATA_PREFIX, TrainRecipe, describe_change
-from recipetune.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe, Scalar
-from recipetune.relations import Relations
 
 _OPERATOR: TypeAdapter = TypeAdapter(Operator)
 SPEED_FIELDS = ("threads", "gradient_checkpointing")  # change how fast, not what is learned

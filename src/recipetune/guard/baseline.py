@@ -14,10 +14,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import Recipe
 from recipetune.guard import loss, stats
 from recipetune.guard.config import GuardConfig
-from recipetune.measure import RunResult
-from recipetune.recipe import Recipe
 from recipetune.workloads.base import Workload
 
 Progress = Callable[[str], None]

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import Recipe
 from recipetune.guard.baseline import BaselineProfile, run_checked, with_seed
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.parity import ParityEvidence, compare, seed_note
-from recipetune.measure import RunResult
-from recipetune.recipe import Recipe
 from recipetune.workloads.base import Workload
 
 

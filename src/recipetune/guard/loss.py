@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from recipetune.core.measure import RunResult, StepRecord
 from recipetune.guard import stats
 from recipetune.guard.config import ParitySettings
-from recipetune.measure import RunResult, StepRecord
 
 MIN_TAIL = 10  # fewer logged losses than this in a compared tail: too short to tell
 

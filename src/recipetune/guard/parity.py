@@ -26,6 +26,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import SPEED
 from recipetune.guard import stats
 from recipetune.guard.baseline import BaselineProfile
 from recipetune.guard.config import ParitySettings
@@ -38,8 +40,6 @@ from recipetune.guard.loss import (
     tokens,
     tolerance,
 )
-from recipetune.measure import RunResult
-from recipetune.recipe import SPEED
 
 Mode = Literal["same batches", "other batches", "batches unknown", "equal tokens"]
 

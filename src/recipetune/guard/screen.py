@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from recipetune.core.measure import RunResult
 from recipetune.guard.baseline import BaselineProfile
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.parity import compare, semantic_edits
-from recipetune.measure import RunResult
 
 
 class Screening(BaseModel):

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import Recipe
 from recipetune.guard import stats
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.config import GuardConfig
-from recipetune.measure import RunResult
-from recipetune.recipe import Recipe
 from recipetune.workloads.base import Workload
 
 

@@ -3,7 +3,7 @@
 A candidate passes when every knob is known and inside its domain, the workload finds the recipe
 consistent, every knob that may change learning (role semantic or invariant) equals the baseline's
 unless the campaign allows it, and every invariant of the workload holds. Nothing proposed is ever
-executed: relations are evaluated with ``recipetune.expr``.
+executed: relations are evaluated with ``recipetune.core.expr``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from recipetune import expr
-from recipetune.recipe import INVARIANT, SPEED, KnobError, Recipe
+from recipetune.core import expr
+from recipetune.core.recipe import INVARIANT, SPEED, KnobError, Recipe
 from recipetune.workloads.base import Workload
 
 
@@ -23,7 +23,7 @@ class Violation:
     knob: str  # the knob (or invariant name) at fault
     # "unknown-knob", "out-of-domain", "invariant", "semantic-not-allowed", "recipe-check", "relation",
     # "derived";
-    # a campaign adds "above-critical-batch-size" (recipetune.search.semantic)
+    # a campaign adds "above-critical-batch-size" (recipetune.speed.semantic)
     rule: str
     message: str  # a sentence a user understands
 
@@ -99,7 +99,7 @@ def static_report(
     allowed = f" except allowed {', '.join(report.allowed_semantic)}" if report.allowed_semantic else ""
     report.checked.append(f"roles: {len(fixed)} semantic/invariant knobs equal to the baseline{allowed}")
 
-    # Derived knobs and relations that must hold (recipetune.relations: the search repairs a
+    # Derived knobs and relations that must hold (recipetune.core.relations: the search repairs a
     # proposal that breaks one; here a recipe that still breaks one is refused).
     broken_knobs: set[str] = set()
     for problem in workload.relations().problems(resolved):

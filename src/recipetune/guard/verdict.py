@@ -14,12 +14,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from recipetune.core.recipe import Recipe
 from recipetune.guard.baseline import BaselineProfile, profile_baseline, trusted_aa
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.looks import gather
 from recipetune.guard.speed import measure_speed
 from recipetune.guard.static import StaticReport, static_report
-from recipetune.recipe import Recipe
 from recipetune.workloads.base import Workload
 
 Decision = Literal["APPROVED", "REJECTED", "KEEP BASELINE"]

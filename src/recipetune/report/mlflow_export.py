@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from recipetune.measure import RunResult
+from recipetune.core.measure import RunResult
 from recipetune.report import sources as src
 from recipetune.report.model import build_report
 

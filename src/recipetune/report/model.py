@@ -18,8 +18,8 @@ import yaml
 from pydantic import BaseModel, Field
 from scipy import stats
 
-from recipetune.measure import RunResult
-from recipetune.recipe import Recipe
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import Recipe
 from recipetune.report import sources as src
 from recipetune.report.sources import CampaignFiles, number
 

@@ -11,8 +11,8 @@ import shlex
 import time
 from typing import Any
 
+from recipetune.core.recipe import Recipe
 from recipetune.finetune.recipe import describe_change, knob_text
-from recipetune.recipe import Recipe
 from recipetune.report import sources as src
 from recipetune.report.model import (
     NO_VERDICT,

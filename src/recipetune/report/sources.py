@@ -1,6 +1,6 @@
 """Where a campaign folder keeps what the report reads: the one module that knows the store's names.
 
-``search/campaign.py``, ``search/finalize.py`` and the guard write these; a rename there costs one line here.
+``speed/job.py``, ``speed/decide.py`` and the guard write these; a rename there costs one line here.
 Everything is read, nothing is written, and a missing optional file reads as empty.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from recipetune.core.measure import RunResult
+from recipetune.engine.store import CampaignStore, TrialRecord
 from recipetune.guard.stats import smooth as guard_smooth  # the guard's smoothing: the report shows what it judged
-from recipetune.measure import RunResult
-from recipetune.store import CampaignStore, TrialRecord
 
 STUDY_DB = "study.db"
 CONFIG = "campaign.json"  # the campaign's settings (CampaignConfig), overrides applied
@@ -25,7 +25,7 @@ VERDICT = "verdict.json"  # the campaign's decision; its "verdict" is the winner
 FINALISTS = "verdicts.json"  # [{candidate_id, trial, screened_speedup, verdict}], one per finalist
 REJECTED = "rejected_proposals.jsonl"  # proposals that never became a recipe
 RESULT = "result.json"  # a run's measure.RunResult, in its folder
-# The quality job (finetune/search.py, finetune/decide.py): each experiment's finetune.report.ExperimentReport.
+# The quality job (finetune/job.py, finetune/decide.py): each experiment's finetune.report.ExperimentReport.
 BASELINE_REPORT = "baseline/report.json"
 EXPERIMENT_REPORT = "report.json"  # in a trial's folder
 SPEED, QUALITY = "speed", "quality"  # the campaign's job (meta "job"; campaigns older than the quality job: speed)

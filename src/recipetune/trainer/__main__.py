@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from recipetune.recipe import KnobError
+from recipetune.core.recipe import KnobError
 from recipetune.trainer.data import DataError
 from recipetune.trainer.knobs import check_recipe, reference_knobs
 from recipetune.trainer.loop import NonFiniteLoss, train

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from recipetune.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet
+from recipetune.core.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet
 
 
 def reference_knobs() -> KnobSet:

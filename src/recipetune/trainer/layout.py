@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The relation the degrees must satisfy, as an expression over knobs (recipetune.expr): declared by
+# The relation the degrees must satisfy, as an expression over knobs (recipetune.core.expr): declared by
 # the reference workload as a "holds" invariant, so the search sees and can repair it.
 LAYOUT_RELATION = "dp_replicate * dp_shard * tp == nproc or (dp_replicate == 0 and nproc % (dp_shard * tp) == 0)"
 

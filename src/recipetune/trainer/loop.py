@@ -21,9 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from recipetune.cbs.noise_scale import NoiseScaleTracker
-from recipetune.measure import environment_fingerprint, peak_flops
-from recipetune.recipe import KnobError
+from recipetune.core.measure import environment_fingerprint, peak_flops
+from recipetune.core.recipe import KnobError
 from recipetune.trainer.data import (
     GlobalBatchSampler,
     StepBatches,
@@ -35,6 +34,7 @@ from recipetune.trainer.data import (
 from recipetune.trainer.ewa import EWA
 from recipetune.trainer.layout import Layout
 from recipetune.trainer.model import Transformer, flops_per_token, get_model_config
+from recipetune.trainer.noise_scale import NoiseScaleTracker
 from recipetune.trainer.parallel import clip_grad_norm, gradient_sync, parallelize, reshard
 
 EVAL_BATCH_SIZE = 8

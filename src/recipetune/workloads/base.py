@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipetune.execute.local import ProcessOutcome
-from recipetune.measure import (
+from recipetune.core.measure import (
     EXIT_CODES,
     EvalRecord,
     RunResult,
@@ -20,8 +19,9 @@ from recipetune.measure import (
     first_nonfinite_step,
     read_metrics_stream,
 )
-from recipetune.recipe import KnobSet, Recipe
-from recipetune.relations import Relations
+from recipetune.core.process import ProcessOutcome
+from recipetune.core.recipe import KnobSet, Recipe
+from recipetune.core.relations import Relations
 
 ProgressFn = Callable[[int], None]  # called with the number of steps finished so far
 
@@ -86,7 +86,7 @@ class Workload(ABC):
     ) -> RunResult: ...
 
     def relations(self) -> Relations:
-        """Derived knobs and relations that must hold (recipetune.relations)."""
+        """Derived knobs and relations that must hold (recipetune.core.relations)."""
         return Relations.of(self)
 
     def resolve(self, values: dict) -> Recipe:

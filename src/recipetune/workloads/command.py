@@ -22,10 +22,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recipetune import expr, meanings
-from recipetune.execute.local import run_process
-from recipetune.measure import RunResult
-from recipetune.recipe import Knob, KnobError, KnobSet, Recipe
+from recipetune.core import expr, meanings
+from recipetune.core.measure import RunResult
+from recipetune.core.process import run_process
+from recipetune.core.recipe import Knob, KnobError, KnobSet, Recipe
 from recipetune.workloads import presets
 from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
 
@@ -37,8 +37,8 @@ class KnobSpec(BaseModel):
 
     With neither ``choices`` nor bounds, the domain follows the default: any number for a number,
     true/false for a bool, any string for a string. An integer default makes an integer knob
-    (write ``1.0`` for a real-valued knob). ``means`` says what the knob is (recipetune.meanings),
-    so the analyst's rules apply to it; ``derive`` computes it from other knobs (recipetune.relations):
+    (write ``1.0`` for a real-valued knob). ``means`` says what the knob is (recipetune.core.meanings),
+    so the analyst's rules apply to it; ``derive`` computes it from other knobs (recipetune.core.relations):
     never searched, its default the derived value.
     """
 
@@ -286,7 +286,7 @@ class CommandWorkload(Workload):
         return list(self._invariants)
 
     def check(self, recipe: Recipe) -> list[str]:
-        # Relations and derived knobs: recipetune.relations, the one place that evaluates them.
+        # Relations and derived knobs: recipetune.core.relations, the one place that evaluates them.
         problems = [f"invariant {p.message}" if p.rule == "relation" else f"{p.knob} {p.message}"
                     for p in self.relations().problems(recipe)]
         try:

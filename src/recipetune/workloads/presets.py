@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipetune.measure import EvalRecord, StepRecord
+from recipetune.core.measure import EvalRecord, StepRecord
 
 NUM = r"[-+]?(?:\d[\d,]*(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+|nan|inf)"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

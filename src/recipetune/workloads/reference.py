@@ -6,12 +6,12 @@ import json
 import sys
 from pathlib import Path
 
-from recipetune.execute import warm
-from recipetune.execute.local import run_process
-from recipetune.measure import RunResult
-from recipetune.recipe import KnobSet, Recipe
+from recipetune.core.measure import RunResult
+from recipetune.core.process import run_process
+from recipetune.core.recipe import KnobSet, Recipe
 from recipetune.trainer.knobs import check_recipe, reference_knobs
 from recipetune.trainer.layout import LAYOUT_RELATION
+from recipetune.workloads import warm
 from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
 
 

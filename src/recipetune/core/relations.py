@@ -9,7 +9,7 @@ One place for what couples knobs, used three ways:
   search's job, checking is the guard's.
 
 A knob may be **derived** (``grad_accum: {derive: "32 // batch_size"}``): computed from the other
-knobs with the safe evaluator (``recipetune.expr``), rendered into argv like any knob, never
+knobs with the safe evaluator (``recipetune.core.expr``), rendered into argv like any knob, never
 searched, and held to its own domain. A **relation** is a ``holds`` invariant of the workload
 (``batch_size * grad_accum == 32``; the reference trainer's ``global_batch_size % (nproc *
 micro_batch_size) == 0``, i.e. nproc x micro-batch x accumulation = global batch).
@@ -24,8 +24,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from recipetune import expr
-from recipetune.recipe import SPEED, KnobError, KnobSet, Recipe, Scalar
+from recipetune.core import expr
+from recipetune.core.recipe import SPEED, KnobError, KnobSet, Recipe, Scalar
 
 if TYPE_CHECKING:
     from recipetune.workloads.base import Workload

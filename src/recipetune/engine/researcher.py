@@ -5,7 +5,7 @@ checked against the campaign's search space here and again by the guard before a
 
 - ``analyst`` (default): rules from a YAML playbook over the node's run profile.
 - ``random``: a uniform draw over the search space, seeded.
-- ``llm``: any OpenAI-compatible chat endpoint (search/llm.py), built on the pieces here.
+- ``llm``: any OpenAI-compatible chat endpoint (engine/llm.py), built on the pieces here.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Any, Literal, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from recipetune.expr import ExprError, evaluate, names, parse
-from recipetune.meanings import Glossary
-from recipetune.recipe import KnobSet, Recipe, Scalar, SearchSpace
-from recipetune.relations import Relations
-from recipetune.search.config import LLMSettings
-from recipetune.search.tree import Node, Tree
+from recipetune.core.expr import ExprError, evaluate, names, parse
+from recipetune.core.meanings import Glossary
+from recipetune.core.recipe import KnobSet, Recipe, Scalar, SearchSpace
+from recipetune.core.relations import Relations
+from recipetune.engine.config import LLMSettings
+from recipetune.engine.tree import Node, Tree
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ class PlaybookError(ValueError):
         self.file, self.field, self.message = file, field, message
 
 
-SPEED_PLAYBOOK = "recipetune.search:playbook.yaml"
+SPEED_PLAYBOOK = "recipetune.speed:playbook.yaml"
 
 
 def load_playbook(path: str | Path | None = None, builtin: str = SPEED_PLAYBOOK) -> list[Rule]:
@@ -439,7 +439,7 @@ def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
     if name == "random":
         return RandomProposer(seed)
     if name == "llm":
-        from recipetune.search.llm import LLMProposer  # llm.py builds on this module's pieces
+        from recipetune.engine.llm import LLMProposer  # llm.py builds on this module's pieces
 
         return LLMProposer(llm or LLMSettings())
     raise ValueError(f"unknown proposer {name!r}; expected analyst, random or llm")

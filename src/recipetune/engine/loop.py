@@ -6,10 +6,10 @@ survives kill -9, and a live view.
     Search.optuna() the same with an Optuna sampler proposing from the root
     job.decide()    the job's control system turns the tree into APPROVED or KEEP BASELINE
 
-What differs between jobs is a ``Job`` (search/campaign.py: speed, finetune/search.py: quality): how
+What differs between jobs is a ``Job`` (speed/job.py: speed, finetune/job.py: quality): how
 the baseline is measured, what is refused before running, how a run is started and judged, and the
 decision. The engine owns the rest: the tree, the budget, the study, resume, parallel trials (and
-search/planning.py the checks before anything is written).
+engine/plan.py the checks before anything is written).
 
 Every trial lands in the study before its run starts (RUNNING) and is closed when it ends, so a
 campaign killed at any moment resumes from the study: finished trials are kept and never run
@@ -26,15 +26,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from recipetune.core.process import kill_orphans as _kill_orphans
+from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.core.relations import Relations
+from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.researcher import Proposal, Proposer, SearchContext, Subject
+from recipetune.engine.samplers import OptunaStrategy
+from recipetune.engine.store import CampaignStore, TrialRecord, distributions
+from recipetune.engine.tree import Node, NodeStatus, Tree
 from recipetune.execute.executor import Executor, TrialLost
-from recipetune.execute.local import kill_orphans as _kill_orphans
-from recipetune.recipe import Recipe, SearchSpace
-from recipetune.relations import Relations
-from recipetune.search.config import TreeSearchConfig
-from recipetune.search.proposers import Proposal, Proposer, SearchContext, Subject
-from recipetune.search.strategies import OptunaStrategy
-from recipetune.search.tree import Node, NodeStatus, Tree
-from recipetune.store import CampaignStore, TrialRecord, distributions
 
 # -- what the live view is told ----------------------------------------------------------------
 
@@ -90,7 +90,7 @@ class Landing:
 
     status: NodeStatus  # passed | rejected | failed
     score: float | None  # the job's figure of merit (None unless it ran and was measured)
-    reward: float  # in [0, 1], backpropagated (search/tree.py)
+    reward: float  # in [0, 1], backpropagated (engine/tree.py)
     cause: str = ""
     figures: dict[str, Any] = field(default_factory=dict)  # stored with the trial
     result: Any = None  # what the proposer reads of this run

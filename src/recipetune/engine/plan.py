@@ -1,6 +1,6 @@
 """Planning a campaign, for any job: every check before anything is written.
 
-A job's ``plan()`` (search/campaign.py, finetune/search.py) checks its own file and space, then
+A job's ``plan()`` (speed/job.py, finetune/job.py) checks its own file and space, then
 uses these for what all jobs share: the Researcher the search section names, and the campaign folder
 (a new campaign needs an empty one, a resumed one the same settings).
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from recipetune.config import ConfigError
-from recipetune.recipe import SearchSpace
-from recipetune.search.config import TreeSearchConfig
-from recipetune.search.proposers import PlaybookError, Proposer, make_proposer
-from recipetune.store import CampaignStore
+from recipetune.core.recipe import SearchSpace
+from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.researcher import PlaybookError, Proposer, make_proposer
+from recipetune.engine.store import CampaignStore
 
 
 @dataclass

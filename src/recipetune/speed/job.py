@@ -1,14 +1,14 @@
 """The speed job's campaign: profile the baseline, search faster recipes, and let the guard decide.
 
     plan()  check everything (space, proposer, folder, resume consistency); writes nothing
-    run()   baseline profile -> the shared search (search/engine.py: select, propose, static check,
+    run()   baseline profile -> the shared search (engine/loop.py: select, propose, static check,
             run, screen, backpropagate, store) until the budget is spent -> the decision
-            (search/finalize.py: final verdict on the best few -> APPROVED or KEEP BASELINE,
+            (speed/decide.py: final verdict on the best few -> APPROVED or KEEP BASELINE,
             approved.yaml, launch command)
 
 ``SpeedJob`` is what the engine asks of this job: the guard's baseline profile is the root, the
 guard's static check refuses a recipe before it runs, screening judges a run, and the reward is the
-log speed-up (search/tree.py).
+log speed-up (engine/tree.py).
 """
 
 from __future__ import annotations
@@ -21,17 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from recipetune.config import Campaign, ConfigError
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import INVARIANT, SEMANTIC, KnobError, Recipe, SearchSpace
+from recipetune.core.relations import Relations
+from recipetune.engine import plan as planning
+from recipetune.engine.loop import Landing, Outcome, Reporter, Row, Search, run_search
+from recipetune.engine.plan import build_proposer, check_folder
+from recipetune.engine.samplers import make_sampler
+from recipetune.engine.store import CampaignStore
+from recipetune.engine.tree import reward
 from recipetune.execute.executor import Executor, make_executor
-from recipetune.measure import RunResult
-from recipetune.recipe import INVARIANT, SEMANTIC, KnobError, Recipe, SearchSpace
-from recipetune.relations import Relations
-from recipetune.search import finalize, planning
-from recipetune.search.engine import Landing, Outcome, Reporter, Row, Search, run_search
-from recipetune.search.planning import build_proposer, check_folder
-from recipetune.search.semantic import BatchRule, batch_rule
-from recipetune.search.strategies import make_sampler
-from recipetune.search.tree import reward
-from recipetune.store import CampaignStore
+from recipetune.speed import decide as finalize
+from recipetune.speed.semantic import BatchRule, batch_rule
 
 __all__ = ["Guard", "Outcome", "Plan", "Reporter", "Row", "SpeedJob", "default_folder", "plan", "real_guard", "run"]
 

@@ -39,7 +39,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel
 
-from recipetune.recipe import Recipe, SearchSpace
+from recipetune.core.recipe import Recipe, SearchSpace
 
 STUDY_NAME = "recipetune"
 INTERRUPTED = "interrupted: the campaign stopped while this trial ran"

@@ -20,8 +20,8 @@ from typing import Any
 
 from recipetune.cbs.sweep import cbs_bound, scale_lr
 from recipetune.config import Campaign, ConfigError
+from recipetune.core.recipe import Recipe
 from recipetune.guard.static import Violation
-from recipetune.recipe import Recipe
 
 RULE = "above-critical-batch-size"
 

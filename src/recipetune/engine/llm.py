@@ -16,10 +16,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from recipetune.recipe import KnobError, Recipe, Scalar
-from recipetune.search.config import LLMSettings
-from recipetune.search.proposers import Proposal, SearchContext, fresh_recipe, member, with_note
-from recipetune.search.tree import Node
+from recipetune.core.recipe import KnobError, Recipe, Scalar
+from recipetune.engine.config import LLMSettings
+from recipetune.engine.researcher import Proposal, SearchContext, fresh_recipe, member, with_note
+from recipetune.engine.tree import Node
 
 # Values reach a trainer's argv or environment. They are matched against the space anyway; a value
 # carrying any of these is refused by name so the record says why.

@@ -5,7 +5,7 @@ campaign's space (a categorical distribution per searched knob: its listed value
 baseline's). They are screened and rewarded exactly like the tree's candidates; ``mcts`` (the
 default) does not use a sampler to choose, only to satisfy the study.
 
-Where knobs are related (recipetune.relations) the samplers draw only feasible points: the grid
+Where knobs are related (recipetune.core.relations) the samplers draw only feasible points: the grid
 lists only feasible points; tpe and random draw the searched knobs jointly from their own per-knob
 choices until the point is feasible, and after a few tries repair the last draw to the nearest
 feasible point. Derived knobs are never sampled: they are computed from the sampled ones.
@@ -20,9 +20,9 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-from recipetune.recipe import KnobError, Recipe, SearchSpace
-from recipetune.relations import Relations
-from recipetune.store import CampaignStore, distributions
+from recipetune.core.recipe import KnobError, Recipe, SearchSpace
+from recipetune.core.relations import Relations
+from recipetune.engine.store import CampaignStore, distributions
 
 STRATEGIES = ("mcts", "tpe", "random", "grid")
 

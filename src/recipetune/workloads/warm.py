@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from recipetune.execute.local import _EXCLUSIVE, ProcessOutcome, tail
+from recipetune.core.process import _EXCLUSIVE, ProcessOutcome, tail
 
 ENV_FLAG = "RECIPETUNE_WARM_START"
 
@@ -138,7 +138,7 @@ class Launcher:
     def _get(cls) -> subprocess.Popen:
         if cls._proc is None or cls._proc.poll() is not None:
             cls._proc = subprocess.Popen(
-                [sys.executable, "-m", "recipetune.execute.warm"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [sys.executable, "-m", "recipetune.workloads.warm"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
             )
         return cls._proc

@@ -1,10 +1,10 @@
-"""`recipetune finetune`: the quality job on the shared search engine (search/engine.py).
+"""`recipetune finetune`: the quality job on the shared search engine (engine/loop.py).
 
 The baseline experiment is the root. Each round the Researcher (analyst with the fine-tuning
 playbook, llm, or random) selects a node, reads its compressed context and proposes children (a
 data chain and a training recipe each); each child runs as its own process (``python -m
 recipetune.finetune``, a timeout, a crash recorded, never the campaign's), and its validation metric
-becomes the reward: the normalised gain over the baseline (search/tree.py: ``metric_reward``).
+becomes the reward: the normalised gain over the baseline (engine/tree.py: ``metric_reward``).
 
 Integrity, the quality job's control system:
 - the search never sees the test split: children only ever open train and validation
@@ -29,6 +29,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from recipetune.config import ConfigError
+from recipetune.core.recipe import INVARIANT, KnobError, Recipe, SearchSpace
+from recipetune.core.relations import Relations
+from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.loop import Landing, Outcome, Reporter, Row, Search, run_search
+from recipetune.engine.plan import Plan, build_proposer, check_folder
+from recipetune.engine.samplers import make_sampler
+from recipetune.engine.store import CampaignStore
+from recipetune.engine.tree import metric_reward, normalised_gain
 from recipetune.execute.config import ExecuteConfig
 from recipetune.execute.executor import Executor, executor_for
 from recipetune.finetune.experiment import Experiment, ExperimentSpec, _validate, read_experiment_file
@@ -36,14 +44,6 @@ from recipetune.finetune.report import ExperimentReport
 from recipetune.finetune.routes import ModelError, check_model
 from recipetune.finetune.space import DATA_PREFIX, ExperimentSpace, check_data_steps
 from recipetune.finetune.task import TaskError, load_splits
-from recipetune.recipe import INVARIANT, KnobError, Recipe, SearchSpace
-from recipetune.relations import Relations
-from recipetune.search.config import TreeSearchConfig
-from recipetune.search.engine import Landing, Outcome, Reporter, Row, Search, run_search
-from recipetune.search.planning import Plan, build_proposer, check_folder
-from recipetune.search.strategies import make_sampler
-from recipetune.search.tree import metric_reward, normalised_gain
-from recipetune.store import CampaignStore
 
 PLAYBOOK = "recipetune.finetune:playbook.yaml"
 
@@ -184,7 +184,7 @@ class Failed:
 def run_child(_subject: Any, file: str, overrides: list[str], child: dict[str, Any], out_dir: str,
               timeout_s: float) -> ExperimentReport | Failed:
     """``python -m recipetune.finetune FILE --child CHILD.json --out DIR``; its report, or why none."""
-    from recipetune.execute.local import run_process
+    from recipetune.core.process import run_process
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,14 +16,14 @@ from rich.text import Text
 from sqlalchemy.engine import make_url
 
 from recipetune.config import ConfigError, load_campaign
+from recipetune.core.recipe import Recipe
+from recipetune.engine.store import STUDY_NAME, CampaignStore
+from recipetune.engine.tree import Node
 from recipetune.execute.executor import make_executor
 from recipetune.guard.baseline import GuardError
-from recipetune.recipe import Recipe
-from recipetune.search import campaign as campaign_mod
-from recipetune.search.campaign import Reporter, Row, default_folder, plan
-from recipetune.search.finalize import Outcome
-from recipetune.search.tree import Node
-from recipetune.store import STUDY_NAME, CampaignStore
+from recipetune.speed import job as campaign_mod
+from recipetune.speed.decide import Outcome
+from recipetune.speed.job import Reporter, Row, default_folder, plan
 
 console = Console()
 STATUS_STYLE = {"passed": "green", "rejected": "yellow", "failed": "red", "invalid": "magenta",

@@ -18,11 +18,11 @@ from typing import Any
 import yaml
 
 from recipetune.config import Campaign
+from recipetune.core.recipe import Recipe
+from recipetune.engine.loop import Outcome
+from recipetune.engine.store import CampaignStore, write_atomic
+from recipetune.engine.tree import Node, Tree
 from recipetune.execute.executor import Executor
-from recipetune.recipe import Recipe
-from recipetune.search.engine import Outcome
-from recipetune.search.tree import Node, Tree
-from recipetune.store import CampaignStore, write_atomic
 
 
 def decide(campaign: Campaign, store: CampaignStore, tree: Tree, profile: Any, runs: int, *,

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from recipetune.recipe import Recipe
+from recipetune.core.recipe import Recipe
 
 NodeStatus = Literal["baseline", "passed", "rejected", "failed"]
 

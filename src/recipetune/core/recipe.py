@@ -48,8 +48,8 @@ class Knob:
     high: float | None = None
     integer: bool = False
     help: str = ""
-    means: str | None = None  # what the knob is, in the vocabulary of recipetune.meanings
-    derive: str | None = None  # computed from other knobs (recipetune.relations), never searched
+    means: str | None = None  # what the knob is, in the vocabulary of recipetune.core.meanings
+    derive: str | None = None  # computed from other knobs (recipetune.core.relations), never searched
     # old spellings still accepted, as (old, new) pairs: a renamed value keeps old files working
     renamed: tuple[tuple[Scalar, Scalar], ...] = ()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from recipetune.recipe import KnobSet, Scalar
+from recipetune.core.recipe import KnobSet, Scalar
 
 
 @dataclass(frozen=True)
