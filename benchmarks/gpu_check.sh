@@ -39,7 +39,8 @@ fi
 # Every file the check uses must load before anything runs (a typo should not cost a GPU lease).
 "$PY" - "$CAMPAIGN" "${RUN_OVERRIDES[@]}" <<'EOF'
 import sys
-from recipetune.config import ConfigError, load_campaign
+from recipetune.config import load_campaign
+from recipetune.core.errors import ConfigError
 try:
     load_campaign(sys.argv[1], sys.argv[2:])
     load_campaign(sys.argv[1])

@@ -30,7 +30,7 @@ from recipetune.cbs.sweep import (
     run_sweep,
     scale_lr,
 )
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 from recipetune.core.measure import EvalRecord, RunResult, StepRecord
 from recipetune.workloads.reference import ReferenceWorkload
 

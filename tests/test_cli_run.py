@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from recipetune.cli import app
-from recipetune.config import ConfigError, load_campaign
+from recipetune.config import load_campaign
+from recipetune.core.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 runner = CliRunner()

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from recipetune.config import ConfigError, load_campaign
+from recipetune.config import load_campaign
+from recipetune.core.errors import ConfigError
 from recipetune.workloads import presets
 from recipetune.workloads.command import CommandSpec, CommandWorkload
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.tree import Tree

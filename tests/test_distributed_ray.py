@@ -21,7 +21,8 @@ ray = pytest.importorskip("ray")
 
 from test_search_campaign import Recorder, fake_guard  # noqa: E402
 
-from recipetune.config import ConfigError, load_campaign  # noqa: E402
+from recipetune.config import load_campaign  # noqa: E402
+from recipetune.core.errors import ConfigError  # noqa: E402
 from recipetune.engine.store import CampaignStore  # noqa: E402
 from recipetune.execute.executor import TrialLost  # noqa: E402
 from recipetune.execute.ray import RayExecutor  # noqa: E402

@@ -11,7 +11,7 @@ from ft_fixtures import experiment_file, write_jsonl
 from typer.testing import CliRunner
 
 from recipetune.cli import app
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 from recipetune.finetune import metrics as M
 from recipetune.finetune.experiment import load_experiment
 from recipetune.finetune.task import TestSplitClosed

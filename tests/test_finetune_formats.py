@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from recipetune.cli import app
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 from recipetune.finetune.experiment import load_experiment, prepare_data, run_experiment
 from recipetune.finetune.recipe import TrainRecipe, lora_modules
 from recipetune.finetune.task import Splits, TaskConfig, TaskError

@@ -17,7 +17,7 @@ from ft_fixtures import experiment_file
 from typer.testing import CliRunner
 
 from recipetune.cli import app
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 from recipetune.engine.llm import check_edits, compress_context
 from recipetune.engine.loop import Reporter, Search
 from recipetune.engine.researcher import SearchContext, make_proposer

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipetune.config import ConfigError, load_campaign
+from recipetune.config import load_campaign
+from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import SearchSpace
 from recipetune.engine.researcher import AnalystProposer, RandomProposer, SearchContext, load_playbook, profile_facts

@@ -25,7 +25,8 @@ import yaml
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from recipetune.config import Campaign, CampaignConfig, ConfigError, load_campaign
+from recipetune.config import Campaign, CampaignConfig, load_campaign
+from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult
 from recipetune.core.process import kill_orphans, run_process
 from recipetune.core.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe

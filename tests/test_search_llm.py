@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from recipetune.config import ConfigError, load_campaign
+from recipetune.config import load_campaign
+from recipetune.core.errors import ConfigError
 from recipetune.engine.config import LLMSettings
 from recipetune.engine.llm import LLMProposer
 from recipetune.speed.job import plan

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from recipetune.cbs.sweep import cbs_bound
 from recipetune.cbs.table import load_table, summarize, write_summary
-from recipetune.config import Campaign, CampaignConfig, ConfigError
+from recipetune.config import Campaign, CampaignConfig
+from recipetune.core.errors import ConfigError
 from recipetune.core.measure import EvalRecord, RunResult, StepRecord, default_warmup_steps
 from recipetune.core.recipe import Recipe
 from recipetune.speed.job import Reporter, plan, run
@@ -151,7 +152,7 @@ def write_campaign_file(tmp_path: Path, **search: Any) -> Path:
     ({"global_batch": {"cbs_summary": "nowhere/summary.json"}}, "search.global_batch.cbs_summary", "no such file"),
     ({"global_batch": {"cbs_summary": "unbounded/summary.json"}}, "search.global_batch.cbs_summary", "not finite"),
     ({"global_batch": {"max": 64, "lr_scaling": "cubic"}}, "search.global_batch.lr_scaling", "sqrt"),
-    ({"global_batch": {"max": 0}}, "search.global_batch.max", "greater than or equal to 1"),
+    ({"global_batch": {"max": 0}}, "search.global_batch.max", "must be >= 1 (got 0)"),
     ({"global_batch": {"max": 64}, "allow_semantic": [], "knobs": {"micro_batch_size": [8, 16]}},
      "search.global_batch", "no effect unless"),
     ({"global_batch": {"max": 64}, "knobs": {"global_batch_size": [16, 32], "lr": [0.001, 0.002]},

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from recipetune.config import ConfigError, load_campaign
+from recipetune.config import load_campaign
+from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.workloads.base import Workload

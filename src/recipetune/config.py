@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from recipetune.core.errors import ConfigError, validation_error
 from recipetune.core.recipe import KnobError, Recipe
 from recipetune.engine.config import SearchConfig
 from recipetune.execute.config import ExecuteConfig
@@ -23,15 +24,6 @@ from recipetune.workloads.base import Workload
 from recipetune.workloads.command import CommandSpec
 
 Scalar = bool | int | float | str
-
-
-class ConfigError(Exception):
-    """Bad input: the file, the field, and what is wrong. The CLI turns it into exit code 2."""
-
-    def __init__(self, file: str | Path, field: str, message: str):
-        self.file, self.field, self.message = str(file), field, message
-        where = f"{self.file}: {field}" if field else self.file
-        super().__init__(f"{where}: {message}")
 
 
 class ReferenceSpec(BaseModel):
@@ -160,9 +152,7 @@ def load_campaign(path: str | Path, overrides: list[str] | None = None) -> Campa
     try:
         config = CampaignConfig.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-        raise ConfigError(path, field, err["msg"]) from None
+        raise validation_error(e, path) from None
     except RecursionError:
         raise ConfigError(path, "", "nested too deeply to be a campaign file") from None
     base_dir = path.resolve().parent

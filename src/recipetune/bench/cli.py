@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from recipetune.config import ConfigError, load_campaign
+from recipetune.config import load_campaign
+from recipetune.core.errors import ConfigError
 
 bench_app = typer.Typer(
     help="How good is the search? Measure a space's every recipe, replay strategies against it.",

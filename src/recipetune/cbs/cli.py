@@ -15,7 +15,7 @@ from recipetune.cbs.plots import plot_scaling, plot_steps_vs_batch
 from recipetune.cbs.scale import load_scale, run_scale
 from recipetune.cbs.sweep import SweepError, SweepResult, load_sweep, run_sweep
 from recipetune.cbs.table import Summary, TableError, fmt, fmt_ci, load_table, summarize, write_summary
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 
 cbs_app = typer.Typer(
     help="Critical batch size (arXiv 2410.21676): measure steps vs batch size, fit B* and its scaling laws.",

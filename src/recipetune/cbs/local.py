@@ -38,7 +38,8 @@ from recipetune.cbs.sweep import (
     scale_lr,
     validate_model,
 )
-from recipetune.config import ConfigError, apply_overrides, check_recipe, read_yaml
+from recipetune.config import apply_overrides, check_recipe, read_yaml
+from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.workloads.reference import ReferenceWorkload
 

@@ -25,7 +25,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rich.progress import Progress
 
-from recipetune.config import ConfigError, apply_overrides, check_recipe, read_yaml, resolve_paths
+from recipetune.config import apply_overrides, check_recipe, read_yaml, resolve_paths
+from recipetune.core.errors import ConfigError, validation_error
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import KnobError, Recipe, Scalar
 from recipetune.workloads.reference import ReferenceWorkload
@@ -267,9 +268,7 @@ def validate_model(cls: type[M], raw: dict[str, Any], path: Path) -> M:
     try:
         return cls.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-        raise ConfigError(path, where, err["msg"].removeprefix("Value error, ")) from None
+        raise validation_error(e, path) from None
 
 
 def check_base(path: Path, base: dict[str, Scalar], workload: ReferenceWorkload, owned: dict[str, str]) -> Recipe:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import SearchSpace
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.researcher import PlaybookError, Proposer, make_proposer

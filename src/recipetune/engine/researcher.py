@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from recipetune.core.errors import validation_error
 from recipetune.core.expr import ExprError, evaluate, names, parse
 from recipetune.core.meanings import Glossary
 from recipetune.core.recipe import KnobSet, Recipe, Scalar, SearchSpace
@@ -351,9 +352,7 @@ def load_playbook(path: str | Path | None = None, builtin: str = SPEED_PLAYBOOK)
     except RecursionError:
         raise PlaybookError(where, "", "nested too deeply to be a playbook") from None
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise PlaybookError(where, loc, err["msg"]) from None
+        raise validation_error(e, where, error=PlaybookError) from None
 
 
 class AnalystProposer:

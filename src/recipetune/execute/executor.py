@@ -16,7 +16,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from recipetune.config import Campaign, ConfigError
+from recipetune.config import Campaign
+from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.execute.config import ExecuteConfig

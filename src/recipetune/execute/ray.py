@@ -35,7 +35,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult
 from recipetune.core.process import kill_orphans
 from recipetune.core.recipe import Recipe

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError
 
 data_app = typer.Typer(help="Data operators (load, dedup, filters, decontamination, mixing ...) as a YAML chain.",
                        no_args_is_help=True)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from recipetune.config import ConfigError, apply_overrides, read_yaml
+from recipetune.config import apply_overrides, read_yaml
+from recipetune.core.errors import ConfigError, validation_error
 from recipetune.data.chain import ChainError, DataVersion, run_chain
 from recipetune.data.ops import Operator, Row
 from recipetune.finetune import metrics as M
@@ -85,9 +86,7 @@ def _validate(path: Path, raw: dict) -> ExperimentSpec:
     try:
         return ExperimentSpec.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-        raise ConfigError(path, loc, err["msg"].removeprefix("Value error, ")) from None
+        raise validation_error(e, path) from None
 
 
 CAMPAIGN_SECTIONS = ("search", "execute")  # read by `recipetune finetune` (finetune/job.py)

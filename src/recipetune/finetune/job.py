@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError, validation_error
 from recipetune.core.recipe import INVARIANT, KnobError, Recipe, SearchSpace
 from recipetune.core.relations import Relations
 from recipetune.engine.config import TreeSearchConfig
@@ -99,9 +99,7 @@ def load_finetune_campaign(path: str | Path, overrides: list[str] | None = None)
     try:
         settings = FinetuneSettings.model_validate(sections)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(path, loc, err["msg"].removeprefix("Value error, ")) from None
+        raise validation_error(e, path) from None
     try:
         splits = load_splits(spec.task, path.resolve().parent)
         check_model(spec.model, path.resolve().parent)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter, ValidationError
 
-from recipetune.config import ConfigError
+from recipetune.core.errors import ConfigError, validation_error
 from recipetune.core.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe, Scalar
 from recipetune.core.relations import Relations
 from recipetune.data.ops import Operator
@@ -63,10 +63,8 @@ def check_data_steps(steps: dict[str, Any], file: str) -> dict[str, dict[str, An
         try:
             op = _OPERATOR.validate_python(raw)
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"][1:])
-            raise ConfigError(file, f"search.data.{name}" + (f".{loc}" if loc else ""),
-                              err["msg"].removeprefix("Value error, ")) from None
+            # the first location part is the operator's tag, not a field of the step
+            raise validation_error(e, file, prefix=f"search.data.{name}", skip=1) from None
         if op.op == "export":
             raise ConfigError(file, f"search.data.{name}", "an export step changes nothing the model trains on; "
                                                           "offer steps that change the data")

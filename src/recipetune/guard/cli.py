@@ -19,7 +19,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from recipetune.config import Campaign, ConfigError, load_campaign, parse_override
+from recipetune.config import Campaign, load_campaign, parse_override
+from recipetune.core.errors import ConfigError
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.static import static_report
 from recipetune.guard.verdict import Verdict, final_verdict, static_verdict

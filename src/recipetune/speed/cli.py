@@ -15,7 +15,8 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy.engine import make_url
 
-from recipetune.config import ConfigError, load_campaign
+from recipetune.config import load_campaign
+from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.engine.store import STUDY_NAME, CampaignStore
 from recipetune.engine.tree import Node

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipetune.config import Campaign, ConfigError
+from recipetune.config import Campaign
+from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import INVARIANT, SEMANTIC, KnobError, Recipe, SearchSpace
 from recipetune.core.relations import Relations

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from recipetune.cbs.sweep import cbs_bound, scale_lr
-from recipetune.config import Campaign, ConfigError
+from recipetune.config import Campaign
+from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.guard.static import Violation
 
