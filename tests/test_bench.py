@@ -206,7 +206,7 @@ NEW_TASKS = {  # builtin -> (example file, the field splits are keyed by, target
 
 
 def _example_task(name: str):
-    from recipetune.config import read_yaml
+    from recipetune.core.files import read_yaml
     from recipetune.finetune.task import TaskConfig
 
     return TaskConfig.model_validate(read_yaml(ROOT / "examples" / NEW_TASKS[name][0])["task"])
@@ -340,7 +340,7 @@ def test_numeric_metric_through_the_task_and_evaluate():
 
 @pytest.mark.parametrize("name", NEW_TASKS)
 def test_new_example_files_parse_with_their_search_section(name):
-    from recipetune.config import read_yaml
+    from recipetune.core.files import read_yaml
     from recipetune.finetune.experiment import ExperimentSpec
 
     raw = read_yaml(ROOT / "examples" / NEW_TASKS[name][0])

@@ -17,7 +17,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from recipetune.cli import app
-from recipetune.config import parse_override
+from recipetune.config import CampaignConfig
+from recipetune.core.files import parse_override
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.report.browser import console_messages, dump_dom, find_chromium
 from recipetune.report.html import render
@@ -218,7 +219,7 @@ def test_out_must_be_an_html_file(campaigns, tmp_path):
 @pytest.mark.parametrize("value", [16, 0.003, 1e-05, True, False, "fp32", "yes", "none", "null", "a b", "1e3", "x=y"])
 def test_reproduce_overrides_read_back_as_the_same_value(value):
     (arg,) = shlex.split(override("knob", value))
-    path, parsed = parse_override(arg)
+    path, parsed = parse_override(arg, CampaignConfig.model_fields, "baseline")
     assert path == ["baseline", "knob"]
     assert parsed == value and type(parsed) is type(value)
 

@@ -1,4 +1,4 @@
-"""Campaign files: YAML + ``key=value`` overrides -> typed, checked settings.
+"""Campaign files: YAML + ``key=value`` overrides (core/files.py) -> typed, checked settings.
 
 One file format serves every command: ``run`` launches its baseline, ``verify`` compares two of
 them, ``tune`` searches from it. Every error names the file and the field and says what is
@@ -7,15 +7,14 @@ allowed; nothing is written before the whole file has been checked.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from recipetune.core.errors import ConfigError, validation_error
+from recipetune.core.files import apply_overrides, read_yaml
 from recipetune.core.recipe import KnobError, Recipe
 from recipetune.engine.config import SearchConfig
 from recipetune.execute.config import ExecuteConfig
@@ -59,69 +58,6 @@ class Campaign:
     baseline: Recipe
 
 
-def parse_override(
-    text: str, fields: Collection[str] | None = None, default_section: str = "baseline"
-) -> tuple[list[str], Any]:
-    """``micro_batch_size=16`` sets a knob of the default section; a dotted key (``run.steps=50``)
-    any field. ``fields`` are the top-level sections of the file (a campaign file's by default)."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError("command line", text, "an override must look like key=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    path = key.strip().split(".")
-    if path[0] not in (CampaignConfig.model_fields if fields is None else fields):
-        path = [default_section, *path]
-    return path, value
-
-
-def apply_overrides(
-    raw: dict[str, Any],
-    overrides: list[str],
-    fields: Collection[str] | None = None,
-    default_section: str = "baseline",
-) -> dict[str, Any]:
-    for text in overrides:
-        path, value = parse_override(text, fields, default_section)
-        node = raw
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError("command line", text, f"'{part}' is not a section")
-            node = child
-        node[path[-1]] = value
-    return raw
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(path, "", "no such file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(path, "", f"not a text file: byte {e.start} is not UTF-8 (a campaign file is YAML text)") \
-            from None
-    except OSError as e:
-        raise ConfigError(path, "", f"cannot read: {e.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(path, where, f"malformed YAML: {getattr(e, 'problem', e)}") from None
-    except RecursionError:
-        raise ConfigError(path, "", "nested too deeply to be a campaign file") from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(path, "", f"expected a mapping of sections at the top, got {type(raw).__name__}")
-    return raw
-
-
 def build_workload(spec: ReferenceSpec | CommandSpec, base_dir: Path, file: str | Path = "campaign") -> Workload:
     if isinstance(spec, CommandSpec):
         from recipetune.workloads.command import CommandWorkload
@@ -148,7 +84,7 @@ def resolve_paths(workload: Workload, values: dict[str, Any], base_dir: Path) ->
 
 def load_campaign(path: str | Path, overrides: list[str] | None = None) -> Campaign:
     path = Path(path)
-    raw = apply_overrides(read_yaml(path), overrides or [])
+    raw = apply_overrides(read_yaml(path), overrides or [], CampaignConfig.model_fields, "baseline")
     try:
         config = CampaignConfig.model_validate(raw)
     except ValidationError as e:

@@ -38,8 +38,9 @@ from recipetune.cbs.sweep import (
     scale_lr,
     validate_model,
 )
-from recipetune.config import apply_overrides, check_recipe, read_yaml
+from recipetune.config import check_recipe
 from recipetune.core.errors import ConfigError
+from recipetune.core.files import apply_overrides, read_yaml
 from recipetune.core.recipe import Recipe
 from recipetune.workloads.reference import ReferenceWorkload
 

@@ -30,8 +30,8 @@ from recipetune.cbs.sweep import (
     validate_model,
     write_points,
 )
-from recipetune.config import apply_overrides, read_yaml
 from recipetune.core.errors import ConfigError
+from recipetune.core.files import apply_overrides, read_yaml
 from recipetune.workloads.reference import ReferenceWorkload
 
 

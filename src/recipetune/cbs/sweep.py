@@ -25,8 +25,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rich.progress import Progress
 
-from recipetune.config import apply_overrides, check_recipe, read_yaml, resolve_paths
+from recipetune.config import check_recipe, resolve_paths
 from recipetune.core.errors import ConfigError, validation_error
+from recipetune.core.files import apply_overrides, read_yaml
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import KnobError, Recipe, Scalar
 from recipetune.workloads.reference import ReferenceWorkload

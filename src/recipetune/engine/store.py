@@ -39,6 +39,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel
 
+from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe, SearchSpace
 
 STUDY_NAME = "recipetune"
@@ -132,15 +133,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Write a campaign file atomically: a reader never sees half of it, a crash never leaves half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
 
 
 class CampaignStore:

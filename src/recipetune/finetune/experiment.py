@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from recipetune.config import apply_overrides, read_yaml
 from recipetune.core.errors import ConfigError, validation_error
+from recipetune.core.files import apply_overrides, read_yaml
 from recipetune.data.chain import ChainError, DataVersion, run_chain
 from recipetune.data.ops import Operator, Row
 from recipetune.finetune import metrics as M

@@ -19,8 +19,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from recipetune.config import Campaign, load_campaign, parse_override
+from recipetune.config import Campaign, CampaignConfig, load_campaign
 from recipetune.core.errors import ConfigError
+from recipetune.core.files import parse_override
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.static import static_report
 from recipetune.guard.verdict import Verdict, final_verdict, static_verdict
@@ -33,7 +34,7 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     """knob=value edits the candidate's recipe; section.field=value the settings (from the baseline file)."""
     to_candidate, to_baseline = [], []
     for text in overrides:
-        path, _ = parse_override(text)
+        path, _ = parse_override(text, CampaignConfig.model_fields, "baseline")
         (to_candidate if path[0] == "baseline" else to_baseline).append(text)
     return to_candidate, to_baseline
 
