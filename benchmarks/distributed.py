@@ -28,7 +28,7 @@ from pathlib import Path
 from recipetune.config import load_campaign
 from recipetune.execute.executor import LocalExecutor
 from recipetune.speed import job as campaign_mod
-from recipetune.speed.job import plan
+from recipetune.speed.plan import plan
 
 
 def measure(file: Path, overrides: list[str], out: Path) -> dict:

@@ -35,6 +35,7 @@ from typing import Any
 from recipetune.engine.loop import Outcome, Reporter, Row, Search
 from recipetune.execute.executor import LocalExecutor
 from recipetune.finetune import job as ft
+from recipetune.finetune import plan as ftp
 
 ARMS = {
     "mcts": ["search.selection=uct", "search.proposer=analyst"],
@@ -61,7 +62,7 @@ class MemoExecutor(LocalExecutor):
         if not (cached / "report.json").exists():
             self.misses += 1
             t0 = time.perf_counter()
-            result = fn(workload, *args, **kwargs)
+            result = fn(*args, **kwargs)
             (Path(out_dir) / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.2f}\n")
             if isinstance(result, ft.Failed):
                 self.seconds += time.perf_counter() - t0
@@ -143,8 +144,8 @@ def table(out: Path, arms: list[str]) -> None:
 def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: MemoExecutor, final: bool) -> dict:
     folder = out / file.stem / f"{arm}-{seed}"
     overrides = [*ARMS[arm], f"search.seed={seed}", f"search.budget.trials={budget}"]
-    c = ft.load_finetune_campaign(file, overrides)
-    p = ft.plan(c, folder, resume=folder.exists())
+    c = ftp.load_finetune_campaign(file, overrides)
+    p = ftp.plan(c, folder, resume=folder.exists())
     job = ft.QualityJob(p) if final else SearchOnly(p)
     before = memo.seconds
     t0 = time.perf_counter()

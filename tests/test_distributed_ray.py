@@ -27,7 +27,7 @@ from recipetune.engine.store import CampaignStore  # noqa: E402
 from recipetune.execute.executor import TrialLost  # noqa: E402
 from recipetune.execute.ray import RayExecutor  # noqa: E402
 from recipetune.speed import job as campaign_mod  # noqa: E402
-from recipetune.speed.job import plan  # noqa: E402
+from recipetune.speed.plan import plan  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 FAKE = TESTS / "fixtures" / "fake_trainer.py"

@@ -270,7 +270,7 @@ def test_precision_is_refused_where_the_device_cannot_run_it(tiny_ft, monkeypatc
 
 
 def test_the_search_space_has_the_knobs_and_refuses_values_the_machine_cannot_run(tiny_ft, monkeypatch):
-    from recipetune.finetune import job as ft
+    from recipetune.finetune import plan as ftp
 
     tmp_path, files, model = tiny_ft
     _no_cuda(monkeypatch)
@@ -278,15 +278,15 @@ def test_the_search_space_has_the_knobs_and_refuses_values_the_machine_cannot_ru
                                                                      "gradient_checkpointing": [False, True],
                                                                      "lora_targets": ["attention", "all_linear"]},
                                                            "budget": {"trials": 2}})
-    c = ft.load_finetune_campaign(path)
+    c = ftp.load_finetune_campaign(path)
     knobs = c.space.knobs()
     assert knobs["precision"].choices == ("fp32", "bf16", "fp16") and knobs["gradient_checkpointing"].role == "speed"
-    assert set(ft.check_space(c).values) == {"precision", "gradient_checkpointing", "lora_targets"}
+    assert set(ftp.check_space(c).values) == {"precision", "gradient_checkpointing", "lora_targets"}
     spec = yaml.safe_load(path.read_text())
     spec["search"]["knobs"]["precision"] = ["fp32", "fp16"]
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(ConfigError) as e:
-        ft.check_space(ft.load_finetune_campaign(path))
+        ftp.check_space(ftp.load_finetune_campaign(path))
     assert e.value.field == "search.knobs.precision" and "'fp16'" in e.value.message
 
 

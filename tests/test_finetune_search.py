@@ -18,14 +18,15 @@ from typer.testing import CliRunner
 
 from recipetune.cli import app
 from recipetune.core.errors import ConfigError
+from recipetune.engine.job import Finished, Reporter, Services
 from recipetune.engine.llm import check_edits, compress_context
-from recipetune.engine.loop import Reporter, Search
 from recipetune.engine.researcher import SearchContext, make_proposer
 from recipetune.engine.store import CampaignStore
 from recipetune.engine.tree import Tree, metric_reward, normalised_gain
 from recipetune.execute.executor import LocalExecutor
 from recipetune.finetune import decide as decide_mod
 from recipetune.finetune import job as ft
+from recipetune.finetune import plan as ftp
 from recipetune.finetune.analyst import experiment_facts
 from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, FinalResult, LossCurve, Prediction
 
@@ -51,7 +52,7 @@ def test_reward_is_the_normalised_gain_of_the_metric():
 
 
 def test_greedy_and_sequential_selection_for_the_ablation(tiny_ft):
-    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft))
     base = c.baseline
     tree = Tree(base, score=0.5)
     good = tree.add(base.with_(lr=0.01), tree.root, "passed", 0.8, score=0.8)
@@ -66,7 +67,7 @@ def test_greedy_and_sequential_selection_for_the_ablation(tiny_ft):
 
 
 def test_space_maps_recipes_to_experiments_and_refuses_leaks(tiny_ft, tmp_path):
-    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft))
     knobs = c.space.knobs()
     assert knobs["lr"].low == 0.0 and knobs["method"].choices == ("full", "lora") and knobs["seed"].role == "invariant"
     child = c.baseline.with_(data_near_dedup=True, lr=0.01)
@@ -76,16 +77,16 @@ def test_space_maps_recipes_to_experiments_and_refuses_leaks(tiny_ft, tmp_path):
     exp = c.space.experiment_of(child)
     assert exp.spec.recipe.lr == 0.01 and exp.spec.task == c.experiment.spec.task
     # a data step that reads an evaluation split is refused before it runs
-    leak = ft.load_finetune_campaign(campaign_file(
+    leak = ftp.load_finetune_campaign(campaign_file(
         tiny_ft, data={"more": {"op": "load", "path": str(tiny_ft[1]["validation"])}}))
-    p = ft.plan(leak, tmp_path / "leak")
-    cause, _ = ft.QualityJob(p).refuse(leak.baseline.with_(data_more=True))
+    p = ftp.plan(leak, tmp_path / "leak")
+    cause = ft.QualityJob(p).check(leak.baseline.with_(data_more=True)).refusal
     assert cause.startswith("integrity: data step load reads") and "evaluation split" in cause
 
 
 def test_proposals_outside_the_recipe_are_refused_as_data(tiny_ft, tmp_path):
-    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
-    p = ft.plan(c, tmp_path / "camp")
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft))
+    p = ftp.plan(c, tmp_path / "camp")
     ctx = SearchContext(c.space, c.baseline, p.space, Tree(c.baseline, score=0.0))
     for edits in ({"metric": "rouge_l"}, {"task.files.validation": "train.jsonl"}, {"seed": 3}, {"lr": 0.5}):
         assert check_edits(edits, ctx, "llm") is None
@@ -115,17 +116,17 @@ def fake_report(run_dir: Path, errors: dict[str, float], loss=(2.0, 1.6), value=
 
 
 def test_analyst_reads_the_executor_report(tiny_ft, tmp_path):
-    c = ft.load_finetune_campaign(campaign_file(tiny_ft, knobs={"lr": [0.001, 0.003], "max_steps": [3, 6],
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft, knobs={"lr": [0.001, 0.003], "max_steps": [3, 6],
                                                               "completion_only": [False, True]}))
     base = c.baseline.with_(completion_only=False)
-    p = ft.plan(c, tmp_path / "camp")
+    p = ftp.plan(c, tmp_path / "camp")
     report = fake_report(tmp_path / "run", {"empty": 0.3, "wrong_format": 0.1})
     tree = Tree(base, report, score=0.3)
     ctx = SearchContext(c.space, base, p.space, tree, facts=experiment_facts)
     facts = experiment_facts(tree.root, ctx)
     assert facts["err_format"] == pytest.approx(0.4) and facts["loss_drop"] == pytest.approx(0.2)
     assert facts["pred_concentration"] == 0.75 and facts["rows"] == 80
-    analyst = make_proposer("analyst", builtin=ft.PLAYBOOK)
+    analyst = make_proposer("analyst", builtin=ftp.PLAYBOOK)
     proposals = analyst.propose(tree.root, ctx, 4)
     rules = [pr.rationale.split(" ")[0].split("[")[0] for pr in proposals]
     # underfitting (the loss fell by 20%) moves epochs/max_steps and lr; format errors set completion_only
@@ -140,14 +141,14 @@ def test_analyst_reads_the_executor_report(tiny_ft, tmp_path):
 
 
 def test_llm_context_is_compressed_within_its_size(tiny_ft, tmp_path):
-    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
-    p = ft.plan(c, tmp_path / "camp")
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft))
+    p = ftp.plan(c, tmp_path / "camp")
     tree = Tree(c.baseline, fake_report(tmp_path / "r0", {"empty": 0.5}), score=0.3)
     node = tree.root
     for i, lr in enumerate([0.003, 0.01]):
         node = tree.add(c.baseline.with_(lr=lr), node, "passed", 0.6, score=0.4 + i / 10,
                         result=fake_report(tmp_path / f"r{i + 1}", {"near_miss": 0.2, "wrong": 0.3}))
-    options = ft.QualityJob(p).context_options()
+    options = dict(ft.QualityJob(p).briefing)
     big = compress_context(node, SearchContext(c.space, c.baseline, p.space, tree, **options), 3)
     assert big["node"]["validation_exact_match"] == 0.5 and big["node"]["worst_cases"][0]["kind"] == "near_miss"
     assert [n["changes"] for n in big["path"]] == [{}, {"lr": 0.003}] and big["gains"]
@@ -176,14 +177,14 @@ def test_gain_must_clear_the_seed_to_seed_spread():
 
 def searched(tiny_ft, tmp_path):
     """A quality campaign whose search found one node better on validation than the baseline (0.7 vs 0.5)."""
-    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
-    p = ft.plan(c, tmp_path / "camp")
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft))
+    p = ftp.plan(c, tmp_path / "camp")
     job = ft.QualityJob(p)
-    search = Search(job, p.store, p.meta, False, LocalExecutor(), Reporter())
+    job.services = Services(p.store, LocalExecutor(), Reporter())
     p.store.create(p.meta)
-    search.tree = Tree(c.baseline, score=0.5)
-    best = search.tree.add(c.baseline.with_(lr=0.01), search.tree.root, "passed", 0.8, score=0.7, trial=3)
-    return p, job, search, best
+    tree = Tree(c.baseline, score=0.5)
+    best = tree.add(c.baseline.with_(lr=0.01), tree.root, "passed", 0.8, score=0.7, trial=3)
+    return p, job, Finished(tree, 1), best
 
 
 def test_decide_runs_the_test_split_for_the_best_node_and_the_baseline(tiny_ft, tmp_path, monkeypatch):
@@ -261,7 +262,7 @@ def test_bad_search_section_exits_2_and_writes_nothing(tiny_ft, search, field):
     assert res.exit_code == 2, res.output
     assert field in " ".join(res.output.split()) and not out.exists()
     with pytest.raises(ConfigError):
-        ft.plan(ft.load_finetune_campaign(campaign_file(tiny_ft, **search)), out)
+        ftp.plan(ftp.load_finetune_campaign(campaign_file(tiny_ft, **search)), out)
 
 
 # -- end to end --------------------------------------------------------------------------------------------
@@ -351,13 +352,13 @@ def test_llm_researcher_in_a_campaign_is_held_to_the_recipe(tiny_ft):
 
 
 def test_a_hanging_or_broken_experiment_is_recorded_not_fatal(tiny_ft, tmp_path):
-    c = ft.load_finetune_campaign(campaign_file(tiny_ft))
-    job = ft.QualityJob(ft.plan(c, tmp_path / "camp"))
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft))
+    job = ft.QualityJob(ftp.plan(c, tmp_path / "camp"))
     child = c.space.child_file(c.baseline)
-    hung = ft.run_child(None, str(c.path), [], child, str(tmp_path / "hung"), timeout_s=0.2)
+    hung = ft.run_child(str(c.path), [], child, str(tmp_path / "hung"), timeout_s=0.2)
     assert isinstance(hung, ft.Failed) and hung.status == "timeout"
     landing = job.land(hung, c.baseline, tmp_path / "hung")
     assert landing.status == "failed" and landing.reward == 0.0 and landing.cause.startswith("timeout")
-    broken = ft.run_child(None, str(c.path), ["recipe.lr=-1"], child | {"recipe": {"lr": -1}}, str(tmp_path / "bad"),
+    broken = ft.run_child(str(c.path), ["recipe.lr=-1"], child | {"recipe": {"lr": -1}}, str(tmp_path / "bad"),
                           timeout_s=120)
     assert isinstance(broken, ft.Failed) and broken.status == "invalid" and "recipe.lr" in broken.cause

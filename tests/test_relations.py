@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -14,11 +15,13 @@ from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import SearchSpace
 from recipetune.engine.researcher import AnalystProposer, RandomProposer, SearchContext, load_playbook, profile_facts
-from recipetune.engine.samplers import OptunaStrategy, make_sampler
-from recipetune.engine.store import CampaignStore
+from recipetune.engine.samplers import make_sampler
+from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.strategy import SamplerStrategy
 from recipetune.engine.tree import Tree
 from recipetune.guard.static import static_check
-from recipetune.speed.job import plan, run
+from recipetune.speed.job import run
+from recipetune.speed.plan import plan
 from recipetune.workloads.reference import ReferenceWorkload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -150,16 +153,17 @@ def test_optuna_strategies_sample_only_feasible_points(tmp_path, strategy):
     rel = camp.workload.relations()
     store = CampaignStore(tmp_path / "s", sampler=make_sampler(strategy, space, camp.baseline, 0, rel))
     store.create({})
-    strategy_ = OptunaStrategy(strategy, store, space, camp.baseline, rel)
+    view = SimpleNamespace(tree=Tree(camp.baseline), store=store, dists=distributions(space, camp.baseline))
+    strategy_ = SamplerStrategy(view, strategy, rel)
     assert strategy_.space_size() == 6  # of 36 points, the six splits of 32
     seen = set()
     for i in range(12 if strategy != "grid" else 6):
-        trial, recipe = strategy_.ask()
+        trial, recipe = strategy_.draw()
         assert recipe["batch_size"] * recipe["grad_accum"] == 32, trial.params
         seen.add(recipe.id)
         store.study.tell(trial, float(recipe["batch_size"]) + 0.01 * i)  # bigger micro-batches are faster
     if strategy == "grid":
-        assert len(seen) == 6 and strategy_.exhausted()
+        assert len(seen) == 6 and strategy_.grid_done()
 
 
 # -- meanings: the playbook on an outside trainer ------------------------------------------------

@@ -30,11 +30,13 @@ from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult
 from recipetune.core.process import kill_orphans, run_process
 from recipetune.core.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet, Recipe
+from recipetune.engine.job import Reporter, Row
 from recipetune.engine.store import CampaignStore
 from recipetune.execute.executor import LocalExecutor
 from recipetune.guard.baseline import GuardError
 from recipetune.speed import job as campaign_mod
-from recipetune.speed.job import Guard, Reporter, Row, plan, run
+from recipetune.speed.job import Guard, run
+from recipetune.speed.plan import plan
 from recipetune.workloads.base import Workload, build_result
 
 CHILD = r"""
@@ -160,9 +162,19 @@ def fake_final_verdict(workload, baseline, candidate, settings, out_dir, allow_s
                    baseline=dict(baseline), candidate=dict(candidate))
 
 
+class FakeGuard:
+    """The guard's boundary (speed/job.py: Guard) over the fakes above."""
+
+    static_check = staticmethod(fake_static_check)
+    profile_baseline = staticmethod(fake_profile_baseline)
+    screen = staticmethod(fake_screen)
+    final_verdict = staticmethod(fake_final_verdict)
+    load_profile = staticmethod(Profile.model_validate_json)
+    load_verdict = staticmethod(Verdict.model_validate)
+
+
 def fake_guard() -> Guard:
-    return Guard(fake_static_check, fake_profile_baseline, fake_screen, fake_final_verdict,
-                 Profile.model_validate_json)
+    return FakeGuard()
 
 
 # -- helpers ------------------------------------------------------------------------------------------

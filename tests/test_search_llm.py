@@ -13,7 +13,7 @@ from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
 from recipetune.engine.config import LLMSettings
 from recipetune.engine.llm import LLMProposer
-from recipetune.speed.job import plan
+from recipetune.speed.plan import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))

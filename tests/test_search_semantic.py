@@ -23,7 +23,9 @@ from recipetune.config import Campaign, CampaignConfig
 from recipetune.core.errors import ConfigError
 from recipetune.core.measure import EvalRecord, RunResult, StepRecord, default_warmup_steps
 from recipetune.core.recipe import Recipe
-from recipetune.speed.job import Reporter, plan, run
+from recipetune.engine.job import Reporter
+from recipetune.speed.job import run
+from recipetune.speed.plan import plan
 from recipetune.speed.semantic import RULE, BatchRule, batch_rule
 from recipetune.workloads.reference import ReferenceWorkload
 

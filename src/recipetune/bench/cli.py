@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from recipetune.config import load_campaign
+from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 
 bench_app = typer.Typer(
@@ -15,12 +16,6 @@ bench_app = typer.Typer(
     no_args_is_help=True,
 )
 console = Console()
-errors = Console(soft_wrap=True)  # soft wrap: a long path must not split the message
-
-
-def _fail(message: str) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False)
-    return typer.Exit(2)
 
 
 @bench_app.command("table")
@@ -38,17 +33,17 @@ def table_cmd(
 
     try:
         campaign = load_campaign(campaign_file, overrides or [])
-        from recipetune.speed.job import check_space
+        from recipetune.speed.plan import check_space
 
         check_space(campaign)
     except ConfigError as e:
-        raise _fail(str(e)) from None
+        raise fail(e) from None
     n_steps = steps or campaign.config.search.steps_per_trial
     try:
         table = build_table(campaign, out, name or campaign_file.stem, repeats, n_steps,
                             timeout_s or campaign.config.run.timeout_s, log=lambda s: console.print(s, markup=False))
     except ValueError as e:
-        raise _fail(str(e)) from None
+        raise fail(e) from None
     best, base = table.best(), table.baseline_entry()
     console.print(f"{out}: best {best.values} at {best.tokens_per_s():,.0f} tokens/s, "
                   f"{best.tokens_per_s() / base.tokens_per_s():.2f}x the baseline")  # type: ignore[operator]
@@ -76,13 +71,13 @@ def replay_cmd(
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown:
-        raise _fail(f"--strategies: unknown {', '.join(unknown)}; expected some of {', '.join(STRATEGIES)}")
+        raise fail(f"--strategies: unknown {', '.join(unknown)}; expected some of {', '.join(STRATEGIES)}")
     loaded = []
     for path in tables:
         try:
             loaded.append(Table.load(path))
         except (OSError, ValueError) as e:
-            raise _fail(f"{path}: not a bench table: {str(e).splitlines()[0]}") from None
+            raise fail(f"{path}: not a bench table: {str(e).splitlines()[0]}") from None
     report: dict = {"budget": budget, "seeds": seeds, "tables": {}}
     panels, texts = [], []
     for table in loaded:

@@ -134,7 +134,7 @@ class Table(BaseModel):
 
 def space_points(campaign: Campaign) -> list[dict[str, Scalar]]:
     """Every combination of the searched knobs' values (the baseline's value included, as Optuna sees it)."""
-    from recipetune.speed.job import check_space
+    from recipetune.speed.plan import check_space
 
     dists = distributions(check_space(campaign), campaign.baseline)
     names = list(dists)

@@ -27,6 +27,14 @@ class LLMSettings(BaseModel):
     temperature: float = Field(0.2, ge=0.0, le=2.0)
     retries: int = Field(2, ge=0, le=5, description="times to ask again, with the reason fed back, after an "
                                                     "answer with nothing usable (malformed, refused, endpoint error)")
+    fallback: Literal["analyst", "random", "none"] = Field(
+        "analyst", description="the Researcher that proposes from a node where the LLM has nothing: every answer "
+                               "unusable after the retries, or its own empty answer; none: such a node is exhausted")
+    transport_retries: int = Field(2, ge=0, le=10, description="the openai client's own retries, with "
+                                                              "exponential backoff, of a connection error, a "
+                                                              "timeout, an HTTP 408/409/429/5xx")
+    structured: bool = Field(True, description="ask for structured output (response_format: a JSON schema of the "
+                                               "proposals); a server that refuses it is asked without, from then on")
 
 
 class GlobalBatch(BaseModel):
@@ -53,7 +61,7 @@ class TreeSearchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     knobs: dict[str, list[bool | int | float | str]] = Field(default_factory=dict)
-    strategy: Literal["mcts", "tpe", "random", "grid"] = "mcts"
+    strategy: Literal["mcts", "tpe", "gp", "random", "grid"] = "mcts"
     proposer: Literal["analyst", "random", "llm"] = "analyst"
     budget: Budget = Budget()
     seed: int = 0

@@ -1,15 +1,13 @@
-"""The search engine every job shares: an MCTS tree (or an Optuna sampler) over recipes, a study that
-survives kill -9, and a live view.
+"""The search loop every job and every strategy runs through.
 
-    Search.start()  open or resume the study; the job measures its baseline (the tree's root)
-    Search.mcts()   loop { select, propose, job.refuse, job.submit, job.land, backpropagate, store }
-    Search.optuna() the same with an Optuna sampler proposing from the root
-    job.decide()    the job's control system turns the tree into APPROVED or KEEP BASELINE
+    Search.start()   open or resume the study; the job measures its baseline (the tree's root)
+    Search.run(s)    loop { s.ask -> job.check -> job.submit -> job.land -> tree.add (backpropagate)
+                            -> store.finish -> s.tell } until the budget is spent or s has nothing left
+    job.decide()     the job's control system turns the tree into APPROVED or KEEP BASELINE
 
-What differs between jobs is a ``Job`` (speed/job.py: speed, finetune/job.py: quality): how
-the baseline is measured, what is refused before running, how a run is started and judged, and the
-decision. The engine owns the rest: the tree, the budget, the study, resume, parallel trials (and
-engine/plan.py the checks before anything is written).
+The strategy (engine/strategy.py) chooses what to try next: the tree and its Researcher, or an
+Optuna sampler. The job (engine/job.py) measures and judges. The loop owns the rest: the tree, the
+budget, the study, resume, the trials in flight, other drivers on the same study.
 
 Every trial lands in the study before its run starts (RUNNING) and is closed when it ends, so a
 campaign killed at any moment resumes from the study: finished trials are kept and never run
@@ -20,124 +18,20 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from recipetune.core.process import kill_orphans as _kill_orphans
-from recipetune.core.recipe import Recipe, SearchSpace
-from recipetune.core.relations import Relations
+from recipetune.core.process import kill_orphans
+from recipetune.core.recipe import Recipe
 from recipetune.engine.config import TreeSearchConfig
-from recipetune.engine.researcher import Proposal, Proposer, SearchContext, Subject
-from recipetune.engine.samplers import OptunaStrategy
-from recipetune.engine.store import CampaignStore, TrialRecord, distributions
-from recipetune.engine.tree import Node, NodeStatus, Tree
-from recipetune.execute.executor import Executor, TrialLost
-
-# -- what the live view is told ----------------------------------------------------------------
-
-
-@dataclass
-class Row:
-    """One line of the trial table; ``key`` identifies it across updates. ``figure``, ``score`` and
-    ``check`` are the job's three columns (speed: tokens/s, speed-up, loss check)."""
-
-    key: str
-    number: int | None
-    change: str
-    status: str
-    figure: float | None = None
-    score: float | None = None
-    check: str = ""
-    rationale: str = ""
-    source: str = ""
-    cause: str = ""
-
-
-class Reporter:
-    """Receives the campaign's progress; the CLI draws it, tests may record it."""
-
-    def phase(self, text: str) -> None: ...
-
-    def row(self, row: Row) -> None: ...
-
-    def progress(self, key: str, done: int, total: int) -> None: ...
-
-    def best(self, node: Node | None, baseline: Recipe) -> None: ...
-
-
-@dataclass
-class Outcome:
-    decision: str  # APPROVED or KEEP BASELINE
-    reasons: list[str]
-    tree: Tree
-    winner: Node | None = None
-    verdict: Any = None
-    verdicts: list[tuple[Node, Any]] = field(default_factory=list)
-    approved_file: Path | None = None
-    launch: list[str] = field(default_factory=list)
-    runs: int = 0
-
-
-# -- a job: what one kind of campaign does with a recipe ----------------------------------------
-
-
-@dataclass
-class Landing:
-    """How the job judged one finished run."""
-
-    status: NodeStatus  # passed | rejected | failed
-    score: float | None  # the job's figure of merit (None unless it ran and was measured)
-    reward: float  # in [0, 1], backpropagated (engine/tree.py)
-    cause: str = ""
-    figures: dict[str, Any] = field(default_factory=dict)  # stored with the trial
-    result: Any = None  # what the proposer reads of this run
-
-
-class Job(Protocol):
-    name: str  # speed | quality
-    baseline: Recipe
-    space: SearchSpace
-    subject: Subject  # the knobs and their relations
-    cfg: TreeSearchConfig
-    heartbeat_s: int
-
-    def relations(self) -> Relations: ...
-
-    def context_options(self) -> dict[str, Any]:
-        """What proposers are told of this job (SearchContext's facts, goal, profile ...)."""
-
-    def snapshot(self) -> dict[str, Any]:
-        """The campaign's settings, saved as campaign.json when a study is created."""
-
-    def start(self, search: Search) -> tuple[Any, float | None]:
-        """Measure (or reload) the baseline: the root's result and score."""
-
-    def couple(self, recipe: Recipe) -> tuple[Recipe, str]:
-        """Knobs that follow another one's change, and a note saying what was set."""
-
-    def refuse(self, recipe: Recipe) -> tuple[str, list[Any]]:
-        """Why ``recipe`` may not run (the cause and its details), or ('', [])."""
-
-    def plan_run(self, recipe: Recipe) -> dict[str, Any]:
-        """What the trial records about its run before it starts (steps ...); passed to ``submit``."""
-
-    def submit(self, executor: Executor, recipe: Recipe, run_dir: Path, plan: dict[str, Any],
-               progress: Callable[[int, int], None]) -> Future: ...
-
-    def land(self, result: Any, recipe: Recipe, run_dir: Path) -> Landing: ...
-
-    def load_result(self, run_dir: Path) -> Any:
-        """A finished run's result read back from its folder (a resume), or None."""
-
-    def row(self, key: str, number: int | None, recipe: Recipe, attrs: dict[str, Any]) -> Row: ...
-
-    def decide(self, search: Search) -> Outcome: ...
-
-
-# -- the search ---------------------------------------------------------------------------------
+from recipetune.engine.job import Finished, Job, Landing, Outcome, Row, Services
+from recipetune.engine.researcher import Proposer, SearchContext
+from recipetune.engine.store import TrialRecord, distributions
+from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
+from recipetune.engine.tree import Node, Tree
+from recipetune.execute.executor import TrialLost
 
 
 @dataclass
@@ -145,27 +39,30 @@ class Pending:
     """A trial whose run was submitted and has not landed yet."""
 
     number: int
-    recipe: Recipe
-    parent: Node
-    proposal: Proposal
+    candidate: Candidate
     run_dir: Path
     future: Future
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.candidate.recipe
 
 
 class Search:
     """One session of a campaign (a fresh one or a resumed one)."""
 
-    def __init__(self, job: Job, store: CampaignStore, meta: dict[str, Any], resume: bool, executor: Executor,
-                 reporter: Reporter):
-        self.job, self.store, self.meta, self.resume = job, store, meta, resume
-        self.executor, self.reporter = executor, reporter
-        self.cfg = job.cfg
+    def __init__(self, job: Job, cfg: TreeSearchConfig, services: Services, meta: dict[str, Any],
+                 snapshot: dict[str, Any], resume: bool):
+        self.job, self.cfg, self.services = job, cfg, services
+        self.store, self.executor, self.reporter = services.store, services.executor, services.reporter
+        self.meta, self.snapshot, self.resume = meta, snapshot, resume
         self.baseline = job.baseline
         self.inflight: dict[Future, Pending] = {}
         self.elsewhere: set[str] = set()  # recipes other drivers on this study are running
         self.last_sync = 0.0
         self.dists = distributions(job.space, self.baseline)
-        self.tree: Tree | None = None
+        self.tree: Tree = Tree(self.baseline)  # replaced by start(), which has the baseline's result
+        self.strategy: Strategy | None = None
         self.runs = 0
         self.elapsed_before = 0.0
         self.started = time.monotonic()
@@ -186,12 +83,12 @@ class Search:
         if self.resume:
             for rec in store.fail_interrupted():
                 self.reporter.phase(f"trial {rec.number} was interrupted; its recipe may run again")
-                _kill_orphans(rec.attrs.get("run_dir"))  # on this machine; a Ray retry cleans its own node
+                kill_orphans(rec.attrs.get("run_dir"))  # on this machine; a Ray retry cleans its own node
             self.elapsed_before = float(store.study.user_attrs.get("search_elapsed_s", 0.0))
         else:
             store.create(self.meta)
-            store.write_json("campaign.json", self.job.snapshot())
-        root_result, root_score = self.job.start(self)
+            store.write_json("campaign.json", self.snapshot)
+        root_result, root_score = self.job.start(self.services)
         self.tree = Tree(self.baseline, root_result, self.cfg.exploration, score=root_score)
         self.rebuild(store.records())
         self.started = time.monotonic()  # the wall-time budget is search time: the baseline is apart
@@ -201,7 +98,6 @@ class Search:
     def rebuild(self, records: list[TrialRecord], quiet: bool = False) -> None:
         """The tree and the measured set from the study's finished trials, in trial order."""
         tree = self.tree
-        assert tree is not None
         for rec in sorted(records, key=lambda r: r.number):
             if rec.state not in ("COMPLETE", "FAIL") or rec.status not in ("passed", "rejected", "failed"):
                 self._report_record(rec)
@@ -211,7 +107,7 @@ class Search:
             a = rec.attrs
             self.runs += bool(a.get("ran"))
             parent = tree.nodes.get(a.get("parent", ""), tree.root)
-            result = self.job.load_result(Path(a["run_dir"])) if a.get("run_dir") else None
+            result = self.job.load(Path(a["run_dir"])) if a.get("run_dir") else None
             tree.add(rec.recipe, parent, a["status"], a.get("reward"), score=a.get("score", a.get("speedup")),
                      cause=a.get("cause", ""), rationale=a.get("rationale", ""), source=a.get("proposer", ""),
                      trial=rec.number, result=result)
@@ -226,55 +122,53 @@ class Search:
 
     # one trial -------------------------------------------------------------------------------
 
-    def launch(self, recipe: Recipe, parent: Node, proposal: Proposal, trial: Any = None,
-               coupled: str = "") -> Node | Pending | None:
-        """Claim, check, open the trial and submit its run. A refused proposal is a node at once; a
+    def launch(self, c: Candidate) -> Node | Pending | None:
+        """Claim, check, open the trial and submit its run. A refused candidate is a node at once; a
         submitted run is a ``Pending`` until ``land``; None: another driver has this recipe."""
         tree, store, job = self.tree, self.store, self.job
-        assert tree is not None
-        if not store.claim(recipe):
-            self.elsewhere.add(recipe.id)
-            if trial is not None:  # the sampler's trial must be told: it is not run here
-                number = store.begin(recipe, self.dists, {"parent": tree.root.id, "proposer": self.cfg.strategy}, trial)
+        if not store.claim(c.recipe):
+            self.elsewhere.add(c.recipe.id)
+            if c.trial is not None:  # the sampler's trial must be told: it is not run here
+                number = store.begin(c.recipe, self.dists, {"parent": tree.root.id, "proposer": self.cfg.strategy},
+                                     c.trial)
                 store.finish(number, None, {"status": "duplicate", "ran": False,
                                             "cause": "same recipe as another driver's trial"})
             return None
-        if coupled:
-            proposal = replace(proposal, rationale=f"{proposal.rationale} [{coupled}]")
-        attrs = {"parent": parent.id, "proposer": proposal.source, "rationale": proposal.rationale,
-                 "edits": proposal.edits, **({"coupled": coupled} if coupled else {})}
-        cause, details = job.refuse(recipe)
-        number = store.begin(recipe, self.dists, attrs, trial)
+        proposal = c.proposal
+        if c.note:
+            proposal = c.proposal = replace(proposal, rationale=f"{proposal.rationale} [{c.note}]")
+        attrs = {"parent": c.parent.id, "proposer": proposal.source, "rationale": proposal.rationale,
+                 "edits": proposal.edits, **({"coupled": c.note} if c.note else {})}
+        checked = job.check(c.recipe)
+        number = store.begin(c.recipe, self.dists, attrs, c.trial)
         key = str(number)
-        if cause:
-            figures = {"status": "rejected", "cause": cause, "ran": False, "violations": details}
+        if checked.refusal:
+            figures = {"status": "rejected", "cause": checked.refusal, "ran": False, "violations": checked.details}
             store.finish(number, None, figures)
-            self.reporter.row(job.row(key, number, recipe, {**attrs, **figures}))
-            return tree.add(recipe, parent, "rejected", None, cause=cause, rationale=proposal.rationale,
-                            source=proposal.source, trial=number)
-        run_dir = store.run_dir(number, recipe)
-        plan = job.plan_run(recipe)
-        store.set_running(number, {"run_dir": str(run_dir), "ran": True, **plan})
-        self.reporter.row(job.row(key, number, recipe, {**attrs, "status": "running"}))
+            self.reporter.row(job.row(key, number, c.recipe, {**attrs, **figures}))
+            return tree.add(c.recipe, c.parent, "rejected", None, cause=checked.refusal,
+                            rationale=proposal.rationale, source=proposal.source, trial=number)
+        run_dir = store.run_dir(number, c.recipe)
+        store.set_running(number, {"run_dir": str(run_dir), "ran": True, **checked.plan})
+        self.reporter.row(job.row(key, number, c.recipe, {**attrs, "status": "running"}))
         self.runs += 1
-        tree.reserve(parent)  # virtual loss while it runs: parallel selection looks elsewhere
+        tree.reserve(c.parent)  # virtual loss while it runs: parallel selection looks elsewhere
         # (the local executor runs the trial right here, before submit returns)
-        future = job.submit(self.executor, recipe, run_dir, plan,
+        future = job.submit(c.recipe, run_dir, checked.plan,
                             lambda done, total: self.reporter.progress(key, done, total))
-        return Pending(number, recipe, parent, proposal, run_dir, future)
+        return Pending(number, c, run_dir, future)
 
     def land(self, pending: Pending) -> Node:
         """A submitted run has ended: the job judges it; reward, store, and add its node."""
-        tree, store = self.tree, self.store
-        assert tree is not None
-        tree.release(pending.parent)
-        recipe, proposal, run_dir, number = pending.recipe, pending.proposal, pending.run_dir, pending.number
+        tree, store, c = self.tree, self.store, pending.candidate
+        tree.release(c.parent)
+        recipe, proposal, run_dir, number = c.recipe, c.proposal, pending.run_dir, pending.number
         penalty = self.cfg.failure_penalty
         try:
             landing = self.job.land(pending.future.result(), recipe, run_dir)
         except TrialLost as e:  # its worker or node died on every attempt: recorded, the campaign goes on
             landing = Landing("failed", None, penalty, f"lost: {e}", {"run_status": "lost"})
-            _kill_orphans(str(run_dir))  # its trainer's children, if the trial ran on this machine
+            kill_orphans(str(run_dir))  # its trainer's children, if the trial ran on this machine
         except Exception as e:  # a broken trial must not end the campaign; the record says what broke
             landing = Landing("failed", None, penalty, f"error: {type(e).__name__}: {e}", {"run_status": "error"})
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -287,39 +181,74 @@ class Search:
         store.finish(number, landing.score if passed else None, figures)
         self.reporter.row(self.job.row(str(number), number, recipe,
                                        {"rationale": proposal.rationale, "proposer": proposal.source, **figures}))
-        node = tree.add(recipe, parent=pending.parent, status=landing.status, value=landing.reward,
+        node = tree.add(recipe, parent=c.parent, status=landing.status, value=landing.reward,
                         score=landing.score if passed else None, cause=landing.cause, rationale=proposal.rationale,
                         source=proposal.source, trial=number, result=landing.result)
         store.set_meta("search_elapsed_s", self.elapsed())
         self.reporter.best(tree.best(), self.baseline)
         return node
 
-    # loops -----------------------------------------------------------------------------------
-    #
-    # Up to ``executor.parallel`` trials are in flight. The driver alone owns the tree and the
-    # study: it selects, proposes and submits from this thread, and a run that ends is landed here
-    # too; only the runs themselves happen elsewhere.
+    # what strategies see (engine/strategy.py: SearchView) ----------------------------------------
 
     def taken(self, recipe: Recipe) -> bool:
         """Tried, running here, or claimed by another driver on the same study."""
-        assert self.tree is not None
         return recipe in self.tree or recipe.id in self.inflight_ids() or recipe.id in self.elsewhere
 
     def inflight_ids(self) -> set[str]:
         return {p.recipe.id for p in self.inflight.values()}
 
+    def couple(self, recipe: Recipe) -> tuple[Recipe, str]:
+        checked = self.job.check(recipe)
+        return checked.recipe, checked.note
+
+    def phase(self, text: str) -> None:
+        self.reporter.phase(text)
+
+    def record_rejections(self, context: SearchContext) -> None:
+        for i, rej in enumerate(context.drain()):
+            self.store.append_jsonl("rejected_proposals.jsonl", {"time": time.time(), **vars(rej)})
+            self.reporter.row(Row(f"x{time.monotonic_ns()}-{i}", None, "(not a recipe)", "invalid",
+                                  rationale=rej.raw[:200], source=rej.source, cause=rej.reason))
+
+    def record_repeat(self, c: Candidate, prior: Node | None) -> None:
+        """A sampler asked for a recipe already tried: its trial is told that result, nothing runs."""
+        number = self.store.begin(c.recipe, self.dists, {
+            "parent": self.tree.root.id, "proposer": self.cfg.strategy,
+            "duplicate_of": prior.trial if prior is not None else None}, c.trial)
+        value = prior.score if prior is not None and prior.status in ("passed", "baseline") else None
+        same = "the baseline" if prior is self.tree.root else \
+            f"trial {prior.trial}" if prior is not None else "a running trial"
+        self.store.finish(number, value, {"status": "duplicate", "ran": False, "cause": f"same recipe as {same}"})
+
+    def context(self) -> SearchContext:
+        """What the Researcher reads: the job's knobs and briefing, the tree so far."""
+        return SearchContext(self.job.subject, self.baseline, self.job.space, self.tree, self.cfg.seed,
+                             **self.job.briefing)
+
+    def make_strategy(self, proposer: Proposer | None) -> Strategy:
+        if self.cfg.strategy == "mcts":
+            if proposer is None:
+                raise ValueError("strategy mcts needs a proposer (the Researcher)")
+            return TreeStrategy(self, proposer, self.context(), self.cfg.children, self.cfg.selection)
+        return SamplerStrategy(self, self.cfg.strategy, self.job.subject.relations() or None)
+
+    # the loop --------------------------------------------------------------------------------
+    #
+    # Up to ``executor.parallel`` trials are in flight. The driver alone owns the tree and the
+    # study: it asks, checks and submits from this thread, and a run that ends is landed here too;
+    # only the runs themselves happen elsewhere.
+
     def sync(self) -> None:
         """Trials other drivers finished on this study join the tree; stale ones are failed."""
-        if time.monotonic() - self.last_sync < min(5.0, self.job.heartbeat_s):
+        if time.monotonic() - self.last_sync < min(5.0, self.store.heartbeat_s):
             return
         self.last_sync = time.monotonic()
         for rec in self.store.fail_interrupted(mine=False):  # another driver died: its trials may run again
             self.reporter.phase(f"trial {rec.number} was interrupted ({rec.attrs.get('driver', '?')} is gone); "
                                 "its recipe may run again")
-            _kill_orphans(rec.attrs.get("run_dir"))
+            kill_orphans(rec.attrs.get("run_dir"))
         mine = {p.number for p in self.inflight.values()}
         others = [r for r in self.store.records() if r.number not in mine]
-        assert self.tree is not None
         fresh = [r for r in others if r.state in ("COMPLETE", "FAIL") and "recipe" in r.attrs
                  and r.recipe not in self.tree]
         if fresh:
@@ -332,121 +261,55 @@ class Search:
             return
         done, _ = wait(list(self.inflight), timeout=None if block else 0, return_when=FIRST_COMPLETED)
         for future in done:
-            self.land(self.inflight.pop(future))
+            pending = self.inflight.pop(future)
+            node = self.land(pending)
+            assert self.strategy is not None
+            self.strategy.tell(pending.candidate, node)
 
-    def context(self) -> SearchContext:
-        assert self.tree is not None
-        return SearchContext(self.job.subject, self.baseline, self.job.space, self.tree, self.cfg.seed,
-                             **self.job.context_options())
-
-    def mcts(self, proposer: Proposer) -> None:
-        tree = self.tree
-        assert tree is not None
-        context = self.context()
-        couple = self.job.couple
-        queue: list[tuple[Node, Proposal]] = []  # the current expansion's proposals not yet started
+    def run(self, strategy: Strategy) -> None:
+        self.strategy = strategy
         while True:
             self.sync()
             waiting = False  # everything new to try is running: wait for a run to land
             while len(self.inflight) < self.executor.parallel and self.budget_left():
-                if not queue:
-                    node = tree.select(self.cfg.selection)
-                    if node is None:
-                        break
-                    proposals = proposer.propose(node, context, self.cfg.children)
-                    self.record_rejections(context)
-                    # Proposers skip what was tried; this holds for any proposer, so a node can only
-                    # be selected again if it produced something new.
-                    fresh = [p for p in proposals if not self.taken(couple(node.recipe.with_(**p.edits))[0])]
-                    if not fresh:
-                        if any(couple(node.recipe.with_(**p.edits))[0] not in tree for p in proposals):
-                            waiting = True  # its ideas are running (here or elsewhere), not used up
-                            break
-                        node.exhausted = True
-                        if node.id in context.failed:  # a failed Researcher, not one with nothing new: say so
-                            where = node.recipe.describe_diff(self.baseline)
-                            why = context.failed[node.id]
-                            self.reporter.phase(f"{proposer.name} proposer failed at {where}: {why}")
-                        continue
-                    queue = [(node, p) for p in fresh]
-                node, proposal = queue.pop(0)
-                recipe, coupled = couple(node.recipe.with_(**proposal.edits))
-                if self.taken(recipe):  # two proposals of one round may coincide
-                    continue
-                started = self.launch(recipe, node, proposal, coupled=coupled)
+                c = strategy.ask()
+                if c is None:
+                    break
+                if isinstance(c, Wait):
+                    waiting = True
+                    break
+                started = self.launch(c)
                 if isinstance(started, Pending):
                     self.inflight[started.future] = started
+                else:
+                    strategy.tell(c, started)
             if self.inflight:
                 self.drain(block=True)
             elif waiting and self.elsewhere:
                 time.sleep(1.0)  # polls the study while another driver runs what is left to try
                 self.last_sync = 0.0
             else:
-                if self.budget_left() and tree.select(self.cfg.selection) is None:
-                    failed = f" ({len(context.failed)} of its nodes only because every answer failed)" \
-                        if context.failed else ""
-                    self.reporter.phase(f"the tree is exhausted: no proposer has anything new to try{failed}")
+                if self.budget_left() and not waiting:
+                    self.reporter.phase(strategy.exhausted())
                 return
 
-    def optuna(self) -> None:
-        tree = self.tree
-        assert tree is not None
-        strategy = OptunaStrategy(self.cfg.strategy, self.store, self.job.space, self.baseline, self.job.relations())
-        repeats = 0
-        while True:
-            self.sync()
-            while len(self.inflight) < self.executor.parallel and self.budget_left():
-                if strategy.exhausted() or len(tree) + len(self.inflight) >= strategy.space_size() or repeats > 100:
-                    break
-                trial, recipe = strategy.ask()
-                edits = {n: new for n, (_, new) in recipe.diff(self.baseline).items()}
-                proposal = Proposal(edits, f"{self.cfg.strategy} sampler", self.cfg.strategy)
-                recipe, coupled = self.job.couple(recipe)
-                if recipe in tree or recipe.id in self.inflight_ids():
-                    # The sampler must hear the outcome to move on; the recipe is not run again.
-                    repeats += 1
-                    prior = tree.nodes.get(recipe.id)
-                    number = self.store.begin(recipe, self.dists, {
-                        "parent": tree.root.id, "proposer": self.cfg.strategy,
-                        "duplicate_of": prior.trial if prior is not None else None}, trial)
-                    value = prior.score if prior is not None and prior.status in ("passed", "baseline") else None
-                    same = "the baseline" if prior is tree.root else \
-                        f"trial {prior.trial}" if prior is not None else "a running trial"
-                    self.store.finish(number, value,
-                                      {"status": "duplicate", "ran": False, "cause": f"same recipe as {same}"})
-                    continue
-                started = self.launch(recipe, tree.root, proposal, trial, coupled)
-                repeats = repeats + 1 if started is None else 0  # None: another driver's recipe, told as such
-                if isinstance(started, Pending):
-                    self.inflight[started.future] = started
-            if not self.inflight:
-                if self.budget_left():
-                    self.reporter.phase("the search space is exhausted")
-                return
-            self.drain(block=True)
-
-    def record_rejections(self, context: SearchContext) -> None:
-        for i, rej in enumerate(context.drain()):
-            self.store.append_jsonl("rejected_proposals.jsonl", {"time": time.time(), **vars(rej)})
-            self.reporter.row(Row(f"x{time.monotonic_ns()}-{i}", None, "(not a recipe)", "invalid",
-                                  rationale=rej.raw[:200], source=rej.source, cause=rej.reason))
+    def finished(self) -> Finished:
+        return Finished(self.tree, self.runs)
 
 
-def run_search(job: Job, store: CampaignStore, meta: dict[str, Any], resume: bool, proposer: Proposer | None,
-               executor: Executor, reporter: Reporter | None = None) -> Outcome:
-    """Run (or resume) a campaign to its decision. Ctrl-C leaves it resumable."""
-    search = Search(job, store, meta, resume, executor, reporter or Reporter())
+def run_search(job: Job, cfg: TreeSearchConfig, services: Services, *, meta: dict[str, Any],
+               snapshot: dict[str, Any], resume: bool, proposer: Proposer | None = None,
+               strategy: Strategy | None = None) -> Outcome:
+    """Run (or resume) a campaign to its decision. ``strategy``: one of the caller's own (bench/replay.py's
+    plain baselines); by default the campaign's (``cfg.strategy``). Ctrl-C leaves it resumable."""
+    search = Search(job, cfg, services, meta, snapshot, resume)
     try:
         search.start()
-        if job.cfg.strategy == "mcts":
-            assert proposer is not None
-            search.mcts(proposer)
-        else:
-            search.optuna()
+        search.run(strategy or search.make_strategy(proposer))
         search.last_sync = 0.0
         search.sync()  # other drivers' finished trials join the decision; a dead one's leave RUNNING
         search.store.set_meta("search_elapsed_s", search.elapsed())
-        return job.decide(search)
+        return job.decide(search.finished())
     except KeyboardInterrupt:
         search.executor.close()  # remote runs are cancelled; their trainers are killed where they run
         if search.store.opened:

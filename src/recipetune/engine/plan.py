@@ -1,6 +1,6 @@
 """Planning a campaign, for any job: every check before anything is written.
 
-A job's ``plan()`` (speed/job.py, finetune/job.py) checks its own file and space, then
+A job's ``plan()`` (speed/plan.py, finetune/job.py) checks its own file and space, then
 uses these for what all jobs share: the Researcher the search section names, and the campaign folder
 (a new campaign needs an empty one, a resumed one the same settings).
 """
@@ -23,13 +23,26 @@ from recipetune.engine.store import CampaignStore
 class Plan:
     """A checked campaign and its folder: everything needed to run it, nothing written yet."""
 
-    campaign: Any  # the job's checked campaign file (config.Campaign, finetune.search.FinetuneCampaign)
+    campaign: Any  # the job's checked campaign file (config.Campaign, finetune.job.FinetuneCampaign)
     folder: Path
     resume: bool
     space: SearchSpace
     proposer: Proposer | None
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # the study's settings, compared on --resume
     store: CampaignStore
+    snapshot: dict[str, Any]  # the campaign's settings, saved as campaign.json (secrets redacted)
+
+
+def default_folder(campaign_file: Path) -> Path:
+    """Where a campaign lives unless --out says: campaigns/<the file's name>."""
+    return Path("campaigns") / campaign_file.stem
+
+
+def redacted(settings: dict[str, Any]) -> dict[str, Any]:
+    """A campaign's settings as campaign.json keeps them: the folder is shared, an API key is not."""
+    if settings.get("search", {}).get("llm", {}).get("api_key"):
+        settings["search"]["llm"]["api_key"] = "(redacted)"
+    return settings
 
 
 def build_proposer(cfg: TreeSearchConfig, file: Path, builtin: str | None = None) -> Proposer | None:

@@ -1,6 +1,6 @@
-"""Optuna samplers as search strategies, for comparison with the tree search.
+"""Optuna samplers for the sampler strategy (engine/strategy.py), for comparison with the tree search.
 
-``tpe``, ``random`` and ``grid`` choose recipes through Optuna's ask-and-tell interface over the
+``tpe``, ``gp``, ``random`` and ``grid`` choose recipes through Optuna's ask-and-tell interface over the
 campaign's space (a categorical distribution per searched knob: its listed values and the
 baseline's). They are screened and rewarded exactly like the tree's candidates; ``mcts`` (the
 default) does not use a sampler to choose, only to satisfy the study.
@@ -13,18 +13,16 @@ feasible point. Derived knobs are never sampled: they are computed from the samp
 
 from __future__ import annotations
 
-import contextlib
-import math
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import BaseDistribution
 
-from recipetune.core.recipe import KnobError, Recipe, SearchSpace
+from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.core.relations import Relations
-from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.store import distributions
 
-STRATEGIES = ("mcts", "tpe", "random", "grid")
+STRATEGIES = ("mcts", "tpe", "gp", "random", "grid")
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):
@@ -85,6 +83,8 @@ def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
     if strategy == "tpe":
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)),
                                              constant_liar=parallel > 1)
+    elif strategy == "gp":  # a Gaussian process over the categorical knobs (Optuna's GPSampler, torch)
+        sampler = optuna.samplers.GPSampler(seed=seed)
     elif strategy == "grid":
         grid = AskTellGridSampler({n: list(d.choices) for n, d in dists.items()}, seed=seed)  # type: ignore[attr-defined]
         if relations:  # the grid ids index the feasible points only
@@ -100,33 +100,3 @@ def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
     if relations and strategy != "mcts":
         return FeasibleSampler(sampler, dists, relations, baseline)
     return sampler
-
-
-class OptunaStrategy:
-    """Asks the study's sampler for the next recipe."""
-
-    def __init__(self, name: str, store: CampaignStore, space: SearchSpace, baseline: Recipe,
-                 relations: Relations | None = None):
-        self.name, self.store, self.baseline = name, store, baseline
-        self.relations = relations
-        self.dists: dict[str, BaseDistribution] = distributions(space, baseline)
-        points = relations.feasible_points(baseline, {n: d.choices for n, d in self.dists.items()}) \
-            if relations else None  # type: ignore[attr-defined]
-        self.n_feasible = len(points) if points is not None else None
-
-    def space_size(self) -> int:
-        if self.n_feasible is not None:
-            return self.n_feasible
-        return math.prod(len(d.choices) for d in self.dists.values() if isinstance(d, CategoricalDistribution))
-
-    def exhausted(self) -> bool:
-        sampler = self.store.study.sampler
-        return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(self.store.study)
-
-    def ask(self) -> tuple[optuna.trial.Trial, Recipe]:
-        trial = self.store.ask(self.dists)
-        recipe = self.baseline.with_(**trial.params)
-        if self.relations:
-            with contextlib.suppress(KnobError):  # else the static check says why
-                recipe = self.relations.derive(recipe)
-        return trial, recipe

@@ -43,7 +43,9 @@ class Executor(Protocol):
         progress: ProgressFn | None = None,
     ) -> Future[RunResult]: ...
 
-    def call(self, fn: Callable[..., T], workload: Workload, *args: Any, **kwargs: Any) -> Future[T]: ...
+    def call(self, fn: Callable[..., T], workload: Workload | None, *args: Any, **kwargs: Any) -> Future[T]:
+        """``fn(workload, *args, **kwargs)`` on one placement (a guard measurement); with no workload,
+        ``fn(*args, **kwargs)`` (a fine-tuning child, a final evaluation)."""
 
     def close(self) -> None: ...
 
@@ -73,8 +75,8 @@ class LocalExecutor:
     ) -> Future[RunResult]:
         return _done(workload.run, recipe, steps, out_dir, timeout_s=timeout_s, progress=progress)
 
-    def call(self, fn: Callable[..., T], workload: Workload, *args: Any, **kwargs: Any) -> Future[T]:
-        return _done(fn, workload, *args, **kwargs)
+    def call(self, fn: Callable[..., T], workload: Workload | None, *args: Any, **kwargs: Any) -> Future[T]:
+        return _done(fn, *args, **kwargs) if workload is None else _done(fn, workload, *args, **kwargs)
 
     def close(self) -> None:
         pass

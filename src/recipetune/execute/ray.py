@@ -196,10 +196,11 @@ def _rank_task(workload: Workload, recipe: Recipe, steps: int, out_dir: str, tim
 
 
 @ray.remote
-def _unit_task(fn: Callable[..., Any], workload: Workload, note_dir: str | None, args: tuple, kwargs: dict) -> Any:
+def _unit_task(fn: Callable[..., Any], workload: Workload | None, note_dir: str | None, args: tuple,
+               kwargs: dict) -> Any:
     if note_dir is not None:
         _note_attempt(Path(note_dir))
-    return fn(workload, *args, **kwargs)
+    return fn(*args, **kwargs) if workload is None else fn(workload, *args, **kwargs)
 
 
 def _run(workload: Workload, recipe: Recipe, steps: int, out_dir: Path, timeout_s: float | None) -> RunResult:
@@ -231,15 +232,15 @@ class RayExecutor:
         # Progress callbacks stay in the driver: a remote run reports only its end.
         return self._start(_run, workload, (recipe, steps, out_dir, timeout_s), {}, note_dir=out_dir)
 
-    def call(self, fn: Callable[..., T], workload: Workload, *args: Any, **kwargs: Any) -> Future[T]:
+    def call(self, fn: Callable[..., T], workload: Workload | None, *args: Any, **kwargs: Any) -> Future[T]:
         kwargs.pop("progress", None)
         return self._start(fn, workload, args, kwargs, note_dir=None)
 
-    def _start(self, fn: Callable[..., Any], workload: Workload, args: tuple, kwargs: dict,
+    def _start(self, fn: Callable[..., Any], workload: Workload | None, args: tuple, kwargs: dict,
                note_dir: Path | None) -> Future:
         res = self.res
         pg = placement_group([res.bundle()] * res.nodes, strategy="STRICT_PACK" if res.nodes == 1 else "STRICT_SPREAD")
-        if res.nodes > 1:
+        if res.nodes > 1 and workload is not None:
             workload = Spread(workload, pg, res)
         ref = _unit_task.options(**_task_options(res, pg, 0, self.settings.retries)).remote(
             fn, workload, None if note_dir is None else str(note_dir), args, kwargs)

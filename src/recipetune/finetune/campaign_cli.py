@@ -1,4 +1,4 @@
-"""`recipetune finetune`: the quality search with the speed job's live table, then the test-split verdict."""
+"""`recipetune finetune`: the quality search under the engine's live table, then the test-split verdict."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from rich.text import Text
 
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
-from recipetune.engine.loop import Outcome
+from recipetune.engine.job import Outcome
+from recipetune.engine.live import Columns, LiveReporter, decision_panel, option_overrides, run_live
+from recipetune.engine.plan import default_folder
 from recipetune.engine.store import CampaignStore
-from recipetune.speed.cli import Columns, LiveReporter, decision_panel, option_overrides, run_live
 
 console = Console()
 
@@ -53,8 +54,10 @@ def finetune(
 ) -> None:
     """Search fine-tuning experiments (data chain + training recipe) from the file's baseline; approve
     one only on the test split, over seeds, with the gain's confidence interval above zero."""
-    from recipetune.finetune import job as ft_search
-    from recipetune.speed.job import default_folder
+    # Imported here: the data chain and the trainers load only for a command that needs them.
+    from recipetune.execute.executor import executor_for
+    from recipetune.finetune import job as ft_job
+    from recipetune.finetune.plan import load_finetune_campaign, plan
 
     extra = option_overrides(overrides, {
         "search.budget.trials": budget, "search.strategy": strategy, "search.proposer": proposer,
@@ -62,10 +65,8 @@ def finetune(
         "execute.parallel": parallel})
     folder = out or default_folder(experiment_file)
     try:
-        campaign = ft_search.load_finetune_campaign(experiment_file, extra)
-        checked = ft_search.plan(campaign, folder, resume)
-        from recipetune.execute.executor import executor_for
-
+        campaign = load_finetune_campaign(experiment_file, extra)
+        checked = plan(campaign, folder, resume)
         runner = executor_for(campaign.settings.execute, 1, campaign.path)
     except ConfigError as e:
         console.print(Text.assemble(("error: ", "bold red"), str(e)))
@@ -80,7 +81,7 @@ def finetune(
 
     reporter = LiveReporter(columns, describe=describe)
     # Every error is shown as a message (a failed baseline experiment is one): no traceback.
-    outcome = run_live(reporter, lambda: ft_search.run(checked, executor=runner, reporter=reporter), again,
+    outcome = run_live(reporter, lambda: ft_job.run(checked, executor=runner, reporter=reporter), again,
                        messages=(Exception,))
     console.line()
     console.print(verdict_panel(outcome, folder, describe, checked.store))

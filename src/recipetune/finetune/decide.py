@@ -14,25 +14,20 @@ file to run it (``recipetune ft run approved.yaml``).
 
 from __future__ import annotations
 
-import shlex
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel
 
 from recipetune.core.recipe import Recipe
-from recipetune.engine.loop import Outcome, Search
-from recipetune.engine.store import write_atomic
+from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.engine.tree import normalised_gain
 from recipetune.finetune.final import final_evaluation
+from recipetune.finetune.plan import FinetuneCampaign
 from recipetune.finetune.report import FinalResult
 from recipetune.guard.stats import t_interval
-
-if TYPE_CHECKING:
-    from recipetune.finetune.job import QualityJob
 
 
 class QualityVerdict(BaseModel):
@@ -72,66 +67,51 @@ def judge(metric: str, seeds: list[int], base: FinalResult, cand: FinalResult, c
         validation_baseline=val_base, validation_candidate=val_cand)
 
 
-def final_for(job: QualityJob, search: Search, recipe: Recipe, label: str) -> FinalResult:
+def final_for(c: FinetuneCampaign, services: Services, recipe: Recipe, label: str) -> FinalResult:
     """The test split over the campaign's seeds for one recipe (kept, so a resume does not redo it)."""
-    out = search.store.folder / "final" / recipe.id
+    out = services.store.folder / "final" / recipe.id
     saved = out / "final.json"
-    exp = job.subject.experiment_of(recipe)
+    exp = c.space.experiment_of(recipe)
     if saved.exists():
         result = FinalResult.model_validate_json(saved.read_text())
-        if result.experiment_id == exp.id and result.seeds == job.cfg.seeds:
+        if result.experiment_id == exp.id and result.seeds == c.cfg.seeds:
             return result
-    search.reporter.phase(f"final evaluation of the {label} on the test split, seeds {job.cfg.seeds}")
-    return search.executor.call(final_evaluation, exp, job.cfg.seeds, out,
-                                log=search.reporter.phase).result()
+    services.reporter.phase(f"final evaluation of the {label} on the test split, seeds {c.cfg.seeds}")
+    return services.executor.call(final_evaluation, None, exp, c.cfg.seeds, out,
+                                  log=services.reporter.phase).result()
 
 
-def decide(job: QualityJob, search: Search) -> Outcome:
-    tree, metric = search.tree, job.metric
-    assert tree is not None
+def decide(c: FinetuneCampaign, services: Services, finished: Finished) -> Outcome:
+    tree, runs, metric, baseline = finished.tree, finished.runs, c.experiment.spec.task.metric, c.baseline
     best = tree.best()
     root = tree.root.score or 0.0
+
+    def describe(recipe: Recipe) -> str:
+        return c.space.describe(recipe, baseline)
+
+    def conclude_(outcome: Outcome) -> Outcome:
+        shown = outcome.verdicts[0][0] if outcome.verdicts else best
+        outcome.record = {"metric": metric, "best": {
+            "recipe_id": shown.id, "trial": shown.trial, "change": describe(shown.recipe),
+            "validation": shown.score} if shown is not None else None}
+        return conclude(services.store, "quality", baseline, outcome, describe)
+
     if best is None or (best.score or 0.0) <= root:
-        found = f"; the best was {best.score:.4f} ({job.subject.describe(best.recipe, job.baseline)})" if best else ""
-        outcome = Outcome("KEEP BASELINE", [f"no experiment beat the baseline's validation {metric} "
-                                            f"({root:.4f}){found}"], tree, runs=search.runs)
-        return conclude(job, search, outcome)
+        found = f"; the best was {best.score:.4f} ({describe(best.recipe)})" if best else ""
+        return conclude_(Outcome("KEEP BASELINE", [f"no experiment beat the baseline's validation {metric} "
+                                                   f"({root:.4f}){found}"], tree, runs=runs))
     try:
-        base = final_for(job, search, job.baseline, "baseline")
-        cand = final_for(job, search, best.recipe, f"best node ({job.subject.describe(best.recipe, job.baseline)})")
+        base = final_for(c, services, baseline, "baseline")
+        cand = final_for(c, services, best.recipe, f"best node ({describe(best.recipe)})")
     except RuntimeError as e:  # a seed failed to train: no claim can be made
-        outcome = Outcome("KEEP BASELINE", [f"final evaluation failed: {e}"], tree, verdicts=[(best, None)],
-                          runs=search.runs)
-        return conclude(job, search, outcome)
-    verdict = judge(metric, job.cfg.seeds, base, cand, job.cfg.confidence, root, best.score or 0.0)
-    winner = best if verdict.decision == "APPROVED" else None
-    outcome = Outcome(verdict.decision, verdict.reasons, tree, winner, verdict, [(best, verdict)], runs=search.runs)
-    return conclude(job, search, outcome)
-
-
-def conclude(job: QualityJob, search: Search, outcome: Outcome) -> Outcome:
-    store, baseline = search.store, job.baseline
-    best = outcome.verdicts[0][0] if outcome.verdicts else search.tree.best()  # type: ignore[union-attr]
-    if outcome.winner is not None:
-        outcome.approved_file = write_approved(job, store.folder, outcome.winner.recipe, outcome.verdict)
-        file = shlex.quote(str(outcome.approved_file))
-        outcome.launch = [f"recipetune ft run {file}", f"recipetune ft run {file} --final"]
-    verdict = outcome.verdict
-    store.write_json("verdict.json", {
-        "job": "quality", "decision": outcome.decision, "reasons": outcome.reasons, "metric": job.metric,
-        "baseline": dict(baseline), "baseline_id": baseline.id,
-        "recipe": dict(outcome.winner.recipe) if outcome.winner else dict(baseline),
-        "recipe_id": outcome.winner.id if outcome.winner else baseline.id,
-        "change": job.subject.describe(outcome.winner.recipe, baseline) if outcome.winner else "(baseline)",
-        "trial": outcome.winner.trial if outcome.winner else None,
-        "best": {"recipe_id": best.id, "trial": best.trial, "change": job.subject.describe(best.recipe, baseline),
-                 "validation": best.score} if best is not None else None,
-        "verdict": verdict.model_dump(mode="json") if verdict is not None else None,
-        "runs": outcome.runs, "trials": len(store.records()),
-        "approved_file": str(outcome.approved_file) if outcome.approved_file else None, "launch": outcome.launch,
-    })
-    store.set_meta("decision", outcome.decision)
-    return outcome
+        return conclude_(Outcome("KEEP BASELINE", [f"final evaluation failed: {e}"], tree, verdicts=[(best, None)],
+                                 runs=runs))
+    verdict = judge(metric, c.cfg.seeds, base, cand, c.cfg.confidence, root, best.score or 0.0)
+    if verdict.decision != "APPROVED":
+        return conclude_(Outcome(verdict.decision, verdict.reasons, tree, None, verdict, [(best, verdict)], runs=runs))
+    launch = [f"recipetune ft run {APPROVED_FILE}", f"recipetune ft run {APPROVED_FILE} --final"]
+    return conclude_(Outcome(verdict.decision, verdict.reasons, tree, best, verdict, [(best, verdict)], runs=runs,
+                             approved=approved_text(c, best.recipe, verdict), launch=launch))
 
 
 def _absolute(raw: str, base_dir: Path) -> str:
@@ -139,9 +119,9 @@ def _absolute(raw: str, base_dir: Path) -> str:
     return raw if path.is_absolute() or not (base_dir / path).exists() else str((base_dir / path).resolve())
 
 
-def write_approved(job: QualityJob, folder: Path, recipe: Recipe, verdict: Any) -> Path:
+def approved_text(c: FinetuneCampaign, recipe: Recipe, verdict: QualityVerdict) -> str:
     """The approved experiment as a file of its own; paths made absolute, as it lives elsewhere."""
-    exp = job.subject.experiment_of(recipe)
+    exp = c.space.experiment_of(recipe)
     base_dir = exp.base_dir
     doc = exp.spec.model_dump(mode="json", exclude_none=True)
     doc["task"]["files"] = {k: _absolute(v, base_dir) for k, v in doc["task"].get("files", {}).items()}
@@ -151,9 +131,9 @@ def write_approved(job: QualityJob, folder: Path, recipe: Recipe, verdict: Any) 
             step["path"] = _absolute(step["path"], base_dir)
         for source in step.get("sources", []):
             source["path"] = _absolute(source["path"], base_dir)
-    header = (f"# Approved by `recipetune finetune {job.c.path}` on {time.strftime('%Y-%m-%d %H:%M')}.\n"
-              f"# Change from the baseline: {job.subject.describe(recipe, job.baseline)}\n"
+    header = (f"# Approved by `recipetune finetune {c.path}` on {time.strftime('%Y-%m-%d %H:%M')}.\n"
+              f"# Change from the baseline: {c.space.describe(recipe, c.baseline)}\n"
               f"# Test {verdict.metric}: {verdict.candidate_mean:.4f} vs {verdict.baseline_mean:.4f} over seeds "
               f"{verdict.seeds}; gain {verdict.gain:+.4f} ({verdict.confidence:.0%} CI {verdict.ci_low:+.4f} to "
               f"{verdict.ci_high:+.4f}). Evidence in verdict.json.\n")
-    return write_atomic(folder / "approved.yaml", header + yaml.safe_dump(doc, sort_keys=False))
+    return header + yaml.safe_dump(doc, sort_keys=False)

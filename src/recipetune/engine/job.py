@@ -1,0 +1,173 @@
+"""What a job is to the engine, and what the engine gives it.
+
+A job (speed: speed/job.py, quality: finetune/job.py, a measured table: bench/replay.py) says how
+its baseline is measured, what may not run, how a run is started and judged, and how the campaign
+ends. The engine owns the rest (engine/loop.py): the tree, the budget, the study, resume, trials in
+flight. The engine hands the job its ``Services`` (the study, the executor, the live view), never
+itself; every job decides through ``decide(Finished) -> Outcome`` and its result is written by one
+function, ``conclude``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.engine.researcher import Subject
+from recipetune.engine.store import CampaignStore, write_atomic
+from recipetune.engine.tree import Node, NodeStatus, Tree
+from recipetune.execute.executor import Executor
+
+# -- what the live view is told ----------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the trial table; ``key`` identifies it across updates. ``figure``, ``score`` and
+    ``check`` are the job's three columns (speed: tokens/s, speed-up, loss check)."""
+
+    key: str
+    number: int | None
+    change: str
+    status: str
+    figure: float | None = None
+    score: float | None = None
+    check: str = ""
+    rationale: str = ""
+    source: str = ""
+    cause: str = ""
+
+
+class Reporter:
+    """Receives the campaign's progress; the CLI draws it (engine/live.py), tests may record it."""
+
+    def phase(self, text: str) -> None: ...
+
+    def row(self, row: Row) -> None: ...
+
+    def progress(self, key: str, done: int, total: int) -> None: ...
+
+    def best(self, node: Node | None, baseline: Recipe) -> None: ...
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the engine gives a job: the campaign's study and folder, where runs run, the live view."""
+
+    store: CampaignStore
+    executor: Executor
+    reporter: Reporter
+
+
+# -- what a job answers --------------------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    """A recipe as the job would run it: ``recipe`` after the knobs that follow another one's change
+    (``note`` says what was set), and either why it may not run (``refusal`` and its ``details``) or
+    what its trial records before it starts (``plan``: steps ...)."""
+
+    recipe: Recipe
+    note: str = ""
+    refusal: str = ""
+    details: list[Any] = field(default_factory=list)
+    plan: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Landing:
+    """How the job judged one finished run."""
+
+    status: NodeStatus  # passed | rejected | failed
+    score: float | None  # the job's figure of merit (None unless it ran and was measured)
+    reward: float  # in [0, 1], backpropagated (engine/tree.py)
+    cause: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)  # stored with the trial
+    result: Any = None  # what the proposer reads of this run
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The search's end, as a job's decision reads it."""
+
+    tree: Tree
+    runs: int  # runs of the budget spent, this session and before
+
+
+@dataclass
+class Outcome:
+    """A job's decision. ``approved``: the text of approved.yaml for a winner; ``record``: the job's
+    own fields of verdict.json."""
+
+    decision: str  # APPROVED or KEEP BASELINE
+    reasons: list[str]
+    tree: Tree
+    winner: Node | None = None
+    verdict: Any = None  # the job's verdict model (guard.verdict.Verdict, finetune.decide.QualityVerdict)
+    verdicts: list[tuple[Node, Any]] = field(default_factory=list)
+    runs: int = 0
+    approved: str | None = None
+    launch: list[str] = field(default_factory=list)  # commands to run the winner; APPROVED_FILE: its file
+    record: dict[str, Any] = field(default_factory=dict)
+    approved_file: Path | None = None  # set by ``conclude``
+
+
+class Job(Protocol):
+    name: str  # speed | quality | table
+    baseline: Recipe
+    space: SearchSpace
+    subject: Subject  # the knobs and their relations, as proposers see them
+
+    def start(self, services: Services) -> tuple[Any, float | None]:
+        """Measure (or reload) the baseline: the root's result and score. The job keeps ``services``."""
+
+    def check(self, recipe: Recipe) -> Checked:
+        """The recipe as it would run, and why it may not (or what its trial records)."""
+
+    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any],
+               progress: Callable[[int, int], None]) -> Future: ...
+
+    def land(self, result: Any, recipe: Recipe, run_dir: Path) -> Landing: ...
+
+    def load(self, run_dir: Path) -> Any:
+        """A finished run's result read back from its folder (a resume), or None."""
+
+    def row(self, key: str, number: int | None, recipe: Recipe, attrs: dict[str, Any]) -> Row: ...
+
+    def decide(self, finished: Finished) -> Outcome: ...
+
+
+APPROVED_FILE = "<approved.yaml>"  # in a launch command: the approved file's path, once written
+
+
+def conclude(store: CampaignStore, job: str, baseline: Recipe, outcome: Outcome,
+             describe: Callable[[Recipe], str]) -> Outcome:
+    """Write a decision, for every job: approved.yaml for a winner, verdict.json (the decision, the
+    recipe, the verdict and the job's ``record``), and the study's ``decision``. ``describe``: a
+    recipe's change from the baseline, as the job words it."""
+    winner = outcome.winner
+    if winner is not None and outcome.approved is not None:
+        outcome.approved_file = write_atomic(store.folder / "approved.yaml", outcome.approved)
+        path = shlex.quote(str(outcome.approved_file))
+        outcome.launch = [cmd.replace(APPROVED_FILE, path) for cmd in outcome.launch]
+    verdict = outcome.verdict
+    store.write_json("verdict.json", {
+        "job": job, "decision": outcome.decision, "reasons": outcome.reasons,
+        "baseline": dict(baseline), "baseline_id": baseline.id,
+        "recipe": dict(winner.recipe) if winner else dict(baseline),
+        "recipe_id": winner.id if winner else baseline.id,
+        "change": describe(winner.recipe) if winner else "(baseline)",
+        "trial": winner.trial if winner else None,
+        "verdict": verdict.model_dump(mode="json") if verdict is not None else None,
+        "runs": outcome.runs, "trials": len(store.records()),
+        "approved_file": str(outcome.approved_file) if outcome.approved_file else None,
+        "launch": outcome.launch, **outcome.record,
+    })
+    store.set_meta("decision", outcome.decision)
+    return outcome

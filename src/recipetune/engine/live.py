@@ -1,0 +1,152 @@
+"""The live view of any campaign: the trial table redrawn as trials start, progress and end, the
+verdict panel, and the run under it (Ctrl-C and errors say how to resume)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy.engine import make_url
+
+from recipetune.core.recipe import Recipe
+from recipetune.engine.job import Outcome, Reporter, Row
+from recipetune.engine.store import STUDY_NAME, CampaignStore
+from recipetune.engine.tree import Node
+
+console = Console()
+STATUS_STYLE = {"passed": "green", "rejected": "yellow", "failed": "red", "invalid": "magenta",
+                "running": "cyan", "interrupted": "dim", "duplicate": "dim"}
+MAX_ROWS = 40  # the table keeps the latest trials; the study keeps them all
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "" if value is None else format(value, fmt)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A job's three columns of the trial table (Row.figure, Row.score, Row.check) and their formats."""
+
+    figure: str = "tok/s/dev"
+    score: str = "speed-up"
+    check: str = "loss check"
+    figure_fmt: str = ",.0f"
+    score_fmt: str = ".2f"
+    unit: str = "x"
+    none_better: str = "nothing faster has passed screening"
+
+
+class LiveReporter(Reporter):
+    """Keeps the rows of the trial table and redraws it as trials start, progress and end."""
+
+    def __init__(self, columns: Columns = Columns(), describe: Callable[[Recipe], str] | None = None) -> None:
+        self.columns = columns
+        self.describe = describe  # a node's change from the baseline, as the job words it
+        self.rows: dict[str, Row] = {}
+        self.steps: dict[str, str] = {}
+        self.best_text = Text("best so far: the baseline", style="bold")
+        self.live: Live | None = None
+
+    def render(self) -> Group:
+        table = Table(title="trials", title_justify="left", expand=False)
+        c = self.columns
+        for col, just in (("#", "right"), ("change", "left"), ("status", "left"), (c.figure, "right"),
+                          (c.score, "right"), (c.check, "left"), ("proposer: rationale", "left")):
+            table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+        for row in list(self.rows.values())[-MAX_ROWS:]:
+            status = row.status
+            if row.status == "running" and row.key in self.steps:
+                status += f" {self.steps[row.key]}"
+            detail = row.check or row.cause
+            table.add_row(
+                "" if row.number is None else str(row.number),
+                Text(row.change),
+                Text(status, style=STATUS_STYLE.get(row.status, "red")),
+                _num(row.figure, c.figure_fmt),
+                _num(row.score, c.score_fmt) + (c.unit if row.score is not None else ""),
+                Text(detail[:80]),
+                Text(f"{row.source}: {row.rationale}"[:120] if row.source else row.rationale[:120], style="dim"),
+            )
+        return Group(table, self.best_text)
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self.render())
+
+    def phase(self, text: str) -> None:
+        (self.live.console if self.live else console).print(Text(text, style="bold blue"))
+
+    def row(self, row: Row) -> None:
+        self.rows[row.key] = row
+        self.steps.pop(row.key, None)
+        self._refresh()
+
+    def progress(self, key: str, done: int, total: int) -> None:
+        text = f"{done}/{total}"
+        if self.steps.get(key) != text:
+            self.steps[key] = text
+            self._refresh()
+
+    def best(self, node: Node | None, baseline: Recipe) -> None:
+        if node is None:
+            self.best_text = Text(f"best so far: the baseline ({self.columns.none_better})", style="bold")
+        else:
+            c = self.columns
+            change = self.describe(node.recipe) if self.describe else node.recipe.describe_diff(baseline)
+            self.best_text = Text(f"best so far: {change}  "
+                                  f"{format(node.score, c.score_fmt)}{c.unit} (trial {node.trial})", style="bold green")
+        self._refresh()
+
+
+def decision_panel(outcome: Outcome, lines: list[Text], folder: Path, store: CampaignStore | None = None,
+                   approved: str = "approved recipe", launch: str = "launch") -> Panel:
+    """The verdict panel of any job: its evidence ``lines``, the reasons, the study, what to launch."""
+    for reason in outcome.reasons:
+        lines.append(Text(f"- {reason}"))
+    if store is not None and store.name != STUDY_NAME:  # a shared database: the URL without its password
+        url = make_url(store.url).render_as_string(hide_password=True)
+        lines.append(Text(f"{outcome.runs} runs; study '{store.name}' in {url}  (optuna-dashboard {url})", style="dim"))
+    else:
+        lines.append(Text(f"{outcome.runs} runs; study: {folder / 'study.db'}  (optuna-dashboard sqlite:///"
+                          f"{(folder / 'study.db').resolve()}); report: recipetune report {folder}", style="dim"))
+    if outcome.approved_file:
+        lines.append(Text(f"{approved}: {outcome.approved_file}"))
+        for cmd in outcome.launch:
+            lines.append(Text(f"{launch}: {cmd}", style="bold"))
+    style = "green" if outcome.decision == "APPROVED" else "yellow"
+    return Panel(Group(*lines), title=f"[bold {style}]{outcome.decision}", border_style=style, expand=False)
+
+
+def option_overrides(overrides: list[str] | None, options: dict[str, object]) -> list[str]:
+    """The command line's ``key=value`` overrides, then a ``field=value`` for each option given."""
+    return [*(overrides or []), *(f"{key}={value}" for key, value in options.items() if value is not None)]
+
+
+def run_live(reporter: LiveReporter, run: Callable[[], Outcome], again: str,
+             messages: tuple[type[Exception], ...] = ()) -> Outcome:
+    """Run a campaign under the live table. Ctrl-C (exit 130) and an error (exit 1) say how to resume:
+    the study holds every finished trial. ``messages``: errors shown without a traceback."""
+    try:
+        with Live(reporter.render(), console=console, refresh_per_second=4) as live:
+            reporter.live = live
+            outcome = run()
+            reporter.live = None
+    except KeyboardInterrupt:
+        console.print(Text.assemble(("stopped. ", "bold yellow"), f"Resume with: {again}"))
+        raise typer.Exit(130) from None
+    except Exception as e:
+        if not isinstance(e, messages):
+            console.print_exception(max_frames=8)
+        console.print(Text.assemble(("error: ", "bold red"), f"{type(e).__name__}: {e}\n"
+                                    f"After fixing it, resume with: {again}"))
+        raise typer.Exit(1) from None
+    return outcome
+
+

@@ -1,0 +1,150 @@
+"""Planning a ``finetune`` campaign: the experiment file with its ``search:`` section, the space of
+child experiments, the folder; every check before anything is written (a ConfigError names the file
+and field, exit 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from recipetune.core.errors import ConfigError, validation_error
+from recipetune.core.recipe import INVARIANT, KnobError, Recipe, SearchSpace
+from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.plan import Plan, build_proposer, check_folder, redacted
+from recipetune.engine.samplers import make_sampler
+from recipetune.engine.store import CampaignStore
+from recipetune.execute.config import ExecuteConfig
+from recipetune.finetune.experiment import Experiment, ExperimentSpec, _validate, read_experiment_file
+from recipetune.finetune.routes import ModelError, check_model
+from recipetune.finetune.space import DATA_PREFIX, ExperimentSpace, check_data_steps
+from recipetune.finetune.task import TaskError, load_splits
+
+PLAYBOOK = "recipetune.finetune:playbook.yaml"
+
+
+class FinetuneSearchConfig(TreeSearchConfig):
+    """The ``search:`` section of a fine-tuning campaign (an experiment file)."""
+
+    data: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="optional data steps, by name: each one becomes a knob data_<name> (on/off)")
+    seeds: list[int] = Field([1, 2, 3], min_length=2, description="seeds of the final evaluation on the test split; "
+                             "by default not the search's own (recipe.seed 0), whose luck the selection used")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="of the gain's interval over the seeds")
+    timeout_s: float = Field(1800.0, gt=0, description="an experiment still running after this is killed")
+    context_chars: int = Field(6000, ge=500, description="the llm Researcher's context, at most this much JSON")
+
+
+class FinetuneSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    search: FinetuneSearchConfig = FinetuneSearchConfig()
+    execute: ExecuteConfig = ExecuteConfig()
+
+
+@dataclass
+class FinetuneCampaign:
+    path: Path
+    overrides: list[str]
+    experiment: Experiment
+    settings: FinetuneSettings
+    space: ExperimentSpace
+    baseline: Recipe
+
+    @property
+    def cfg(self) -> FinetuneSearchConfig:
+        return self.settings.search
+
+
+def default_knobs(exp: Experiment) -> dict[str, list[Any]]:
+    """A search space when the file lists none: the learning rate and the epochs around the
+    baseline's, and full vs LoRA fine-tuning."""
+    r = exp.spec.recipe
+    other = "lora" if r.method == "full" else "full"
+    return {"lr": [round(r.lr / 3, 8), r.lr, round(min(1.0, r.lr * 3), 8)],
+            "epochs": [max(0.5, r.epochs / 2), r.epochs, r.epochs * 2], "method": [r.method, other]}
+
+
+def load_finetune_campaign(path: str | Path, overrides: list[str] | None = None) -> FinetuneCampaign:
+    """Read and check a fine-tuning campaign (experiment file + ``search:``); ConfigError on bad input."""
+    path = Path(path)
+    overrides = list(overrides or [])
+    raw, sections = read_experiment_file(path, overrides)
+    spec: ExperimentSpec = _validate(path, raw)
+    try:
+        settings = FinetuneSettings.model_validate(sections)
+    except ValidationError as e:
+        raise validation_error(e, path) from None
+    try:
+        splits = load_splits(spec.task, path.resolve().parent)
+        check_model(spec.model, path.resolve().parent)
+    except (TaskError, ModelError) as e:
+        raise ConfigError(path, e.field, str(e)) from None
+    exp = Experiment(path, spec, splits)
+    steps = check_data_steps(settings.search.data, str(path))
+    space = ExperimentSpace(exp, steps)
+    return FinetuneCampaign(path, overrides, exp, settings, space, space.baseline())
+
+
+def check_space(c: FinetuneCampaign) -> SearchSpace:
+    cfg, knobs = c.cfg, c.space.knobs()
+    lists = dict(cfg.knobs or default_knobs(c.experiment))
+    for name in c.space.data_steps:
+        lists.setdefault(DATA_PREFIX + name, [False, True])
+    for name in lists:
+        if name not in knobs:
+            fields = ", ".join(n for n in knobs if not n.startswith(DATA_PREFIX))
+            raise ConfigError(c.path, f"search.knobs.{name}",
+                              f"not a knob of a fine-tuning experiment: the training recipe's fields are {fields}, "
+                              f"and a data step of search.data is the knob {DATA_PREFIX}<name>; the task, the model "
+                              "and the evaluation data are never searched")
+        if knobs[name].role == INVARIANT:
+            raise ConfigError(c.path, f"search.knobs.{name}", f"'{name}' is not searched: the final evaluation "
+                                                              "varies it (search.seeds)")
+    try:
+        space = SearchSpace.from_lists(knobs, lists)
+    except KnobError as e:
+        raise ConfigError(c.path, f"search.knobs.{e.knob}", str(e)) from None
+    for name, values in space.values.items():  # every value must make a valid experiment
+        for value in values:
+            try:
+                c.space.experiment_of(c.baseline.with_(**{name: value}))
+            except ConfigError as e:
+                raise ConfigError(c.path, f"search.knobs.{name}", f"{value!r}: {e.message}") from None
+    return space
+
+
+@dataclass
+class FinetunePlan(Plan):
+    campaign: FinetuneCampaign
+
+
+# What a resumed campaign must keep. Not the final seeds: a close call can be settled by resuming with
+# more (search.seeds), and the seeds already evaluated are reused (finetune/final.py).
+RESUME_KEYS = ("baseline_id", "space", "strategy", "selection", "experiment", "data_steps")
+
+
+def plan(c: FinetuneCampaign, folder: Path, resume: bool = False) -> FinetunePlan:
+    """Check the campaign and its folder; raise ConfigError (exit 2) before anything is written."""
+    cfg = c.cfg
+    space = check_space(c)
+    proposer = build_proposer(cfg, c.path, builtin=PLAYBOOK)
+    spec = c.experiment.spec
+    meta = {
+        "job": "quality", "file": str(c.path.resolve()), "task": spec.task.name, "metric": spec.task.metric,
+        "baseline": dict(c.baseline), "baseline_id": c.baseline.id, "experiment": c.experiment.id,
+        "space": {n: list(v) for n, v in space.values.items()}, "data_steps": c.space.data_steps,
+        "strategy": cfg.strategy, "selection": cfg.selection, "proposer": cfg.proposer, "seeds": cfg.seeds,
+    }
+    n_done = check_folder(folder, cfg, meta, resume, RESUME_KEYS, c.path)
+    sampler = make_sampler(cfg.strategy, space, c.baseline, cfg.seed + n_done, c.space.relations(),
+                           c.settings.execute.parallel)
+    store = CampaignStore(folder, cfg.storage, sampler, c.settings.execute.heartbeat_s)
+    settings = redacted(c.settings.model_dump(mode="json"))
+    snapshot = {"job": "quality", "experiment": c.experiment.spec.model_dump(mode="json"),
+                "overrides": c.overrides, **settings}
+    return FinetunePlan(c, folder, resume, space, proposer, meta, store, snapshot)
+
+

@@ -1,0 +1,83 @@
+"""Planning a ``tune`` campaign: every check before anything is written.
+
+The space (searchable knobs only: a semantic one on opt-in, never an invariant or a derived one),
+the global batch's rule, the Researcher, the folder (empty, or the same settings on --resume) and the
+study's sampler. Bad input is a ConfigError naming the file and field; nothing is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipetune.config import Campaign
+from recipetune.core.errors import ConfigError
+from recipetune.core.recipe import INVARIANT, SEMANTIC, KnobError, SearchSpace
+from recipetune.engine import plan as planning
+from recipetune.engine.plan import build_proposer, check_folder, redacted
+from recipetune.engine.samplers import make_sampler
+from recipetune.engine.store import CampaignStore
+from recipetune.speed.semantic import BatchRule, batch_rule
+
+
+@dataclass
+class Plan(planning.Plan):
+    campaign: Campaign
+    batch: BatchRule | None = None  # the global batch may change, up to a measured CBS
+
+
+def check_space(campaign: Campaign) -> SearchSpace:
+    cfg, path = campaign.config.search, campaign.path
+    if not cfg.knobs:
+        raise ConfigError(path, "search.knobs", "no knobs to search; list knobs with the values to try")
+    knobs = campaign.workload.knobs()
+    try:
+        space = SearchSpace.from_lists(knobs, cfg.knobs)
+    except KnobError as e:
+        raise ConfigError(path, f"search.knobs.{e.knob}", str(e)) from None
+    for name in space.values:
+        role = knobs[name].role
+        if knobs[name].derive:
+            raise ConfigError(path, f"search.knobs.{name}",
+                              f"'{name}' is derived from '{knobs[name].derive}' and never searched; "
+                              "search the knobs it is derived from")
+        if role == INVARIANT:
+            raise ConfigError(path, f"search.knobs.{name}",
+                              f"'{name}' defines the experiment (an invariant knob) and cannot be searched")
+        if role == SEMANTIC and name not in cfg.allow_semantic:
+            raise ConfigError(path, f"search.knobs.{name}",
+                              f"'{name}' may change what the model learns; list it in search.allow_semantic "
+                              "to search it (the guard then judges it on loss)")
+    return space
+
+
+def campaign_meta(campaign: Campaign, space: SearchSpace, batch: BatchRule | None = None) -> dict[str, Any]:
+    cfg = campaign.config.search
+    return {
+        "job": "speed", "file": str(campaign.path.resolve()), "workload": campaign.workload.kind,
+        "baseline": dict(campaign.baseline), "baseline_id": campaign.baseline.id,
+        "space": {n: list(v) for n, v in space.values.items()}, "allow_semantic": sorted(cfg.allow_semantic),
+        "strategy": cfg.strategy, "steps_per_trial": cfg.steps_per_trial,
+        "global_batch": batch.meta() if batch is not None else None,
+    }
+
+
+RESUME_KEYS = ("baseline_id", "space", "strategy", "steps_per_trial", "allow_semantic", "global_batch")
+
+
+def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
+    """Check the campaign and its folder; raise ConfigError (exit 2) before anything is written."""
+    cfg = campaign.config.search
+    space = check_space(campaign)
+    batch = batch_rule(campaign)
+    proposer = build_proposer(cfg, campaign.path)
+    meta = campaign_meta(campaign, space, batch)
+    n_done = check_folder(folder, cfg, meta, resume, RESUME_KEYS, campaign.path)
+    # A resumed campaign draws afresh: a sampler re-seeded identically would replay its first picks.
+    parallel = campaign.config.execute.parallel
+    sampler = make_sampler(cfg.strategy, space, campaign.baseline, cfg.seed + n_done, campaign.workload.relations(),
+                           parallel)
+    store = CampaignStore(folder, cfg.storage, sampler, campaign.config.execute.heartbeat_s)
+    snapshot = redacted(campaign.config.model_dump(mode="json"))
+    return Plan(campaign, folder, resume, space, proposer, meta, store, snapshot, batch)
