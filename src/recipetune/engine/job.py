@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.engine.researcher import Subject
-from recipetune.engine.store import CampaignStore, write_atomic
+from recipetune.engine.store import CampaignStore
 from recipetune.engine.tree import Node, NodeStatus, Tree
 from recipetune.execute.executor import Executor
 
