@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import pytest
 from pydantic import BaseModel, Field, ValidationError
@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from recipetune.cli import app
 from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError, validation_error
+from recipetune.engine.config import SearchConfig
 
 THREE_BAD = "baseline: {model: nano}\nsearch: {strategy: foo, budget: {trials: 0}}\nrun: {steps: -1}\n"
 
@@ -48,7 +49,8 @@ def test_a_campaign_file_reports_all_its_bad_fields(tmp_path: Path):
     with pytest.raises(ConfigError) as err:
         load_campaign(bad)
     text = str(err.value)
-    assert "search.strategy: must be one of 'mcts', 'tpe', 'random', 'grid' (got 'foo')" in text
+    choices = ", ".join(repr(c) for c in get_args(SearchConfig.model_fields["strategy"].annotation))
+    assert f"search.strategy: must be one of {choices} (got 'foo')" in text
     assert "search.budget.trials: must be >= 1 (got 0)" in text  # a nested field: its dotted path
     assert "run.steps: must be >= 1 (got -1)" in text
 

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from recipetune.config import load_campaign
+from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
@@ -29,11 +30,6 @@ console = Console()
 def _group() -> None:
     # Keeps `run` a named subcommand when it is the only one mounted (see _wanted).
     pass
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
-    return typer.Exit(code)
 
 
 def fmt_bytes(n: int | None) -> str:

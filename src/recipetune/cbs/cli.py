@@ -15,6 +15,7 @@ from recipetune.cbs.plots import plot_scaling, plot_steps_vs_batch
 from recipetune.cbs.scale import load_scale, run_scale
 from recipetune.cbs.sweep import SweepError, SweepResult, load_sweep, run_sweep
 from recipetune.cbs.table import Summary, TableError, fmt, fmt_ci, load_table, summarize, write_summary
+from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 
 cbs_app = typer.Typer(
@@ -90,8 +91,7 @@ def fit_command(
     try:
         summary = summarize(load_table(table), b_opt=b_opt, seed=seed)
     except TableError as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     out_dir = out or table.with_name(f"{table.stem}-cbs")
     written = write_summary(summary, out_dir)
     written.append(plot_steps_vs_batch(summary.groups, out_dir / "steps_vs_batch.png"))
@@ -109,11 +109,6 @@ def _progress() -> Progress:
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=True,
     )
-
-
-def _config_error(exc: ConfigError) -> typer.Exit:
-    errors.print(f"[red]error:[/red] {exc}", highlight=False)
-    return typer.Exit(2)
 
 
 def _fit_points(points: Path, out_dir: Path, b_opt: float | None, seed: int) -> bool:
@@ -158,7 +153,7 @@ def sweep_command(
     try:
         spec = load_sweep(config, overrides or [])
     except ConfigError as exc:
-        raise _config_error(exc) from None
+        raise fail(exc) from None
     out_dir = out or Path("runs") / f"cbs-{config.stem}"
     console.print(
         f"{len(spec.trials)} sweep runs over B={spec.config.batch_sizes}"
@@ -169,8 +164,7 @@ def sweep_command(
         with _progress() as progress:
             result = run_sweep(spec, out_dir, progress)
     except SweepError as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(1) from None
+        raise fail(exc, 1) from None
     _print_points(result, "steps to target per batch size")
     if not _fit_points(out_dir / "points.csv", out_dir, spec.config.b_opt, spec.config.bootstrap_seed):
         raise typer.Exit(1)
@@ -186,15 +180,14 @@ def scale_command(
     try:
         spec = load_scale(config, overrides or [])
     except ConfigError as exc:
-        raise _config_error(exc) from None
+        raise fail(exc) from None
     out_dir = out or Path("runs") / f"cbs-{config.stem}"
     console.print(f"{len(spec.groups)} groups, {spec.n_runs} runs -> {out_dir}", highlight=False)
     try:
         with _progress() as progress:
             result = run_scale(spec, out_dir, progress)
     except SweepError as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(1) from None
+        raise fail(exc, 1) from None
     for group, sweep in result.groups:
         _print_points(sweep, f"{group.model}, D={sweep.data_tokens} tokens, N={sweep.params}")
     if not _fit_points(out_dir / "points.csv", out_dir, spec.config.b_opt, spec.config.bootstrap_seed):
@@ -211,14 +204,13 @@ def local_command(
     try:
         spec = load_local(config, overrides or [])
     except ConfigError as exc:
-        raise _config_error(exc) from None
+        raise fail(exc) from None
     out_dir = out or Path("runs") / f"cbs-{config.stem}"
     try:
         with _progress() as progress:
             result = run_local(spec, out_dir, progress)
     except LocalError as exc:
-        errors.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(1) from None
+        raise fail(exc, 1) from None
     c = spec.config
     table = RichTable(title=f"local CBS: B={c.batch_size}, epsilon={c.epsilon} nats, LR x k^p ({c.lr_scaling})",
                       title_justify="left")

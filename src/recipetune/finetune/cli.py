@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 
 data_app = typer.Typer(help="Data operators (load, dedup, filters, decontamination, mixing ...) as a YAML chain.",
@@ -26,11 +27,6 @@ def _data() -> None:
 @ft_app.callback()
 def _ft() -> None:
     """Fine-tuning experiments."""
-
-
-def _fail(e: Exception) -> typer.Exit:
-    console.print(Text.assemble(("error: ", "bold red"), str(e)))
-    return typer.Exit(2)
 
 
 def _stamp() -> str:
@@ -65,7 +61,7 @@ def data_run(
         folder = out or Path("runs") / f"data-{exp.spec.task.name}-{_stamp()}"
         rows, version = prepare_data(exp, folder)
     except ConfigError as e:
-        raise _fail(e) from None
+        raise fail(e) from None
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data_version.json").write_text(version.model_dump_json(indent=2))
     write_rows(folder / "train.jsonl", rows)
@@ -126,7 +122,7 @@ def ft_run(
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
-        raise _fail(ValueError(f"--seeds: comma-separated integers, got {seeds!r}")) from None
+        raise fail(f"--seeds: comma-separated integers, got {seeds!r}") from None
     try:
         exp = load_experiment(experiment_file, overrides or [])
         folder = out or Path("runs") / f"ft-{exp.spec.task.name}-{_stamp()}-{exp.id}"
@@ -135,7 +131,7 @@ def ft_run(
         with console.status("running the experiment ...") as status:
             report = run_experiment(exp, folder, rows, version, log=lambda text: status.update(text))
     except ConfigError as e:
-        raise _fail(e) from None
+        raise fail(e) from None
     for table in report_tables(report):
         console.print(table)
     if report.status != "ok":

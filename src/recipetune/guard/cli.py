@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from recipetune.config import Campaign, CampaignConfig, load_campaign
+from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.files import parse_override
 from recipetune.guard.baseline import GuardError
@@ -134,19 +135,13 @@ def verify(
     Exit code 0: APPROVED or KEEP BASELINE; 1: REJECTED; 2: bad input; 3: the baseline failed to run.
     """
     console = Console(stderr=json_output)  # with --json, stdout carries the JSON alone
-    errors = Console(stderr=True, soft_wrap=True)
-
-    def fail(message: str, code: int) -> typer.Exit:
-        errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-        return typer.Exit(code)
-
     try:
         to_candidate, to_baseline = _split_overrides(overrides or [])
         base = load_campaign(baseline_file, to_baseline)
         cand = load_campaign(candidate_file, to_candidate)
         _check_same_workload(base, cand)
     except ConfigError as e:
-        raise fail(str(e), 2) from None
+        raise fail(e) from None
 
     settings = base.config.guard
     allow = base.config.search.allow_semantic
@@ -157,7 +152,7 @@ def verify(
             print(verdict.model_dump_json(indent=2))
         else:
             console.print(render(verdict))
-        raise fail(f"{cand.path}: the candidate breaks {len(report.violations)} rule(s); nothing was run", 2)
+        raise fail(f"{cand.path}: the candidate breaks {len(report.violations)} rule(s); nothing was run")
 
     out_dir = out or Path("runs") / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{cand.baseline.id}"
     console.print(f"verifying {cand.baseline.describe_diff(base.baseline)} against baseline "
@@ -167,7 +162,7 @@ def verify(
             verdict = final_verdict(base.workload, base.baseline, cand.baseline, settings, out_dir,
                                     allow_semantic=allow, progress=lambda msg: status.update(msg))
     except GuardError as e:
-        raise fail(str(e), 3) from None
+        raise fail(e, 3) from None
     if json_output:
         print(verdict.model_dump_json(indent=2))
     else:

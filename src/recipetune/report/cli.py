@@ -8,19 +8,18 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from recipetune.core.console import fail
 from recipetune.report.model import Report, load_report
 from recipetune.report.sources import NotACampaign
 
 console = Console()
-errors = Console(stderr=True, soft_wrap=True)
 
 
 def _load(run_dir: Path) -> Report:
     try:
         return load_report(run_dir)
     except NotACampaign as e:
-        errors.print(Text.assemble(("error: ", "bold red"), str(e)))
-        raise typer.Exit(2) from None
+        raise fail(e) from None
 
 
 def report(
@@ -35,24 +34,19 @@ def report(
     """Write the campaign's report: one self-contained HTML page and the same data as JSON."""
     target = out or run_dir / "report.html"
     if target.suffix.lower() not in (".html", ".htm"):
-        errors.print(Text.assemble(("error: ", "bold red"), f"--out {target}: expected a .html file "
-                                   "(report.json is written beside it)"))
-        raise typer.Exit(2)
+        raise fail(f"--out {target}: expected a .html file (report.json is written beside it)")
     if mlflow is not None:
         from recipetune.report.mlflow_export import MlflowUnavailable, require_mlflow
 
         try:
             require_mlflow()
         except MlflowUnavailable as e:
-            errors.print(Text.assemble(("error: ", "bold red"), str(e)))
-            raise typer.Exit(2) from None
+            raise fail(e) from None
     if screenshot is not None:
         from recipetune.report.browser import find_chromium
 
         if find_chromium() is None:
-            errors.print(Text.assemble(("error: ", "bold red"), "--screenshot needs chromium on PATH "
-                                       "(Debian: apt-get install chromium)"))
-            raise typer.Exit(2)
+            raise fail("--screenshot needs chromium on PATH (Debian: apt-get install chromium)")
     r = _load(run_dir)
     if mlflow is not None:
         from recipetune.report.mlflow_export import export
@@ -69,8 +63,7 @@ def report(
         try:
             messages = take(page, screenshot)
         except RuntimeError as e:
-            errors.print(Text.assemble(("error: ", "bold red"), f"--screenshot: {e}"))
-            raise typer.Exit(1) from None
+            raise fail(f"--screenshot: {e}", 1) from None
         console.print(Text(f"screenshot: {screenshot}; console: " + ("; ".join(messages) or "clean")))
 
 
