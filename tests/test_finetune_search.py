@@ -338,7 +338,8 @@ def test_llm_researcher_in_a_campaign_is_held_to_the_recipe(tiny_ft):
     out = tiny_ft[0] / "camp"
     with FakeLLMServer([reply, json.dumps({"proposals": []})]) as server:
         res = runner.invoke(app, ["finetune", str(campaign_file(tiny_ft)), "--out", str(out), "--budget", "2",
-                                  "--proposer", "llm", f"search.llm.base_url={server.base_url}"])
+                                  "--proposer", "llm", f"search.llm.base_url={server.base_url}",
+                                  "search.llm.fallback=none"])  # the LLM alone: its one usable edit
     assert res.exit_code == 0, res.output
     system, user = server.requests[0]["messages"]
     assert "primary metric on the validation split" in system["content"]

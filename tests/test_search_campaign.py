@@ -318,7 +318,8 @@ def test_llm_proposer_in_a_campaign_records_rejections(tmp_path):
     replies = [json.dumps({"proposals": [good, *bad]}), "no JSON today", json.dumps({"proposals": []})]
     with FakeLLMServer(replies) as server:
         outcome, store, reporter = run_campaign(tmp_path, {"speed": [1, 2, 3, 4]}, proposer="llm",
-                                                llm={"base_url": server.base_url, "api_key": "sk-secret"},
+                                                llm={"base_url": server.base_url, "api_key": "sk-secret",
+                                                     "fallback": "none"},  # the LLM's proposals alone
                                                 budget={"trials": 3})
     assert server.headers[0]["Authorization"] == "Bearer sk-secret"
     assert "sk-secret" not in (store.folder / "campaign.json").read_text()  # never written to the folder

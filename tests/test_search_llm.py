@@ -1,5 +1,7 @@
-"""The llm proposer against a scripted OpenAI-compatible server on loopback: what it sends, what
-it accepts, and every kind of bad answer rejected with a recorded reason, never executed."""
+"""The llm proposer against a scripted OpenAI-compatible server on loopback, through the openai
+client: what it sends (structured output where the server takes it), what it accepts, every kind of
+bad answer rejected with a recorded reason, never executed, and the fallback Researcher that
+proposes where the LLM has nothing usable."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
 from recipetune.engine.config import LLMSettings
 from recipetune.engine.llm import LLMProposer
+from recipetune.engine.researcher import AnalystProposer, Proposal, WithFallback, load_playbook, make_proposer
 from recipetune.speed.plan import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
@@ -25,15 +28,25 @@ def answer(*proposals: dict) -> str:
     return json.dumps({"proposals": list(proposals)})
 
 
-def propose(server: FakeLLMServer, k: int = 3, retries: int = 0):
+def settings(server: FakeLLMServer, **kw) -> LLMSettings:
+    # No client-side retries unless a test asks: each scripted error is one answer, as counted here.
+    return LLMSettings(**{"base_url": server.base_url, "model": "fake-model", "api_key": "sk-test", "retries": 0,
+                          "transport_retries": 0, **kw})
+
+
+def small_tree():
     ctx = context(profile(optim_s=0.02))
     # A small tree around the node: the context must carry its path, siblings and key nodes.
     good = ctx.tree.add(BASE.with_(micro_batch_size=4), ctx.tree.root, "passed", 0.7, score=1.6,
                         rationale="bigger micro-batch")
     ctx.tree.add(BASE.with_(num_threads=1), ctx.tree.root, "failed", 0.0, cause="timeout: killed")
-    proposer = LLMProposer(LLMSettings(base_url=server.base_url, model="fake-model", api_key="sk-test",
-                                       retries=retries))
-    return proposer.propose(good, ctx, k), ctx
+    return good, ctx
+
+
+def propose(server: FakeLLMServer, k: int = 3, retries: int = 0, **kw):
+    node, ctx = small_tree()
+    proposer = LLMProposer(settings(server, retries=retries, **kw))
+    return proposer.propose(node, ctx, k), ctx
 
 
 def test_valid_answer_becomes_proposals_and_the_context_is_compressed():
@@ -97,7 +110,7 @@ def test_one_bad_item_does_not_sink_the_good_ones():
 
 
 def test_unreachable_endpoint_is_recorded():
-    proposer = LLMProposer(LLMSettings(base_url="http://127.0.0.1:9/v1", timeout_s=2))
+    proposer = LLMProposer(LLMSettings(base_url="http://127.0.0.1:9/v1", timeout_s=2, transport_retries=0))
     ctx = context()
     assert proposer.propose(ctx.tree.root, ctx, 3) == []
     assert ctx.rejections[0].reason.startswith("endpoint error")
@@ -176,7 +189,7 @@ def test_a_campaign_whose_first_answer_is_bad_still_runs(tmp_path):
                answer({"edits": {"speed": 3}, "rationale": "faster still"}), '{"proposals": []}']
     with FakeLLMServer(answers) as server:
         camp = make_campaign(tmp_path, {"speed": [1, 2, 3, 4]}, proposer="llm", children=1,
-                             budget={"trials": 3}, llm={"base_url": server.base_url})
+                             budget={"trials": 3}, llm={"base_url": server.base_url, "fallback": "none"})
         reporter = Recorder()
         outcome = run(plan(camp, tmp_path / "campaign"), guard=fake_guard(), reporter=reporter)
     assert outcome.runs == 2 and outcome.decision == "APPROVED"
@@ -200,3 +213,238 @@ def test_an_edit_of_a_derived_knob_is_refused_with_the_reason(tmp_path):
     view = json.loads(server.requests[0]["messages"][1]["content"])
     assert view["derived"] == {"grad_accum": "32 // batch_size"}
     assert view["meanings"] == {"batch_size": "micro_batch", "grad_accum": "grad_accum"}
+
+
+# -- the openai client: transport retries, structured output, the extra ----------------------------
+
+
+def test_transport_errors_are_retried_by_the_client_not_counted_as_answers():
+    # A 503 then a good answer: the client's own retry (its backoff follows the server's retry-after-ms)
+    # gets the answer; nothing is rejected and no re-ask of ours is spent.
+    with FakeLLMServer([503, GOOD]) as server:
+        proposals, ctx = propose(server, transport_retries=1)
+    assert [p.edits for p in proposals] == [{"optimizer_impl": "foreach"}]
+    assert len(server.requests) == 2 and ctx.rejections == [] and ctx.failed == {}
+
+
+def test_structured_output_is_sent_with_a_schema_of_the_space():
+    with FakeLLMServer([GOOD]) as server:
+        node, ctx = small_tree()
+        proposer = LLMProposer(settings(server))
+        proposals = proposer.propose(node, ctx, 2)
+    assert [p.edits for p in proposals] == [{"optimizer_impl": "foreach"}] and proposer.structured is True
+    fmt = server.requests[0]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "proposals"
+    schema = fmt["json_schema"]["schema"]
+    assert schema["required"] == ["proposals"] and schema["properties"]["proposals"]["maxItems"] == 2
+    item = schema["properties"]["proposals"]["items"]
+    assert item["required"] == ["edits", "rationale"] and item["additionalProperties"] is False
+    edits = item["properties"]["edits"]
+    assert edits["additionalProperties"] is False and set(edits["properties"]) == set(ctx.space.values)
+    assert edits["properties"]["micro_batch_size"] == {"enum": [1, 2, 4, 8, 16]}
+
+
+def test_a_server_refusing_response_format_is_asked_plainly_from_then_on():
+    refusal = (400, "response_format json_schema is not supported by this server")
+
+    def server_without_schemas(body: dict):
+        return refusal if "response_format" in body else GOOD
+
+    with FakeLLMServer([server_without_schemas]) as server:
+        node, ctx = small_tree()
+        proposer = LLMProposer(settings(server))
+        first = proposer.propose(node, ctx, 3)
+        assert [p.edits for p in first] == [{"optimizer_impl": "foreach"}] and ctx.rejections == []
+        assert ["response_format" in r for r in server.requests] == [True, False]  # one plain retry
+        assert proposer.structured is False
+        proposer.propose(ctx.tree.root, ctx, 3)  # remembered: the next question goes plain at once
+    assert ["response_format" in r for r in server.requests] == [True, False, False]
+    # The plain request demands the same JSON in the prompt, and its answer is checked the same way.
+    assert '{"proposals": [{"edits"' in server.requests[1]["messages"][0]["content"]
+
+
+def test_another_bad_request_is_an_endpoint_error_not_a_refusal_of_schemas():
+    with FakeLLMServer([(400, "model 'fake-model' does not exist")]) as server:
+        proposals, ctx = propose(server, retries=1)
+    assert proposals == [] and len(server.requests) == 2  # our re-ask; the client does not retry a 400
+    assert all("response_format" in r for r in server.requests)  # not taken for a refusal of schemas
+    why = ctx.rejections[0].reason
+    assert why.startswith("endpoint error: HTTP 400") and "does not exist" in why
+
+
+def test_structured_output_can_be_turned_off():
+    with FakeLLMServer([GOOD]) as server:
+        proposals, _ = propose(server, structured=False)
+    assert proposals and "response_format" not in server.requests[0]
+
+
+def test_without_the_openai_client_the_llm_proposer_is_bad_input_naming_the_extra(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from recipetune.cli import app
+
+    monkeypatch.setitem(sys.modules, "openai", None)  # import openai raises ImportError, as when not installed
+    f = tmp_path / "c.yaml"
+    f.write_text("baseline: {model: nano}\nsearch:\n  proposer: llm\n  knobs: {num_threads: [1, 2]}\n"
+                 "  llm: {base_url: 'http://127.0.0.1:1/v1'}\n")
+    with pytest.raises(ConfigError, match=r"search\.proposer: llm needs the openai client") as e:
+        plan(load_campaign(f), tmp_path / "out")
+    assert "pip install 'recipetune[llm]'" in str(e.value)
+    res = CliRunner().invoke(app, ["tune", str(f), "--out", str(tmp_path / "out")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "pip install 'recipetune[llm]'" in text and "Traceback" not in res.output
+    assert not (tmp_path / "out").exists()
+
+
+# -- the composed Researcher: a fallback where the LLM has nothing usable ---------------------------
+
+
+class Nothing:
+    name = "analyst"
+
+    def propose(self, node, context, k) -> list[Proposal]:
+        return []
+
+
+def test_unusable_answers_fall_back_to_the_analyst_recorded_per_proposal():
+    with FakeLLMServer(["not json"]) as server:
+        node, ctx = small_tree()
+        proposer = make_proposer("llm", llm=settings(server, retries=1))
+        assert isinstance(proposer, WithFallback) and proposer.name == "llm"
+        proposals = proposer.propose(node, ctx, 3)
+    assert len(server.requests) == 2 and proposals
+    assert all(p.source.startswith("analyst (llm fallback: 2 answers, none usable; last: malformed JSON")
+               for p in proposals)
+    # The rationales are the analyst's own, as it gives them alone.
+    _, alone_ctx = small_tree()
+    analyst = AnalystProposer(load_playbook())
+    assert [(p.edits, p.rationale) for p in proposals] == \
+        [(p.edits, p.rationale) for p in analyst.propose(alone_ctx.tree.nodes[node.id], alone_ctx, 3)]
+    # What the LLM said stays on record; the node did not fail, the fallback delivered.
+    assert [r.source for r in ctx.rejections] == ["llm", "llm"] and ctx.failed == {}
+
+
+def test_the_random_fallback_is_recorded_too():
+    with FakeLLMServer([500]) as server:
+        node, ctx = small_tree()
+        proposals = make_proposer("llm", llm=settings(server, fallback="random")).propose(node, ctx, 2)
+    assert len(proposals) == 2
+    assert all(p.source.startswith("random (llm fallback: 1 answer, none usable; last: endpoint error: HTTP 500")
+               and p.rationale.startswith("uniform draw") for p in proposals)
+
+
+def test_an_empty_answer_is_nothing_new_not_unusable():
+    # {"proposals": []} is the LLM's honest "nothing new": not asked again, not a failure, nothing
+    # rejected; the fallback is asked too, and its proposals say the LLM had nothing new.
+    with FakeLLMServer(['{"proposals": []}']) as server:
+        node, ctx = small_tree()
+        proposals = make_proposer("llm", llm=settings(server, retries=2)).propose(node, ctx, 3)
+    assert len(server.requests) == 1 and ctx.rejections == [] and ctx.failed == {}
+    assert proposals and all(p.source == "analyst (llm: nothing new)" for p in proposals)
+
+
+def test_a_node_is_exhausted_only_when_both_have_nothing():
+    for reply, failed in (('{"proposals": []}', False), ("not json", True)):
+        with FakeLLMServer([reply]) as server:
+            node, ctx = small_tree()
+            assert WithFallback(LLMProposer(settings(server)), Nothing()).propose(node, ctx, 3) == []
+        if failed:  # the loop is told why: the LLM failed and the fallback had nothing either
+            assert "none usable" in ctx.failed[node.id] and "analyst fallback has nothing new" in ctx.failed[node.id]
+        else:  # an honest "nothing new" from both: exhausted, not failed
+            assert ctx.failed == {}
+
+
+# -- campaigns -------------------------------------------------------------------------------------
+
+
+def fake_campaign(tmp_path: Path, server: FakeLLMServer, trials: int, **llm):
+    from test_search_campaign import Recorder, fake_guard, make_campaign
+
+    from recipetune.speed.job import run
+
+    camp = make_campaign(tmp_path, {"speed": [1, 2, 3, 4], "impl": ["a", "b", "c"]}, proposer="llm", children=1,
+                         budget={"trials": trials},
+                         llm={"base_url": server.base_url, "transport_retries": 0, **llm})
+    p = plan(camp, tmp_path / "campaign")
+    reporter = Recorder()
+    return run(p, guard=fake_guard(), reporter=reporter), p.store, reporter
+
+
+def test_a_campaign_whose_first_ten_answers_are_unusable_spends_its_whole_budget(tmp_path):
+    from test_search_campaign import finished
+
+    pwned = tmp_path / "PWNED"
+    evil = f"b; touch {pwned}"
+    unusable = [
+        "Sure! A faster impl should help.",
+        answer({"edits": {"impl": evil}, "rationale": "x"}),
+        answer({"edits": {"gpu_turbo": True}, "rationale": "x"}),
+        500,
+        '{"ideas": "go faster"}',
+        answer({"edits": {"speed": 9}, "rationale": "x"}),
+        answer({"edits": {"impl": f"$(touch {pwned})"}, "rationale": "x"}),
+        answer({"edits": {"speed": 2}, "rationale": "x", "run": f"touch {pwned}"}),
+        503,
+        answer({"edits": {"mode": "crash"}, "rationale": "x"}),
+    ]
+    # Then a model that answers: every recipe of the space (the measured ones are refused, item by item).
+    every = answer(*({"edits": {"speed": s, "impl": i}, "rationale": f"speed {s}, impl {i}"}
+                     for s in (4, 3, 2, 1) for i in ("b", "a", "c")))
+    with FakeLLMServer([*unusable, every]) as server:
+        outcome, store, reporter = fake_campaign(tmp_path, server, trials=6)  # 3 answers a round (retries: 2)
+    recs = finished(store)
+    assert outcome.runs == 6 and len(recs) == 6  # the whole budget
+    assert len(server.requests) >= 11
+    sources = [r.attrs["proposer"] for r in recs]
+    # Rounds 1-3 used 9 unusable answers, the 4th the 10th and then a good one.
+    assert all(s.startswith("analyst (llm fallback: 3 answers, none usable") for s in sources[:3]), sources
+    assert sources[3:] == ["llm"] * 3
+    reasons = [json.loads(x)["reason"] for x in (store.folder / "rejected_proposals.jsonl").read_text().splitlines()]
+    for why in ("malformed JSON", "shell metacharacters", "unknown knob 'gpu_turbo'", "endpoint error: HTTP 500",
+                "does not match the schema", "out-of-domain", "exactly 'edits'", "endpoint error: HTTP 503",
+                "not searched in this campaign"):
+        assert any(why in r for r in reasons), why
+    # Nothing it said was executed or reached a recipe.
+    assert not pwned.exists()
+    recipes = [r.attrs["recipe"] for r in store.records() if "recipe" in r.attrs]
+    assert recipes and not any("touch" in json.dumps(r) for r in recipes)
+    assert not any("exhausted" in phase for phase in reporter.phases)
+
+
+def test_a_campaign_with_an_endpoint_that_has_nothing_new_runs_on_the_fallback(tmp_path):
+    from test_search_campaign import finished
+
+    with FakeLLMServer(['{"proposals": []}']) as server:
+        outcome, store, _ = fake_campaign(tmp_path, server, trials=4)
+    recs = finished(store)
+    assert outcome.runs == 4 and [r.attrs["proposer"] for r in recs] == ["analyst (llm: nothing new)"] * 4
+    assert all(len(r["messages"]) == 2 for r in server.requests)  # never re-asked: nothing was wrong
+    rejected = store.folder / "rejected_proposals.jsonl"
+    assert not rejected.exists() or rejected.read_text() == ""
+
+
+def test_fallback_none_keeps_the_exhaustion_and_says_why(tmp_path):
+    with FakeLLMServer(["not json"]) as server:
+        outcome, store, reporter = fake_campaign(tmp_path, server, trials=4, fallback="none", retries=1)
+    assert outcome.runs == 0 and len(server.requests) == 2
+    [failed] = [p for p in reporter.phases if p.startswith("llm proposer failed at")]
+    assert "2 answers, none usable; last: malformed JSON" in failed
+    assert any(p.startswith("the tree is exhausted") and "1 of its nodes only because every answer failed" in p
+               for p in reporter.phases)
+    # An endpoint with nothing new and no fallback: exhausted by its own empty answer, not failed.
+    with FakeLLMServer(['{"proposals": []}']) as server:
+        outcome, _, reporter = fake_campaign(tmp_path / "empty", server, trials=4, fallback="none")
+    assert outcome.runs == 0
+    assert any(p.startswith("the tree is exhausted") and "failed" not in p for p in reporter.phases)
+
+
+def test_the_fallback_analyst_reads_the_jobs_playbook_and_the_campaigns(tmp_path):
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("rules:\n  - {name: mine, when: 'True', action: {knob: lr, set: 0.01}, why: mine}\n")
+    quality = "recipetune.finetune:playbook.yaml"  # the quality job's, as finetune/job.py passes it
+    proposer = make_proposer("llm", playbook=extra, builtin=quality,
+                             llm=LLMSettings(base_url="http://127.0.0.1:1/v1"))
+    assert isinstance(proposer, WithFallback) and isinstance(proposer.fallback, AnalystProposer)
+    assert [r.name for r in proposer.fallback.rules] == ["mine"] + [r.name for r in load_playbook(builtin=quality)]
+    assert isinstance(make_proposer("llm", llm=LLMSettings(base_url="http://127.0.0.1:1/v1", fallback="none")),
+                      LLMProposer)

@@ -1,9 +1,14 @@
 """The ``llm`` proposer: any OpenAI-compatible chat endpoint as the Researcher.
 
 It is given a compressed view of the tree (the node's path, its siblings, the best and the failed
-nodes) and held to a JSON schema. Its answer is data: every item is parsed and checked against the
-campaign's space here (and again by the guard); an unusable answer is fed back with the reasons and
-asked again, up to ``search.llm.retries`` times. Nothing it says is ever executed.
+nodes) and held to a JSON schema: sent as structured output (``response_format``) where the server
+supports it, demanded in the prompt where it does not. Its answer is data: every item is parsed and
+checked against the campaign's space here (and again by the guard); an unusable answer is fed back
+with the reasons and asked again, up to ``search.llm.retries`` times. Nothing it says is ever executed.
+
+The transport is the official ``openai`` client (the ``llm`` extra), with its own retries, backoff
+and timeouts for connection errors and overloaded servers (``search.llm.transport_retries``). Where
+every answer stays unusable, researcher.py's ``WithFallback`` lets the analyst (or random) propose.
 """
 
 from __future__ import annotations
@@ -12,8 +17,6 @@ import json
 import math
 import os
 import re
-import urllib.error
-import urllib.request
 from typing import Any
 
 from recipetune.core.recipe import KnobError, Recipe, Scalar
@@ -103,9 +106,47 @@ def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3)
     return out
 
 
-def chat_url(base_url: str) -> str:
+MISSING_CLIENT = ("search.proposer: llm needs the openai client, an optional extra: pip install 'recipetune[llm]' "
+                  "(or choose proposer analyst or random)")
+
+
+def api_base(base_url: str) -> str:
+    """The client's base URL: it adds /chat/completions itself (a full endpoint URL is accepted too)."""
     base = base_url.rstrip("/")
-    return base if base.endswith("/chat/completions") else base + "/chat/completions"
+    return base.removesuffix("/chat/completions")
+
+
+def answer_schema(context: SearchContext, k: int) -> dict[str, Any]:
+    """The JSON schema of an answer, for structured output: at most ``k`` proposals, each editing
+    searched, non-derived knobs to values the space lists. A server that enforces it (guided
+    decoding) can only say what the checks below accept; one that does not is still checked."""
+    knobs = context.workload.knobs()
+    editable = {name: {"enum": list(values)} for name, values in context.space.values.items()
+                if name in knobs and not knobs[name].derive}
+    proposal = {"type": "object", "additionalProperties": False, "required": ["edits", "rationale"],
+                "properties": {"edits": {"type": "object", "additionalProperties": False, "minProperties": 1,
+                                         "properties": editable},
+                               "rationale": {"type": "string"}}}
+    return {"type": "object", "additionalProperties": False, "required": ["proposals"],
+            "properties": {"proposals": {"type": "array", "maxItems": k, "items": proposal}}}
+
+
+def refuses_structured_output(error: Exception) -> bool:
+    """A 400 (or 422) that is about response_format: the server cannot do structured output."""
+    status = getattr(error, "status_code", None)
+    if status not in (400, 422):
+        return False
+    text = f"{getattr(error, 'message', '')} {json.dumps(getattr(error, 'body', None), default=str)}".lower()
+    return any(word in text for word in ("response_format", "json_schema", "unsupported", "not supported"))
+
+
+def describe_error(error: Exception) -> str:
+    status = getattr(error, "status_code", None)
+    if status is not None:  # openai.APIStatusError: the server answered with an error
+        body = getattr(error, "body", None)  # the client keeps the payload's "error" object
+        said = body.get("message") if isinstance(body, dict) else None
+        return f"HTTP {status}: {str(said if isinstance(said, str) else getattr(error, 'message', error))[:300]}"
+    return f"{type(error).__name__}: {str(error)[:300]}"
 
 
 class LLMProposer:
@@ -117,33 +158,63 @@ class LLMProposer:
         self.api_key = settings.api_key or os.environ.get("RECIPETUNE_LLM_API_KEY")
         self.timeout_s, self.temperature = settings.timeout_s, settings.temperature
         self.retries = settings.retries
+        # None: not tried yet; False: the server refused it, asked without for the rest of the campaign.
+        self.structured: bool | None = None if settings.structured else False
+        try:
+            import openai
+        except ImportError:
+            raise ValueError(MISSING_CLIENT) from None
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError("search.llm.base_url (or RECIPETUNE_LLM_BASE_URL) must be an http(s) URL, "
                              f"got {self.base_url!r}")
+        self.openai = openai
+        # The client wants a key; a local server (vLLM, llama.cpp, Ollama) takes any, so a placeholder.
+        self.client = openai.OpenAI(base_url=api_base(self.base_url), api_key=self.api_key or "EMPTY",
+                                    timeout=self.timeout_s, max_retries=settings.transport_retries)
 
-    def ask(self, messages: list[dict[str, str]]) -> str:
-        body = json.dumps({"model": self.model, "messages": messages, "temperature": self.temperature}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(chat_url(self.base_url), data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # scheme checked in __init__
-            reply = json.loads(response.read().decode())
-        return reply["choices"][0]["message"]["content"]
+    def ask(self, messages: list[dict[str, str]], schema: dict[str, Any]) -> str:
+        """One answer's text. Transport errors are retried by the client; what is left raises."""
+        request: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
+        if self.structured is not False:
+            # strict: False because "edits" holds any subset of the knobs, and strict mode requires every
+            # property; servers that enforce schemas (vLLM, SGLang, llama.cpp) enforce this one anyway.
+            schema_format = {"type": "json_schema",
+                             "json_schema": {"name": "proposals", "schema": schema, "strict": False}}
+            try:
+                reply = self.client.chat.completions.create(**request, response_format=schema_format)
+            except self.openai.APIStatusError as e:
+                if not refuses_structured_output(e):
+                    raise
+                self.structured = False  # remembered: no campaign-long 400 per question
+            else:
+                self.structured = True
+                return self.content(reply)
+        return self.content(self.client.chat.completions.create(**request))
+
+    @staticmethod
+    def content(reply: Any) -> str:
+        text = reply.choices[0].message.content
+        if not isinstance(text, str):  # a refusal, or a server that sent no message text
+            refusal = getattr(reply.choices[0].message, "refusal", None)
+            raise ValueError(f"no message content{f' (refusal: {refusal})' if refusal else ''}")
+        return text
 
     def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]:
         """Ask; an answer with nothing usable is asked again, up to ``retries`` times, with the reasons
-        fed back. An empty answer ({"proposals": []}) is the Researcher's own: nothing new here."""
+        fed back. An empty answer ({"proposals": []}) is the Researcher's own: nothing new here. Where
+        every answer was unusable, ``context.failed`` says so for the node (read by WithFallback and
+        the loop)."""
         view = compress_context(node, context, k)
+        schema = answer_schema(context, k)
         messages = [{"role": "system", "content": SYSTEM_PROMPT.format(goal=context.goal)},
                     {"role": "user", "content": json.dumps(view, separators=(",", ":"))}]
         reasons: list[str] = []
         for _ in range(1 + self.retries):
             before = len(context.rejections)
             try:
-                content = self.ask(messages)
-            except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
-                context.reject(self.name, f"endpoint error: {e}")
+                content = self.ask(messages, schema)
+            except (self.openai.OpenAIError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+                context.reject(self.name, f"endpoint error: {describe_error(e)}")
                 reasons = [context.rejections[-1].reason]
                 continue  # nothing to show the model: the same question again
             out = self.read_answer(content, node, context, k)
@@ -157,7 +228,8 @@ class LLMProposer:
             messages += [{"role": "assistant", "content": content[:4000]},
                          {"role": "user", "content": RETRY_PROMPT.format(
                              reasons="\n".join(f"- {r}" for r in dict.fromkeys(reasons)))}]
-        context.failed[node.id] = f"{1 + self.retries} answers, none usable; last: {'; '.join(reasons)}"
+        asked = 1 + self.retries
+        context.failed[node.id] = f"{asked} answer{'s' if asked > 1 else ''}, none usable; last: {'; '.join(reasons)}"
         return []
 
     def read_answer(self, content: str, node: Node, context: SearchContext, k: int) -> list[Proposal]:

@@ -5,7 +5,8 @@ checked against the campaign's search space here and again by the guard before a
 
 - ``analyst`` (default): rules from a YAML playbook over the node's run profile.
 - ``random``: a uniform draw over the search space, seeded.
-- ``llm``: any OpenAI-compatible chat endpoint (engine/llm.py), built on the pieces here.
+- ``llm``: any OpenAI-compatible chat endpoint (engine/llm.py), built on the pieces here, with the
+  analyst (or random) as its fallback (``WithFallback``) where it has nothing usable.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import random
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -428,10 +429,50 @@ class RandomProposer:
         return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Composition: a Researcher and the one that stands in where it has nothing.
+
+
+def _short(text: str, n: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+class WithFallback:
+    """The primary Researcher (the LLM), and a fallback for the nodes where it has nothing.
+
+    Where every answer of the primary was unusable (it says so in ``context.failed``), or it
+    honestly had nothing new (an empty answer), the fallback proposes, and each of its proposals
+    says so in its source (``analyst (llm fallback: <why>)``, ``analyst (llm: nothing new)``), its
+    rationale its own. The primary's rejections stay in the context: the record shows what it said.
+    A node is exhausted only when both have nothing; then ``context.failed`` still names the
+    primary's failure, if it failed, so the loop can say why."""
+
+    def __init__(self, primary: Proposer, fallback: Proposer):
+        self.primary, self.fallback = primary, fallback
+        self.name = primary.name  # the campaign's proposer, as the loop and the record name it
+
+    def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]:
+        out = self.primary.propose(node, context, k)
+        if out:
+            return out
+        failed = context.failed.get(node.id)
+        backup = self.fallback.propose(node, context, k)
+        if not backup:
+            if failed:
+                context.failed[node.id] = f"{failed}; the {self.fallback.name} fallback has nothing new either"
+            return []
+        # The node did not fail: the fallback delivered. (The loop's "exhausted" tally reads failed.)
+        context.failed.pop(node.id, None)
+        why = f"{self.primary.name} fallback: {_short(failed)}" if failed else f"{self.primary.name}: nothing new"
+        return [replace(p, source=f"{p.source} ({why})") for p in backup]
+
+
 def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
                   llm: LLMSettings | None = None, builtin: str | None = None) -> Proposer:
     """The proposer a campaign asked for; ``builtin``: the job's own playbook (``package:file``).
-    Raises PlaybookError or ValueError on bad settings."""
+    ``llm`` comes with the fallback its settings name (the analyst on the same playbooks, by
+    default). Raises PlaybookError or ValueError on bad settings."""
     if name == "analyst":
         rules = (load_playbook(playbook) if playbook else []) + load_playbook(builtin=builtin or SPEED_PLAYBOOK)
         return AnalystProposer(rules, seed)
@@ -440,5 +481,9 @@ def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
     if name == "llm":
         from recipetune.engine.llm import LLMProposer  # llm.py builds on this module's pieces
 
-        return LLMProposer(llm or LLMSettings())
+        settings = llm or LLMSettings()
+        researcher = LLMProposer(settings)
+        if settings.fallback == "none":
+            return researcher
+        return WithFallback(researcher, make_proposer(settings.fallback, seed, playbook, builtin=builtin))
     raise ValueError(f"unknown proposer {name!r}; expected analyst, random or llm")
