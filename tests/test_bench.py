@@ -17,6 +17,7 @@ from recipetune.bench.replay import STRATEGIES, Trajectory, Trial, replay
 from recipetune.bench.table import FORMAT, Entry, Measurement, Table, build_table
 from recipetune.cli import app
 from recipetune.config import load_campaign
+from recipetune.core.errors import ConfigError
 from recipetune.engine.store import distributions
 from recipetune.finetune import bench as ftbench
 from recipetune.finetune import metrics as ftm
@@ -73,7 +74,7 @@ def test_table_round_trip_and_format(tmp_path):
     raw = json.loads(path.read_text())
     raw["format"] = "something-else/9"
     path.write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match="format"):
+    with pytest.raises(ConfigError, match="format"):
         Table.load(path)
 
 

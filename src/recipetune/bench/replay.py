@@ -1,12 +1,13 @@
-"""Search strategies replayed against a measured table.
+"""Search strategies replayed against a measured table, through the engine's own loop.
 
-Each strategy is the project's own search code (``engine/tree.py``'s MCTS with UCT, the proposers
-of ``engine/researcher.py``, the Optuna samplers of ``engine/samplers.py``) or a plain baseline
-(greedy best-first, sequential one-knob-at-a-time), driven by a loop that mirrors the campaign's
-(``speed/job.py``: ``Search.mcts`` and ``Search.optuna``). Instead of running a recipe, a
-trial draws one of that recipe's measured repeats: its status, throughput and profile are what the
-proposer reads, its wall time is what the trial costs (a slow or failing recipe costs time too). A
-recipe the table lists as infeasible is refused as the guard's static check would: no run, no cost.
+A replay is a campaign (engine/loop.py: ``run_search``) whose job is the table: ``TableJob`` answers
+like the speed job, but instead of running a recipe a trial draws one of that recipe's measured
+repeats, on the local executor (instant: the draw is the run). Its status, throughput and profile
+are what the Researcher reads, its wall time is what the trial costs (a slow or failing recipe costs
+time too). A recipe the table lists as infeasible is refused as the guard's static check would: no
+run, no cost. The strategies are the campaign's (the tree with the analyst or random Researcher,
+Optuna's samplers) and two plain baselines, greedy best-first and one knob at a time, which run
+through the same loop behind the same strategy interface (engine/strategy.py).
 
 Speed-ups are relative to the median of the baseline's repeats (the campaign's baseline profile).
 The *true* speed of a recipe is the median of its repeats; a strategy's incumbent is the recipe it
@@ -15,22 +16,32 @@ The *true* speed of a recipe is the median of its repeats; a strategy's incumben
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import random
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import optuna
 
 from recipetune.bench.table import Entry, Measurement, Table
 from recipetune.core.measure import RunResult, StepRecord
-from recipetune.core.recipe import KnobError, Recipe, SearchSpace
-from recipetune.engine.researcher import Proposal, SearchContext, make_proposer
-from recipetune.engine.tree import Node, Tree, reward
+from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.job import Checked, Finished, Landing, Outcome, Reporter, Row, Services
+from recipetune.engine.loop import Search, run_search
+from recipetune.engine.researcher import Proposal, make_proposer
+from recipetune.engine.samplers import FeasibleSampler, make_sampler
+from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.strategy import Candidate, Strategy, Wait
+from recipetune.engine.tree import Node, reward
+from recipetune.execute.executor import LocalExecutor
 
 STRATEGIES = ("mcts-analyst", "mcts-random", "greedy", "sequential", "tpe", "gp", "optuna-random", "grid")
+SAMPLERS = {"tpe": "tpe", "gp": "gp", "optuna-random": "random", "grid": "grid"}
 
 
 @dataclass
@@ -73,18 +84,20 @@ class Trajectory:
 
 
 class Oracle:
-    """The table as a stand-in for running recipes: a trial draws one measured repeat."""
+    """The table as a stand-in for running recipes: a trial draws one measured repeat. A table from an
+    older knob set is brought up to date first (``Table.up_to_date``: ``notes`` says how)."""
 
     def __init__(self, table: Table, rng: random.Random, scratch: Path):
-        self.table, self.rng, self.scratch = table, rng, scratch
-        self.entries = table.by_id()
-        base = table.baseline_entry().tokens_per_s()
+        self.workload = table.make_workload()
+        self.table, self.notes = table.up_to_date(self.workload, table.name)
+        self.rng, self.scratch = rng, scratch
+        self.entries = self.table.by_id()
+        base = self.table.baseline_entry().tokens_per_s()
         if not base:
             raise ValueError(f"table {table.name}: the baseline has no successful run")
         self.base_tps = base
-        self.baseline = Recipe(table.baseline)
-        self.space = SearchSpace({n: tuple(v) for n, v in table.space.items()})
-        self.workload = table.make_workload()
+        self.baseline = Recipe(self.table.baseline)
+        self.space = SearchSpace({n: tuple(v) for n, v in self.table.space.items()})
         self.relations = self.workload.relations()
 
     def entry(self, recipe: Recipe) -> Entry | None:
@@ -120,119 +133,61 @@ class Oracle:
                          environment=self.table.environment)
 
 
-class Replay:
-    """One strategy, one seed: trials until the budget is spent or the strategy has nothing left."""
+# -- the table as a job -----------------------------------------------------------------------------
 
-    def __init__(self, oracle: Oracle, budget: int, seed: int, name: str):
-        self.oracle, self.budget, self.seed = oracle, budget, seed
-        self.trajectory = Trajectory(name, seed)
 
-    def left(self) -> bool:
-        return len(self.trajectory.trials) < self.budget
+class TableJob:
+    """The speed job against a table: the baseline's first good repeat is the root, an infeasible
+    recipe is refused, a run is a drawn repeat, judged as screening would (ok and measured: passed,
+    the observed speed-up its score and the log speed-up its reward)."""
 
-    def run(self, recipe: Recipe) -> tuple[str, float | None, RunResult | None]:
-        """Status (passed, failed, rejected), observed speed-up and the run, trial recorded."""
+    name = "table"
+
+    def __init__(self, oracle: Oracle, cfg: TreeSearchConfig, reward_span: float = 4.0):
+        self.oracle, self.cfg, self.reward_span = oracle, cfg, reward_span
+        self.baseline, self.space, self.subject = oracle.baseline, oracle.space, oracle.workload
+        self.briefing: dict[str, Any] = {}  # the speed job's Researcher
+        self.trajectory = Trajectory("", 0)
+        self.services: Services | None = None
+
+    def start(self, services: Services) -> tuple[Any, float | None]:
+        self.services = services
+        e = self.oracle.table.baseline_entry()
+        return self.oracle.result(e, e.ok_runs()[0]), 1.0
+
+    def check(self, recipe: Recipe) -> Checked:
+        if self.oracle.entry(recipe) is None:
+            return Checked(recipe, refusal="static check: infeasible in the table")
+        return Checked(recipe)
+
+    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any],
+               progress: Callable[[int, int], None]) -> Future:
+        assert self.services is not None
         entry = self.oracle.entry(recipe)
-        if entry is None:
-            return "rejected", None, None  # the static check: not run, not counted
-        m = self.oracle.draw(entry)
+        return self.services.executor.call(lambda: (entry, self.oracle.draw(entry)), None)  # type: ignore[arg-type]
+
+    def land(self, result: tuple[Entry, Measurement], recipe: Recipe, run_dir: Path) -> Landing:
+        entry, m = result
         ok = m.status == "ok" and bool(m.tokens_per_s)
         observed = m.tokens_per_s / self.oracle.base_tps if ok else None  # type: ignore[operator]
-        self.trajectory.trials.append(Trial(entry.id, "passed" if ok else "failed", observed,
-                                            self.oracle.true_speedup(entry), m.wall_s))
-        return ("passed" if ok else "failed"), observed, self.oracle.result(entry, m)
+        true = self.oracle.true_speedup(entry)
+        self.trajectory.trials.append(Trial(entry.id, "passed" if ok else "failed", observed, true, m.wall_s))
+        return Landing("passed" if ok else "failed", observed,
+                       reward(observed, ok, self.reward_span, self.cfg.failure_penalty), "" if ok else m.cause,
+                       {"true": true, "cost_s": m.wall_s}, self.oracle.result(entry, m))
+
+    def load(self, run_dir: Path) -> None:
+        return None  # a replay is never resumed
+
+    def row(self, key: str, number: int | None, recipe: Recipe, attrs: dict[str, Any]) -> Row:
+        return Row(key, number, recipe.describe_diff(self.baseline), attrs.get("status", ""))
+
+    def decide(self, finished: Finished) -> Outcome:
+        return Outcome("KEEP BASELINE", ["a replay measures the search, not a decision"], finished.tree,
+                       runs=finished.runs)
 
 
-# -- the tree search, as Search.mcts runs it ------------------------------------------------------
-
-
-def replay_mcts(oracle: Oracle, proposer_name: str, budget: int, seed: int, children: int = 3,
-                span: float = 4.0, penalty: float = 0.0) -> Trajectory:
-    rp = Replay(oracle, budget, seed, f"mcts-{proposer_name}")
-    proposer = make_proposer(proposer_name, seed)
-    base_entry = oracle.table.baseline_entry()
-    tree = Tree(oracle.baseline, oracle.result(base_entry, base_entry.ok_runs()[0]))
-    context = SearchContext(oracle.workload, oracle.baseline, oracle.space, tree, seed)
-    while rp.left():
-        node = tree.select()
-        if node is None:
-            break  # the tree is exhausted
-        proposals = [p for p in proposer.propose(node, context, children) if node.recipe.with_(**p.edits) not in tree]
-        context.drain()
-        if not proposals:
-            node.exhausted = True
-            continue
-        for proposal in proposals:
-            if not rp.left():
-                break
-            recipe = node.recipe.with_(**proposal.edits)
-            if recipe in tree:
-                continue
-            _add(tree, node, recipe, proposal, rp.run(recipe), span, penalty)
-    return rp.trajectory
-
-
-def _add(tree: Tree, parent: Node, recipe: Recipe, proposal: Proposal,
-         outcome: tuple[str, float | None, RunResult | None], span: float, penalty: float) -> Node:
-    status, observed, result = outcome
-    if status == "rejected":
-        return tree.add(recipe, parent, "rejected", None, cause="static check", source=proposal.source)
-    value = reward(observed, status == "passed", span, penalty)
-    return tree.add(recipe, parent, status, value, score=observed, rationale=proposal.rationale,  # type: ignore[arg-type]
-                    source=proposal.source, result=result)
-
-
-# -- Optuna samplers, as Search.optuna runs them --------------------------------------------------
-
-
-def replay_optuna(oracle: Oracle, strategy: str, budget: int, seed: int) -> Trajectory:
-    import optuna
-
-    from recipetune.engine.samplers import FeasibleSampler, make_sampler
-    from recipetune.engine.store import distributions
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    name = {"optuna-random": "random"}.get(strategy, strategy)
-    relations = oracle.relations or None
-    dists = distributions(oracle.space, oracle.baseline)
-    if name == "gp":
-        sampler: optuna.samplers.BaseSampler = optuna.samplers.GPSampler(seed=seed)
-        if relations:
-            sampler = FeasibleSampler(sampler, dists, relations, oracle.baseline)
-    else:
-        sampler = make_sampler(name, oracle.space, oracle.baseline, seed, relations)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    points = relations.feasible_points(oracle.baseline, {n: d.choices for n, d in dists.items()}) \
-        if relations else None  # type: ignore[attr-defined]
-    size = len(points) if points is not None else math.prod(len(d.choices) for d in dists.values())  # type: ignore[attr-defined]
-    rp = Replay(oracle, budget, seed, strategy)
-    seen: dict[str, float | None] = {oracle.baseline.id: 1.0}
-    repeats = 0
-    while rp.left():
-        grid_done = isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
-        if grid_done or len(seen) >= size or repeats > 100:
-            break
-        trial = study.ask(dists)
-        recipe = oracle.baseline.with_(**trial.params)
-        if relations:
-            with contextlib.suppress(KnobError):  # as OptunaStrategy.ask: derived knobs computed
-                recipe = relations.derive(recipe)
-        if recipe.id in seen:  # the sampler must hear the outcome to move on; nothing runs again
-            repeats += 1
-            prior = seen[recipe.id]
-            study.tell(trial, prior) if prior is not None else study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            continue
-        repeats = 0
-        status, observed, _ = rp.run(recipe)
-        seen[recipe.id] = observed  # a refused recipe too: the campaign's tree keeps it, it is never asked again
-        if observed is not None:
-            study.tell(trial, observed)
-        else:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    return rp.trajectory
-
-
-# -- plain baselines ------------------------------------------------------------------------------
+# -- two plain baselines, as strategies -------------------------------------------------------------
 
 
 def _feasible_neighbours(oracle: Oracle, recipe: Recipe, tried: set[str]) -> list[Recipe]:
@@ -248,67 +203,135 @@ def _feasible_neighbours(oracle: Oracle, recipe: Recipe, tried: set[str]) -> lis
     return by_distance[nearest] if nearest is not None else []
 
 
-def replay_greedy(oracle: Oracle, budget: int, seed: int) -> Trajectory:
-    """Best-first: measure an untried neighbour of the fastest recipe observed so far."""
-    rp, rng = Replay(oracle, budget, seed, "greedy"), random.Random(seed)
-    observed: dict[str, float] = {oracle.baseline.id: 1.0}
-    recipes: dict[str, Recipe] = {oracle.baseline.id: oracle.baseline}
-    tried = {oracle.baseline.id}
-    while rp.left():
-        options = []
-        for rid in sorted(observed, key=observed.__getitem__, reverse=True):
-            options = _feasible_neighbours(oracle, recipes[rid], tried)
+class GreedyStrategy:
+    """Best-first: an untried neighbour of the fastest recipe observed so far."""
+
+    name = "greedy"
+
+    def __init__(self, search: Search, oracle: Oracle, seed: int):
+        self.search, self.oracle, self.rng = search, oracle, random.Random(seed)
+        self.observed: dict[str, float] = {oracle.baseline.id: 1.0}
+        self.recipes: dict[str, Recipe] = {oracle.baseline.id: oracle.baseline}
+        self.tried = {oracle.baseline.id}
+
+    def ask(self) -> Candidate | Wait | None:
+        options: list[Recipe] = []
+        for rid in sorted(self.observed, key=self.observed.__getitem__, reverse=True):
+            options = _feasible_neighbours(self.oracle, self.recipes[rid], self.tried)
             if options:
                 break
         if not options:
-            break
-        recipe = rng.choice(options)
-        tried.add(recipe.id)
-        status, speed, _ = rp.run(recipe)
-        if speed is not None:
-            observed[recipe.id], recipes[recipe.id] = speed, recipe
-    return rp.trajectory
+            return None
+        recipe = self.rng.choice(options)
+        self.tried.add(recipe.id)
+        return _candidate(self.search, recipe, "greedy: a neighbour of the fastest so far")
+
+    def tell(self, candidate: Candidate, node: Node | None) -> None:
+        if node is not None and node.score is not None:
+            self.observed[node.id], self.recipes[node.id] = node.score, node.recipe
+
+    def exhausted(self) -> str:
+        return "greedy: no untried neighbour of any recipe observed"
 
 
-def replay_sequential(oracle: Oracle, budget: int, seed: int) -> Trajectory:
+class SequentialStrategy:
     """One knob at a time, in the space's order: try its every value, keep the fastest, next knob;
     passes repeat until one changes nothing. A change that breaks a relation is repaired as the
-    search repairs it (the fewest other knobs move), or skipped when no repair exists."""
-    rp = Replay(oracle, budget, seed, "sequential")
-    current, current_speed = oracle.baseline, 1.0
-    tried = {oracle.baseline.id}
-    changed = True
-    while changed and rp.left():
-        changed = False
-        for knob, values in oracle.space.values.items():
-            best, best_speed = current, current_speed
-            for value in values:
-                recipe = current.with_(**{knob: value})
-                if oracle.relations:
-                    recipe = oracle.relations.repair(recipe, {knob}, oracle.space.values).recipe
-                if recipe.id in tried or not rp.left():
-                    continue
-                tried.add(recipe.id)
-                status, speed, _ = rp.run(recipe)
-                if speed is not None and speed > best_speed:
-                    best, best_speed = recipe, speed
-            if best is not current:
-                current, current_speed, changed = best, best_speed, True
-    return rp.trajectory
+    search repairs it (the fewest other knobs move)."""
+
+    name = "sequential"
+
+    def __init__(self, search: Search, oracle: Oracle):
+        self.search, self.oracle = search, oracle
+        self.current, self.speed = oracle.baseline, 1.0
+        self.tried = {oracle.baseline.id}
+        self.queue: list[Recipe] = []
+        self.knobs = list(oracle.space.values)
+        self.k = -1  # the knob being tried
+        self.best, self.best_speed = self.current, self.speed
+        self.changed = False  # in this pass
+
+    def _next_knob(self) -> bool:
+        """Settle the knob just tried, and queue the next one's values; False when a pass changed nothing."""
+        if self.k >= 0 and self.best is not self.current:
+            self.current, self.speed, self.changed = self.best, self.best_speed, True
+        while True:
+            self.k += 1
+            if self.k == len(self.knobs):
+                if not self.changed:
+                    return False
+                self.k, self.changed = 0, False
+            knob = self.knobs[self.k]
+            self.best, self.best_speed = self.current, self.speed
+            self.queue = []
+            for value in self.oracle.space.values[knob]:
+                recipe = self.current.with_(**{knob: value})
+                if self.oracle.relations:
+                    recipe = self.oracle.relations.repair(recipe, {knob}, self.oracle.space.values).recipe
+                if recipe.id not in self.tried and recipe.id not in {r.id for r in self.queue}:
+                    self.queue.append(recipe)
+            if self.queue:
+                return True
+
+    def ask(self) -> Candidate | Wait | None:
+        if not self.queue and not self._next_knob():
+            return None
+        recipe = self.queue.pop(0)
+        self.tried.add(recipe.id)
+        return _candidate(self.search, recipe, f"sequential: {self.knobs[self.k]}")
+
+    def tell(self, candidate: Candidate, node: Node | None) -> None:
+        if node is not None and node.score is not None and node.score > self.best_speed:
+            self.best, self.best_speed = node.recipe, node.score
+
+    def exhausted(self) -> str:
+        return "sequential: a whole pass changed nothing"
+
+
+def _candidate(search: Search, recipe: Recipe, why: str) -> Candidate:
+    root = search.tree.root
+    edits = {n: new for n, (_, new) in recipe.diff(root.recipe).items()}
+    return Candidate(recipe, root, Proposal(edits, why, why.split(":")[0]))
+
+
+# -- one replay ----------------------------------------------------------------------------------------
+
+
+def sampler_for(strategy: str, oracle: Oracle, seed: int) -> optuna.samplers.BaseSampler:
+    name = SAMPLERS.get(strategy, "random")  # the tree's strategies use a sampler only to satisfy the study
+    relations = oracle.relations or None
+    sampler = make_sampler(name, oracle.space, oracle.baseline, seed, relations)
+    if name == "gp" and relations and not isinstance(sampler, FeasibleSampler):
+        sampler = FeasibleSampler(sampler, distributions(oracle.space, oracle.baseline), relations, oracle.baseline)
+    return sampler
+
+
+def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Path,
+               reporter: Reporter | None = None) -> tuple[Trajectory, Outcome, CampaignStore]:
+    """``strategy`` against ``oracle``'s table through the engine's loop, its study in ``folder``."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    cfg = TreeSearchConfig(strategy=SAMPLERS.get(strategy, "mcts"), seed=seed,  # type: ignore[arg-type]
+                           budget={"trials": budget})  # type: ignore[arg-type]
+    job = TableJob(oracle, cfg)
+    job.trajectory = Trajectory(strategy, seed)
+    store = CampaignStore(folder, None, sampler_for(strategy, oracle, seed))
+    services = Services(store, LocalExecutor(), reporter or Reporter())
+    proposer = make_proposer(strategy.removeprefix("mcts-"), seed) if strategy.startswith("mcts-") else None
+    plain: dict[str, Callable[[Search], Strategy]] = {
+        "greedy": lambda search: GreedyStrategy(search, oracle, seed),
+        "sequential": lambda search: SequentialStrategy(search, oracle),
+    }
+    outcome = run_search(job, cfg, services, meta={"job": "table", "table": oracle.table.name}, snapshot={},
+                         resume=False, proposer=proposer, strategy=plain.get(strategy))
+    return job.trajectory, outcome, store
 
 
 def replay(table: Table, strategy: str, budget: int, seed: int) -> Trajectory:
     """One replay of ``strategy`` against ``table``; deterministic for a given seed."""
     with tempfile.TemporaryDirectory(prefix="recipetune-replay-") as scratch:
-        oracle = Oracle(table, random.Random(f"{table.name}-{strategy}-{seed}"), Path(scratch))
-        runners: dict[str, Callable[[], Trajectory]] = {
-            "mcts-analyst": lambda: replay_mcts(oracle, "analyst", budget, seed),
-            "mcts-random": lambda: replay_mcts(oracle, "random", budget, seed),
-            "greedy": lambda: replay_greedy(oracle, budget, seed),
-            "sequential": lambda: replay_sequential(oracle, budget, seed),
-        }
-        if strategy in runners:
-            return runners[strategy]()
-        if strategy in ("tpe", "gp", "optuna-random", "grid"):
-            return replay_optuna(oracle, strategy, budget, seed)
-        raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        oracle = Oracle(table, random.Random(f"{table.name}-{strategy}-{seed}"), Path(scratch) / "runs")
+        trajectory, _, store = run_replay(oracle, strategy, budget, seed, Path(scratch) / "campaign")
+        store.storage.engine.dispose()  # the study's file goes with the folder
+        return trajectory

@@ -23,11 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from recipetune.config import Campaign
+from recipetune.core.errors import ConfigError, validation_error
 from recipetune.core.measure import RunResult, environment_fingerprint
-from recipetune.core.recipe import Recipe, Scalar
+from recipetune.core.recipe import KnobError, Recipe, Scalar
 from recipetune.engine.store import distributions
 from recipetune.workloads.base import Workload
 
@@ -126,10 +127,48 @@ class Table(BaseModel):
 
     @classmethod
     def load(cls, path: Path) -> Table:
-        table = cls.model_validate_json(Path(path).read_text())
+        """A table file; ConfigError naming the file and every field that is wrong when it is not one."""
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(path, "", f"cannot read: {e.strerror}") from None
+        try:
+            table = cls.model_validate_json(text)
+        except ValidationError as e:
+            raise validation_error(e, path) from None
         if table.format != FORMAT:
-            raise ValueError(f"{path}: format {table.format!r}, expected {FORMAT!r}")
+            raise ConfigError(path, "format", f"{table.format!r}, expected {FORMAT!r}")
         return table
+
+    def up_to_date(self, workload: Workload, path: Path | str = "table") -> tuple[Table, list[str]]:
+        """This table under ``workload``'s knobs as they are now, and a note of what was brought up to date.
+
+        A table measured before a knob existed ran with that knob's behaviour of then: the knob's
+        current default (tensor parallelism 1, no float8, ...). Its recipes gain the default, so the
+        relations over the new knobs hold, and their ids are computed again. A knob the workload no
+        longer has, or a value outside a knob's domain now, cannot be mapped: ConfigError."""
+        knobs = workload.knobs()
+        gone = sorted(set(self.baseline) - set(knobs))
+        if gone:
+            raise ConfigError(path, "baseline", f"knob(s) {', '.join(gone)} of this table are not knobs of the "
+                              f"{self.workload} workload now; rebuild it with `recipetune bench table`")
+        new = {n: knobs[n].default for n in knobs if n not in self.baseline}
+        if not new:
+            return self, []
+        baseline = Recipe({**self.baseline, **new})
+        entries = []
+        for e in self.entries:
+            recipe = baseline.with_(**e.values)
+            try:
+                knobs.resolve(recipe)  # every value still in its knob's domain
+            except KnobError as err:
+                raise ConfigError(path, f"entries.{e.id}", str(err)) from None
+            entries.append(e.model_copy(update={"id": recipe.id}))
+        shown = ", ".join(f"{n}={v}" for n, v in new.items())
+        note = (f"{self.name}: measured before the knobs {', '.join(new)} existed; their current defaults are "
+                f"assumed ({shown}), so its recipes have new ids")
+        return self.model_copy(update={"baseline": dict(baseline), "baseline_id": baseline.id,
+                                       "entries": entries}), [note]
 
 
 def space_points(campaign: Campaign) -> list[dict[str, Scalar]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -299,13 +300,14 @@ class Search:
 
 def run_search(job: Job, cfg: TreeSearchConfig, services: Services, *, meta: dict[str, Any],
                snapshot: dict[str, Any], resume: bool, proposer: Proposer | None = None,
-               strategy: Strategy | None = None) -> Outcome:
-    """Run (or resume) a campaign to its decision. ``strategy``: one of the caller's own (bench/replay.py's
-    plain baselines); by default the campaign's (``cfg.strategy``). Ctrl-C leaves it resumable."""
+               strategy: Callable[[Search], Strategy] | None = None) -> Outcome:
+    """Run (or resume) a campaign to its decision. ``strategy`` builds one of the caller's own on the
+    started search (bench/replay.py's plain baselines); by default the campaign's (``cfg.strategy``,
+    with ``proposer`` for the tree). Ctrl-C leaves it resumable."""
     search = Search(job, cfg, services, meta, snapshot, resume)
     try:
         search.start()
-        search.run(strategy or search.make_strategy(proposer))
+        search.run(strategy(search) if strategy else search.make_strategy(proposer))
         search.last_sync = 0.0
         search.sync()  # other drivers' finished trials join the decision; a dead one's leave RUNNING
         search.store.set_meta("search_elapsed_s", search.elapsed())
