@@ -22,13 +22,9 @@ import json
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from recipetune.core import expr
 from recipetune.core.recipe import SPEED, KnobError, KnobSet, Recipe, Scalar
-
-if TYPE_CHECKING:
-    from recipetune.workloads.base import Workload
 
 MAX_CHECKS = 50_000  # recipes a repair (or a feasible-set enumeration) evaluates at most
 
@@ -72,11 +68,6 @@ class Relations:
         self.knobs = knobs
         self.derived = {k.name: k.derive for k in knobs.values() if k.derive}
         self.relations = list(relations)
-
-    @classmethod
-    def of(cls, workload: Workload) -> Relations:
-        holds = [Relation(inv.name, inv.expr) for inv in workload.invariants() if inv.kind == "holds"]
-        return cls(workload.knobs(), holds)
 
     def __bool__(self) -> bool:
         return bool(self.derived or self.relations)

@@ -7,6 +7,7 @@ the run's whole process group before the campaign stops.
 ``submit`` runs one trial; ``call`` runs one of the guard's measurements (the baseline profile, a
 final verdict: several runs that must see the same hardware) as a single unit on one placement.
 ``parallel`` says how many trials the campaign may keep in flight; ``close`` stops what is left.
+execute/factory.py makes the one a campaign's ``execute:`` section names.
 """
 
 from __future__ import annotations
@@ -16,11 +17,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from recipetune.config import Campaign
-from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
-from recipetune.execute.config import ExecuteConfig
 from recipetune.workloads.base import ProgressFn, Workload
 
 T = TypeVar("T")
@@ -80,22 +78,3 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
-
-
-def make_executor(campaign: Campaign) -> Executor:
-    """The executor the campaign's ``execute`` section names; bad settings are a ConfigError (exit 2)."""
-    return executor_for(campaign.config.execute, campaign.workload.n_devices(campaign.baseline), campaign.path)
-
-
-def executor_for(settings: ExecuteConfig, n_devices: int, file: Path) -> Executor:
-    """The executor ``settings`` name, for trials of ``n_devices`` processes; ConfigError (exit 2) when bad."""
-    if settings.executor == "local":
-        if settings.parallel > 1:
-            raise ConfigError(file, "--parallel", "the local executor runs one trial at a time: two measured "
-                              "runs on one machine would share its hardware; use --executor ray")
-        return LocalExecutor()
-    try:
-        from recipetune.execute.ray import RayExecutor
-    except ImportError:
-        raise ConfigError(file, "--executor", "ray is not installed: pip install 'recipetune[ray]'") from None
-    return RayExecutor(settings, n_devices, file)

@@ -55,7 +55,7 @@ def finetune(
     """Search fine-tuning experiments (data chain + training recipe) from the file's baseline; approve
     one only on the test split, over seeds, with the gain's confidence interval above zero."""
     # Imported here: the data chain and the trainers load only for a command that needs them.
-    from recipetune.execute.executor import executor_for
+    from recipetune.execute.factory import make_executor
     from recipetune.finetune import job as ft_job
     from recipetune.finetune.plan import load_finetune_campaign, plan
 
@@ -67,7 +67,7 @@ def finetune(
     try:
         campaign = load_finetune_campaign(experiment_file, extra)
         checked = plan(campaign, folder, resume)
-        runner = executor_for(campaign.settings.execute, 1, campaign.path)
+        runner = make_executor(campaign.settings.execute, 1, campaign.path)
     except ConfigError as e:
         console.print(Text.assemble(("error: ", "bold red"), str(e)))
         raise typer.Exit(2) from None

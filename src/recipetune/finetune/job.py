@@ -31,7 +31,8 @@ from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Reporter, Row, Services
 from recipetune.engine.loop import run_search
 from recipetune.engine.tree import metric_reward, normalised_gain
-from recipetune.execute.executor import Executor, executor_for
+from recipetune.execute.executor import Executor
+from recipetune.execute.factory import make_executor
 from recipetune.finetune import decide
 from recipetune.finetune.analyst import GOAL, PROFILE, experiment_facts, worst_cases
 from recipetune.finetune.plan import FinetunePlan
@@ -189,6 +190,6 @@ def experiment_figures(report: ExperimentReport, baseline_value: float) -> dict[
 def run(p: FinetunePlan, executor: Executor | None = None, reporter: Reporter | None = None) -> Outcome:
     """Run (or resume) a planned fine-tuning campaign to its decision. Ctrl-C leaves it resumable."""
     c = p.campaign
-    services = Services(p.store, executor or executor_for(c.settings.execute, 1, c.path), reporter or Reporter())
+    services = Services(p.store, executor or make_executor(c.settings.execute, 1, c.path), reporter or Reporter())
     return run_search(QualityJob(p), c.cfg, services, meta=p.meta, snapshot=p.snapshot, resume=p.resume,
                       proposer=p.proposer)

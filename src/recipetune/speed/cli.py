@@ -17,7 +17,7 @@ from recipetune.engine.job import Outcome
 from recipetune.engine.live import LiveReporter, decision_panel, option_overrides, run_live
 from recipetune.engine.plan import default_folder
 from recipetune.engine.store import CampaignStore
-from recipetune.execute.executor import make_executor
+from recipetune.execute.factory import make_executor
 from recipetune.guard.baseline import GuardError
 from recipetune.speed import job as speed_job
 from recipetune.speed.plan import plan
@@ -64,7 +64,7 @@ def tune(
         if campaign.config.execute.executor == "local":  # runs on this machine: e.g. the warm launcher
             campaign.workload.prepare(campaign.baseline)  # imports torch while the driver plans
         checked = plan(campaign, folder, resume)
-        runner = make_executor(campaign)
+        runner = make_executor(campaign.config.execute, campaign.workload.n_devices(campaign.baseline), campaign.path)
     except ConfigError as e:
         console.print(Text.assemble(("error: ", "bold red"), str(e)))
         raise typer.Exit(2) from None

@@ -24,7 +24,8 @@ from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Reporter, Row, Services
 from recipetune.engine.loop import run_search
 from recipetune.engine.tree import reward
-from recipetune.execute.executor import Executor, make_executor
+from recipetune.execute.executor import Executor
+from recipetune.execute.factory import make_executor
 from recipetune.speed import decide
 from recipetune.speed.plan import Plan
 
@@ -227,6 +228,8 @@ def run(p: Plan, guard: Guard | None = None, executor: Executor | None = None,
         reporter: Reporter | None = None) -> Outcome:
     """Run (or resume) a planned campaign to its decision. Ctrl-C leaves it resumable."""
     job = SpeedJob(p, guard or real_guard())
-    services = Services(p.store, executor or make_executor(p.campaign), reporter or Reporter())
+    c = p.campaign
+    executor = executor or make_executor(c.config.execute, c.workload.n_devices(c.baseline), c.path)
+    services = Services(p.store, executor, reporter or Reporter())
     return run_search(job, p.campaign.config.search, services, meta=p.meta, snapshot=p.snapshot,
                       resume=p.resume, proposer=p.proposer)

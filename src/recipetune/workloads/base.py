@@ -21,7 +21,7 @@ from recipetune.core.measure import (
 )
 from recipetune.core.process import ProcessOutcome
 from recipetune.core.recipe import KnobSet, Recipe
-from recipetune.core.relations import Relations
+from recipetune.core.relations import Relation, Relations
 
 ProgressFn = Callable[[int], None]  # called with the number of steps finished so far
 
@@ -86,8 +86,10 @@ class Workload(ABC):
     ) -> RunResult: ...
 
     def relations(self) -> Relations:
-        """Derived knobs and relations that must hold (recipetune.core.relations)."""
-        return Relations.of(self)
+        """Derived knobs and relations that must hold (recipetune.core.relations): the knobs' own
+        derivations, and the invariants of kind ``holds``."""
+        holds = [Relation(inv.name, inv.expr) for inv in self.invariants() if inv.kind == "holds"]
+        return Relations(self.knobs(), holds)
 
     def resolve(self, values: dict) -> Recipe:
         """Defaults overlaid with ``values``, each in its domain, derived knobs computed."""
