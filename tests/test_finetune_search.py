@@ -20,7 +20,8 @@ from recipetune.cli import app
 from recipetune.core.errors import ConfigError
 from recipetune.engine.job import Finished, Reporter, Services
 from recipetune.engine.llm import check_edits, compress_context
-from recipetune.engine.researcher import SearchContext, make_proposer
+from recipetune.engine.plan import make_proposer
+from recipetune.engine.researcher import SearchContext
 from recipetune.engine.store import CampaignStore
 from recipetune.engine.tree import Tree, metric_reward, normalised_gain
 from recipetune.execute.executor import LocalExecutor

@@ -15,7 +15,8 @@ from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
 from recipetune.engine.config import LLMSettings
 from recipetune.engine.llm import LLMProposer
-from recipetune.engine.researcher import AnalystProposer, Proposal, WithFallback, load_playbook, make_proposer
+from recipetune.engine.plan import make_proposer
+from recipetune.engine.researcher import AnalystProposer, Proposal, WithFallback, load_playbook
 from recipetune.speed.plan import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))

@@ -6,6 +6,7 @@ import pytest
 
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import SearchSpace
+from recipetune.engine.plan import make_proposer
 from recipetune.engine.researcher import (
     AnalystProposer,
     PlaybookError,
@@ -13,7 +14,6 @@ from recipetune.engine.researcher import (
     Rule,
     SearchContext,
     load_playbook,
-    make_proposer,
     profile_facts,
 )
 from recipetune.engine.tree import Tree

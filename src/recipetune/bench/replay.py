@@ -33,7 +33,8 @@ from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Reporter, Row, Services
 from recipetune.engine.loop import Search, run_search
-from recipetune.engine.researcher import Proposal, make_proposer
+from recipetune.engine.plan import make_proposer
+from recipetune.engine.researcher import Proposal
 from recipetune.engine.samplers import FeasibleSampler, make_sampler
 from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.strategy import Candidate, Strategy, Wait

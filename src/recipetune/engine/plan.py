@@ -14,8 +14,17 @@ from typing import Any
 
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import SearchSpace
-from recipetune.engine.config import TreeSearchConfig
-from recipetune.engine.researcher import PlaybookError, Proposer, make_proposer
+from recipetune.engine.config import LLMSettings, TreeSearchConfig
+from recipetune.engine.llm import LLMProposer
+from recipetune.engine.researcher import (
+    SPEED_PLAYBOOK,
+    AnalystProposer,
+    PlaybookError,
+    Proposer,
+    RandomProposer,
+    WithFallback,
+    load_playbook,
+)
 from recipetune.engine.store import CampaignStore
 
 
@@ -43,6 +52,25 @@ def redacted(settings: dict[str, Any]) -> dict[str, Any]:
     if settings.get("search", {}).get("llm", {}).get("api_key"):
         settings["search"]["llm"]["api_key"] = "(redacted)"
     return settings
+
+
+def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
+                  llm: LLMSettings | None = None, builtin: str | None = None) -> Proposer:
+    """The proposer a campaign asked for; ``builtin``: the job's own playbook (``package:file``).
+    ``llm`` comes with the fallback its settings name (the analyst on the same playbooks, by
+    default). Raises PlaybookError or ValueError on bad settings."""
+    if name == "analyst":
+        rules = (load_playbook(playbook) if playbook else []) + load_playbook(builtin=builtin or SPEED_PLAYBOOK)
+        return AnalystProposer(rules, seed)
+    if name == "random":
+        return RandomProposer(seed)
+    if name == "llm":
+        settings = llm or LLMSettings()
+        researcher = LLMProposer(settings)
+        if settings.fallback == "none":
+            return researcher
+        return WithFallback(researcher, make_proposer(settings.fallback, seed, playbook, builtin=builtin))
+    raise ValueError(f"unknown proposer {name!r}; expected analyst, random or llm")
 
 
 def build_proposer(cfg: TreeSearchConfig, file: Path, builtin: str | None = None) -> Proposer | None:

@@ -31,7 +31,6 @@ from recipetune.core.expr import ExprError, evaluate, names, parse
 from recipetune.core.meanings import Glossary
 from recipetune.core.recipe import KnobSet, Recipe, Scalar, SearchSpace
 from recipetune.core.relations import Relations
-from recipetune.engine.config import LLMSettings
 from recipetune.engine.tree import Node, Tree
 
 
@@ -466,24 +465,3 @@ class WithFallback:
         context.failed.pop(node.id, None)
         why = f"{self.primary.name} fallback: {_short(failed)}" if failed else f"{self.primary.name}: nothing new"
         return [replace(p, source=f"{p.source} ({why})") for p in backup]
-
-
-def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
-                  llm: LLMSettings | None = None, builtin: str | None = None) -> Proposer:
-    """The proposer a campaign asked for; ``builtin``: the job's own playbook (``package:file``).
-    ``llm`` comes with the fallback its settings name (the analyst on the same playbooks, by
-    default). Raises PlaybookError or ValueError on bad settings."""
-    if name == "analyst":
-        rules = (load_playbook(playbook) if playbook else []) + load_playbook(builtin=builtin or SPEED_PLAYBOOK)
-        return AnalystProposer(rules, seed)
-    if name == "random":
-        return RandomProposer(seed)
-    if name == "llm":
-        from recipetune.engine.llm import LLMProposer  # llm.py builds on this module's pieces
-
-        settings = llm or LLMSettings()
-        researcher = LLMProposer(settings)
-        if settings.fallback == "none":
-            return researcher
-        return WithFallback(researcher, make_proposer(settings.fallback, seed, playbook, builtin=builtin))
-    raise ValueError(f"unknown proposer {name!r}; expected analyst, random or llm")
