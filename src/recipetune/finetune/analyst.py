@@ -1,6 +1,6 @@
 """What the Researcher knows of a fine-tuning experiment: the facts its playbook's rules test.
 
-``experiment_facts`` reads a node's ``ExperimentReport`` (the Executor's report) and its place in
+``experiment_facts`` reads a node's ``ExperimentReport`` (the Experimenter's report) and its place in
 the tree; ``worst_cases`` gives the LLM Researcher the grouped worst validation cases. The rules
 themselves are data: finetune/playbook.yaml.
 """
@@ -72,7 +72,7 @@ def experiment_facts(node: Node, context: SearchContext) -> dict[str, Any]:
 
 
 def worst_cases(node: Node, per_kind: int = 2) -> dict[str, Any]:
-    """The Executor's grouped worst validation cases of a node, for the LLM Researcher."""
+    """The Experimenter's grouped worst validation cases of a node, for the LLM Researcher."""
     report = node.result
     if not isinstance(report, ExperimentReport) or report.validation is None:
         return {}

@@ -77,7 +77,7 @@ def error_shares(report: ExperimentReport) -> dict[str, float]:
 
 
 def diagnosis(report: ExperimentReport) -> str:
-    """The Executor's grouped worst cases in one line: ``wrong_number 31%, truncated 4%``."""
+    """The Experimenter's grouped worst cases in one line: ``wrong_number 31%, truncated 4%``."""
     shares = error_shares(report)
     return ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])[:3])
 

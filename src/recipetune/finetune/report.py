@@ -1,4 +1,4 @@
-"""The Executor's report: what one experiment produced, as data the Researcher reads.
+"""The Experimenter's report: what one experiment produced, as data the Researcher reads.
 
 Saved as ``report.json`` in the run folder, next to ``predictions.jsonl`` (every validation
 example), ``data_version.json``, ``recipe.json`` (the resolved experiment) and ``train_log.jsonl``.
