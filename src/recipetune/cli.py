@@ -14,6 +14,7 @@ from rich.table import Table
 from recipetune.config import load_campaign
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
+from recipetune.core.fmt import fmt_bytes
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.workloads.base import Workload
@@ -30,16 +31,6 @@ console = Console()
 def _group() -> None:
     # Keeps `run` a named subcommand when it is the only one mounted (see _wanted).
     pass
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return ""
 
 
 def run_with_progress(
@@ -127,7 +118,7 @@ def _mount_subcommands(wanted: str | None = None) -> None:
 
         app.add_typer(cbs_app, name="cbs")
     if wanted in (None, "verify"):
-        from recipetune.guard.cli import verify
+        from recipetune.speed.verify import verify
 
         app.command()(verify)
     if wanted in (None, "tune"):

@@ -88,7 +88,7 @@ def report_tables(report) -> list[Table]:
     t = report.timings_s
     summary.add_row("time", f"{t.get('total', 0):.1f}s (data {t.get('data', 0):.1f}, load {t.get('load', 0):.1f}, "
                             f"train {t.get('train', 0):.1f}, eval {t.get('eval', 0):.1f})")
-    from recipetune.cli import fmt_bytes
+    from recipetune.core.fmt import fmt_bytes
 
     summary.add_row("peak memory", fmt_bytes(report.peak_mem_bytes))
     params = report.params

@@ -11,35 +11,13 @@ import base64
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from recipetune.core.fmt import fmt_bytes, fmt_num, fmt_pct, fmt_value
 from recipetune.report.model import Report, report_json
 from recipetune.report.plots import all_plots, data_uri
-
-
-def fmt_num(value: float | None, spec: str = ",.0f", suffix: str = "") -> str:
-    return "n/a" if value is None else format(value, spec) + suffix
-
-
-def fmt_pct(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{100 * value:.{digits}f}%"
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def fmt_value(value: Any) -> str:
-    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _environment() -> Environment:

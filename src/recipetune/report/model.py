@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, Field
 from scipy import stats
 
+from recipetune.core.fmt import fmt_pct
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.report import sources as src
@@ -366,10 +367,6 @@ def commands(files: CampaignFiles, winner: dict[str, Any] | None) -> dict[str, l
 # -- the whole report ---------------------------------------------------------------------------
 
 
-def _fmt_pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
 def _ci(ev: Evidence) -> str:
     if ev.ci_low is None or ev.ci_high is None:
         return ""
@@ -384,7 +381,7 @@ def headline(decision: str, ev: Evidence | None, n_trials: int, reasons: list[st
         lead = "Approved" if decision == "APPROVED" else "The baseline stays"
         return f"{lead}: {reasons[0] if reasons else 'no candidate beat it'}."
     ci = f" ({_ci(ev)})" if _ci(ev) else ""
-    noise = f"the {_fmt_pct(ev.noise_margin)} noise margin" if ev.noise_margin is not None else "the noise"
+    noise = f"the {fmt_pct(ev.noise_margin)} noise margin" if ev.noise_margin is not None else "the noise"
     loss = ""
     if ev.loss_gap is not None and ev.loss_tolerance is not None:
         within = "within" if abs(ev.loss_gap) <= ev.loss_tolerance else "outside"

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from recipetune.report.html import fmt_bytes, fmt_num, fmt_pct
+from recipetune.core.fmt import fmt_bytes, fmt_num, fmt_pct
 from recipetune.report.model import TREE_STATUSES, Report, Trial
 from recipetune.report.sources import QUALITY
 

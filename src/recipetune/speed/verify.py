@@ -1,5 +1,8 @@
 """`recipetune verify BASELINE.yaml CANDIDATE.yaml`: the guard's full decision on one candidate.
 
+A command of the speed job, not of the guard: it reads two campaign files (config.py, a layer above
+the guard) and asks the guard for its verdict on their recipes.
+
 Exit codes: 0 APPROVED or KEEP BASELINE (the command did its job: use the decision), 1 REJECTED
 after measurement (the candidate trains differently or failed to run), 2 bad input (a file, an
 override, mismatched workloads, or a candidate the static checks refuse: nothing runs, nothing is
@@ -23,6 +26,7 @@ from recipetune.config import Campaign, CampaignConfig, load_campaign
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.files import parse_override
+from recipetune.core.fmt import fmt_pct
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.static import static_report
 from recipetune.guard.verdict import Verdict, final_verdict, static_verdict
@@ -55,10 +59,6 @@ def _check_same_workload(base: Campaign, cand: Campaign) -> None:
                       "verify compares two recipes of the same workload")
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
 def render(verdict: Verdict) -> Panel:
     parts: list = [Text(verdict.decision, style=STYLE[verdict.decision])]
     if not verdict.violations:  # the table below says it knob by knob
@@ -74,7 +74,7 @@ def render(verdict: Verdict) -> Panel:
 
     if verdict.speedup is not None:
         ci = f"{100 * (verdict.confidence or 0):.0f}% CI [{verdict.ci_low:.3f}, {verdict.ci_high:.3f}]"
-        parts.append(Text(f"\nspeed-up {verdict.speedup:.3f}x   {ci}   noise margin {_pct(verdict.noise_margin)}"
+        parts.append(Text(f"\nspeed-up {verdict.speedup:.3f}x   {ci}   noise margin {fmt_pct(verdict.noise_margin)}"
                           f" (approved only above {1 + (verdict.noise_margin or 0):.3f})", style="bold"))
         parts.append(Text(f"noise: {verdict.speed.get('noise_source', '')}", style="dim"))
     if verdict.pairs:
