@@ -12,6 +12,7 @@ import json
 import pytest
 
 from recipetune.core.recipe import KnobError
+from recipetune.speed.facts import PLAYBOOK
 from recipetune.trainer.knobs import check_recipe, reference_knobs
 from recipetune.trainer.layout import LAYOUT_RELATION, Layout
 from recipetune.workloads.reference import ReferenceWorkload
@@ -152,7 +153,7 @@ def test_float8_is_refused_clearly_without_torchao_or_gpu():
 def test_playbook_rules_for_the_layout_knobs():
     from recipetune.engine.researcher import AnalystProposer, load_playbook
 
-    analyst = AnalystProposer(load_playbook())
+    analyst = AnalystProposer(load_playbook(builtin=PLAYBOOK))
     recipe = resolve(nproc=4, dp_shard=2, tp=2, micro_batch_size=4)
     common = dict(recipe, n_devices=4, device="cuda", accum_steps=1, data_share=0.0, optim_share=0.0)
 

@@ -14,12 +14,13 @@ from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import SearchSpace
-from recipetune.engine.researcher import AnalystProposer, RandomProposer, SearchContext, load_playbook, profile_facts
+from recipetune.engine.researcher import AnalystProposer, RandomProposer, SearchContext, load_playbook
 from recipetune.engine.samplers import make_sampler
 from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.strategy import SamplerStrategy
 from recipetune.engine.tree import Tree
 from recipetune.guard.static import static_check
+from recipetune.speed.facts import BRIEFING, PLAYBOOK, profile_facts
 from recipetune.speed.job import run
 from recipetune.speed.plan import plan
 from recipetune.workloads.reference import ReferenceWorkload
@@ -66,7 +67,8 @@ def no_memory_profile(recipe) -> RunResult:
 def context_for(path: Path) -> SearchContext:
     camp = load_campaign(path)
     space = SearchSpace.from_lists(camp.workload.knobs(), camp.config.search.knobs)
-    return SearchContext(camp.workload, camp.baseline, space, Tree(camp.baseline, no_memory_profile(camp.baseline)))
+    return SearchContext(camp.workload, camp.baseline, space, Tree(camp.baseline, no_memory_profile(camp.baseline)),
+                         **BRIEFING)
 
 
 # -- repair -------------------------------------------------------------------------------------
@@ -90,7 +92,7 @@ def test_reference_batch_split_is_repaired_through_nproc_or_micro_batch():
     w = ReferenceWorkload()
     base = w.resolve({"model": "nano", "global_batch_size": 16, "micro_batch_size": 8})
     space = SearchSpace.from_lists(w.knobs(), {"micro_batch_size": [2, 4, 8, 16], "nproc": [1, 2, 4]})
-    ctx = SearchContext(w, base, space, Tree(base))
+    ctx = SearchContext(w, base, space, Tree(base), **BRIEFING)
     recipe, note = ctx.complete(base, {"nproc": 4})  # 16 / (4 x 8) is no whole accumulation
     assert (recipe["nproc"], recipe["micro_batch_size"]) == (4, 4) and "micro_batch_size 8 -> 4" in note
     recipe, note = ctx.complete(base.with_(nproc=2), {"micro_batch_size": 16})
@@ -175,7 +177,7 @@ def test_meanings_give_the_analyst_its_facts_and_unknown_facts_stay_unknown(tmp_
     assert facts["micro_batch_size"] == 2 and facts["accum_steps"] == 16 and facts["global_batch_size"] == 32
     assert facts["nproc"] == 1 and facts["memory_reported"] is False
     assert "mem_headroom" not in facts and "dtype" not in facts  # the trainer reports neither
-    fired = {r.name for r in AnalystProposer(load_playbook()).fired(facts)}
+    fired = {r.name for r in AnalystProposer(load_playbook(builtin=PLAYBOOK)).fired(facts)}
     assert "no-accumulation-memory-unknown" in fired
     assert not fired & {"no-accumulation", "larger-micro-batch", "bf16-on-cpu", "foreach-optimizer"}
 
@@ -183,7 +185,7 @@ def test_meanings_give_the_analyst_its_facts_and_unknown_facts_stay_unknown(tmp_
 @pytest.mark.parametrize("derive", [False, True])
 def test_analyst_proposes_the_coupled_no_accumulation_move_first(tmp_path, derive):
     ctx = context_for(nanogpt_campaign(tmp_path, derive=derive))
-    proposals = AnalystProposer(load_playbook()).propose(ctx.tree.root, ctx, 3)
+    proposals = AnalystProposer(load_playbook(builtin=PLAYBOOK)).propose(ctx.tree.root, ctx, 3)
     first = proposals[0]
     assert first.edits == {"batch_size": 32, "grad_accum": 1}
     assert first.rationale.startswith("no-accumulation-memory-unknown")
@@ -205,7 +207,7 @@ def test_meaning_values_map_onto_the_playbook(tmp_path):
     ctx = context_for(path)
     facts = profile_facts(ctx.tree.root, ctx)
     assert facts["dtype"] == "fp32" and facts["compile"] == "off"
-    proposals = AnalystProposer(load_playbook()).propose(ctx.tree.root, ctx, 8)
+    proposals = AnalystProposer(load_playbook(builtin=PLAYBOOK)).propose(ctx.tree.root, ctx, 8)
     assert {"precision": "bfloat16"} in [p.edits for p in proposals]  # bf16-on-cpu, in the trainer's spelling
 
 

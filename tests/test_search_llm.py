@@ -17,6 +17,7 @@ from recipetune.engine.config import LLMSettings
 from recipetune.engine.llm import LLMProposer
 from recipetune.engine.plan import make_proposer
 from recipetune.engine.researcher import AnalystProposer, Proposal, WithFallback, load_playbook
+from recipetune.speed.facts import PLAYBOOK
 from recipetune.speed.plan import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
@@ -310,7 +311,7 @@ class Nothing:
 def test_unusable_answers_fall_back_to_the_analyst_recorded_per_proposal():
     with FakeLLMServer(["not json"]) as server:
         node, ctx = small_tree()
-        proposer = make_proposer("llm", llm=settings(server, retries=1))
+        proposer = make_proposer("llm", builtin=PLAYBOOK, llm=settings(server, retries=1))
         assert isinstance(proposer, WithFallback) and proposer.name == "llm"
         proposals = proposer.propose(node, ctx, 3)
     assert len(server.requests) == 2 and proposals
@@ -318,7 +319,7 @@ def test_unusable_answers_fall_back_to_the_analyst_recorded_per_proposal():
                for p in proposals)
     # The rationales are the analyst's own, as it gives them alone.
     _, alone_ctx = small_tree()
-    analyst = AnalystProposer(load_playbook())
+    analyst = AnalystProposer(load_playbook(builtin=PLAYBOOK))
     assert [(p.edits, p.rationale) for p in proposals] == \
         [(p.edits, p.rationale) for p in analyst.propose(alone_ctx.tree.nodes[node.id], alone_ctx, 3)]
     # What the LLM said stays on record; the node did not fail, the fallback delivered.
@@ -328,7 +329,8 @@ def test_unusable_answers_fall_back_to_the_analyst_recorded_per_proposal():
 def test_the_random_fallback_is_recorded_too():
     with FakeLLMServer([500]) as server:
         node, ctx = small_tree()
-        proposals = make_proposer("llm", llm=settings(server, fallback="random")).propose(node, ctx, 2)
+        llm = settings(server, fallback="random")
+        proposals = make_proposer("llm", builtin=PLAYBOOK, llm=llm).propose(node, ctx, 2)
     assert len(proposals) == 2
     assert all(p.source.startswith("random (llm fallback: 1 answer, none usable; last: endpoint error: HTTP 500")
                and p.rationale.startswith("uniform draw") for p in proposals)
@@ -339,7 +341,7 @@ def test_an_empty_answer_is_nothing_new_not_unusable():
     # rejected; the fallback is asked too, and its proposals say the LLM had nothing new.
     with FakeLLMServer(['{"proposals": []}']) as server:
         node, ctx = small_tree()
-        proposals = make_proposer("llm", llm=settings(server, retries=2)).propose(node, ctx, 3)
+        proposals = make_proposer("llm", builtin=PLAYBOOK, llm=settings(server, retries=2)).propose(node, ctx, 3)
     assert len(server.requests) == 1 and ctx.rejections == [] and ctx.failed == {}
     assert proposals and all(p.source == "analyst (llm: nothing new)" for p in proposals)
 
@@ -447,5 +449,5 @@ def test_the_fallback_analyst_reads_the_jobs_playbook_and_the_campaigns(tmp_path
                              llm=LLMSettings(base_url="http://127.0.0.1:1/v1"))
     assert isinstance(proposer, WithFallback) and isinstance(proposer.fallback, AnalystProposer)
     assert [r.name for r in proposer.fallback.rules] == ["mine"] + [r.name for r in load_playbook(builtin=quality)]
-    assert isinstance(make_proposer("llm", llm=LLMSettings(base_url="http://127.0.0.1:1/v1", fallback="none")),
-                      LLMProposer)
+    bare = LLMSettings(base_url="http://127.0.0.1:1/v1", fallback="none")
+    assert isinstance(make_proposer("llm", builtin=PLAYBOOK, llm=bare), LLMProposer)

@@ -14,9 +14,9 @@ from recipetune.engine.researcher import (
     Rule,
     SearchContext,
     load_playbook,
-    profile_facts,
 )
 from recipetune.engine.tree import Tree
+from recipetune.speed.facts import BRIEFING, PLAYBOOK, profile_facts
 from recipetune.workloads.reference import ReferenceWorkload
 
 WORKLOAD = ReferenceWorkload()
@@ -38,7 +38,7 @@ def profile(data_s: float = 0.001, compute_s: float = 0.05, optim_s: float = 0.0
 
 
 def context(result: RunResult | None = None) -> SearchContext:
-    return SearchContext(WORKLOAD, BASE, SPACE, Tree(BASE, result or profile()), seed=0)
+    return SearchContext(WORKLOAD, BASE, SPACE, Tree(BASE, result or profile()), seed=0, **BRIEFING)
 
 
 def test_profile_facts_vocabulary():
@@ -55,7 +55,7 @@ def test_profile_facts_vocabulary():
 
 def test_analyst_proposes_from_the_playbook_with_rationale():
     ctx = context(profile(data_s=0.02, compute_s=0.06, optim_s=0.02))
-    proposals = AnalystProposer(load_playbook()).propose(ctx.tree.root, ctx, 4)
+    proposals = AnalystProposer(load_playbook(builtin=PLAYBOOK)).propose(ctx.tree.root, ctx, 4)
     by_rule = {p.rationale.split(" ")[0].rstrip(":"): p for p in proposals}
     # Accumulation with memory to spare: no accumulation at all, and (more careful) the next larger micro-batch.
     assert by_rule["no-accumulation"].edits == {"micro_batch_size": 16}
@@ -74,7 +74,7 @@ def test_analyst_proposes_from_the_playbook_with_rationale():
 def test_analyst_rules_follow_the_profile():
     ctx = context(profile(data_s=0.0, compute_s=0.05, optim_s=0.0))  # no optimizer or data time to win
     rules = {p.rationale.split(" ")[0].rstrip(":")
-             for p in AnalystProposer(load_playbook()).propose(ctx.tree.root, ctx, 3)}
+             for p in AnalystProposer(load_playbook(builtin=PLAYBOOK)).propose(ctx.tree.root, ctx, 3)}
     assert "foreach-optimizer" not in rules and "more-loader-workers" not in rules
     assert "larger-micro-batch" in rules
 
@@ -82,7 +82,7 @@ def test_analyst_rules_follow_the_profile():
 def test_analyst_never_proposes_a_recipe_already_tried():
     ctx = context()
     ctx.tree.add(BASE.with_(micro_batch_size=4), ctx.tree.root, "failed", 0.0)
-    proposals = AnalystProposer(load_playbook()).propose(ctx.tree.root, ctx, 10)
+    proposals = AnalystProposer(load_playbook(builtin=PLAYBOOK)).propose(ctx.tree.root, ctx, 10)
     recipes = [BASE.with_(**p.edits) for p in proposals]
     assert BASE.with_(micro_batch_size=4) not in recipes
     assert len({r.id for r in recipes}) == len(recipes)
@@ -101,7 +101,7 @@ def test_user_playbook_rules_come_first(tmp_path):
     extra = tmp_path / "mine.yaml"
     extra.write_text("rules:\n  - name: two-threads\n    when: \"device == 'cpu'\"\n"
                      "    action: {knob: num_threads, set: 2}\n    why: my machine likes it\n")
-    proposer = make_proposer("analyst", playbook=extra)
+    proposer = make_proposer("analyst", playbook=extra, builtin=PLAYBOOK)
     ctx = context()
     first = proposer.propose(ctx.tree.root, ctx, 1)[0]
     assert first.edits == {"num_threads": 2}
@@ -136,7 +136,7 @@ def test_random_proposer_is_seeded_and_stays_in_the_space():
 
 def test_random_proposer_stops_when_the_space_is_exhausted():
     small = SearchSpace.from_lists(WORKLOAD.knobs(), {"num_threads": [1, 2]})
-    ctx = SearchContext(WORKLOAD, BASE, small, Tree(BASE, profile()))
+    ctx = SearchContext(WORKLOAD, BASE, small, Tree(BASE, profile()), **BRIEFING)
     first = RandomProposer().propose(ctx.tree.root, ctx, 5)
     assert len(first) == 2  # threads 1 and 2 (0, the baseline's, is the root)
     for p in first:

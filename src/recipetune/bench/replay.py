@@ -40,6 +40,7 @@ from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.strategy import Candidate, Strategy, Wait
 from recipetune.engine.tree import Node, reward
 from recipetune.execute.executor import LocalExecutor
+from recipetune.speed.facts import BRIEFING, PLAYBOOK
 
 STRATEGIES = ("mcts-analyst", "mcts-random", "greedy", "sequential", "tpe", "gp", "optuna-random", "grid")
 SAMPLERS = {"tpe": "tpe", "gp": "gp", "optuna-random": "random", "grid": "grid"}
@@ -147,7 +148,7 @@ class TableJob:
     def __init__(self, oracle: Oracle, cfg: TreeSearchConfig, reward_span: float = 4.0):
         self.oracle, self.cfg, self.reward_span = oracle, cfg, reward_span
         self.baseline, self.space, self.subject = oracle.baseline, oracle.space, oracle.workload
-        self.briefing: dict[str, Any] = {}  # the speed job's Researcher
+        self.briefing = BRIEFING  # the speed job's Researcher
         self.trajectory = Trajectory("", 0)
         self.services: Services | None = None
 
@@ -319,7 +320,8 @@ def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Pa
     job.trajectory = Trajectory(strategy, seed)
     store = CampaignStore(folder, None, sampler_for(strategy, oracle, seed))
     services = Services(store, LocalExecutor(), reporter or Reporter())
-    proposer = make_proposer(strategy.removeprefix("mcts-"), seed) if strategy.startswith("mcts-") else None
+    proposer = make_proposer(strategy.removeprefix("mcts-"), seed, builtin=PLAYBOOK) if strategy.startswith("mcts-") \
+        else None
     plain: dict[str, Callable[[Search], Strategy]] = {
         "greedy": lambda search: GreedyStrategy(search, oracle, seed),
         "sequential": lambda search: SequentialStrategy(search, oracle),

@@ -17,7 +17,6 @@ from recipetune.core.recipe import SearchSpace
 from recipetune.engine.config import LLMSettings, TreeSearchConfig
 from recipetune.engine.llm import LLMProposer
 from recipetune.engine.researcher import (
-    SPEED_PLAYBOOK,
     AnalystProposer,
     PlaybookError,
     Proposer,
@@ -60,7 +59,7 @@ def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
     ``llm`` comes with the fallback its settings name (the analyst on the same playbooks, by
     default). Raises PlaybookError or ValueError on bad settings."""
     if name == "analyst":
-        rules = (load_playbook(playbook) if playbook else []) + load_playbook(builtin=builtin or SPEED_PLAYBOOK)
+        rules = (load_playbook(playbook) if playbook else []) + (load_playbook(builtin=builtin) if builtin else [])
         return AnalystProposer(rules, seed)
     if name == "random":
         return RandomProposer(seed)

@@ -11,14 +11,10 @@ checked against the campaign's search space here and again by the guard before a
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -66,9 +62,10 @@ Facts = Callable[["Node", "SearchContext"], dict[str, Any]]
 class SearchContext:
     """What a proposer may look at: the campaign's space and the tree so far.
 
-    ``facts`` names what is known of a node for the analyst's conditions and the LLM's context
-    (the speed job's: ``profile_facts``); ``goal`` and ``profile`` tell the LLM what is optimised and
-    which facts to show it."""
+    The job's briefing fills the rest: ``facts`` names what is known of a node for the analyst's
+    conditions and the LLM's context (the speed job's: speed/facts.py, the quality job's:
+    finetune/analyst.py); ``goal``, ``score_name`` and ``profile`` tell the LLM what is optimised, what
+    a node's score is and which facts to show it."""
 
     workload: Subject
     baseline: Recipe
@@ -76,12 +73,11 @@ class SearchContext:
     tree: Tree
     seed: int = 0
     facts: Facts | None = None
-    goal: str = "raise training tokens/s per device without changing what the model learns"
-    score_name: str = "speedup"  # what a node's score is, for the LLM
+    goal: str = "improve the campaign's score"
+    score_name: str = "score"  # what a node's score is, for the LLM
     details: Callable[[Node], dict[str, Any]] | None = None  # more on the selected node (worst cases ...)
     max_chars: int = 6000  # the LLM's compressed context, at most this much JSON
-    profile: tuple[str, ...] = ("device", "step_s", "data_share", "compute_share", "optim_share", "accum_steps",
-                                "mem_headroom", "mfu", "tokens_per_s", "n_devices")
+    profile: tuple[str, ...] = ()
     rejections: list[Rejection] = field(default_factory=list)
     # Nodes where the proposer failed (every answer unusable), as opposed to having nothing new.
     failed: dict[str, str] = field(default_factory=dict)
@@ -93,7 +89,7 @@ class SearchContext:
         self.glossary = Glossary(self.workload.knobs())
 
     def facts_of(self, node: Node) -> dict[str, Any]:
-        return (self.facts or profile_facts)(node, self)
+        return (self.facts or basic_facts)(node, self)
 
     def seen(self, recipe: Recipe) -> bool:
         return recipe in self.tree
@@ -142,84 +138,12 @@ def member(value: Scalar, values: tuple[Scalar, ...]) -> bool:
     return any(v == value and isinstance(v, bool) == isinstance(value, bool) for v in values)
 
 
-# ---------------------------------------------------------------------------------------------
-# Profile facts: the vocabulary of the playbook's conditions.
-
-
-@cache
-def device_memory_bytes(device: str) -> int | None:
-    """Memory of one device: the smallest GPU's (nvidia-smi), or the machine's RAM for a CPU."""
-    if device == "cuda":
-        # nvidia-smi rather than torch.cuda: a CUDA context in the campaign process would hold GPU
-        # memory for as long as the trials run.
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=20, check=True).stdout
-            return min(int(float(x)) for x in out.split()) * 2**20  # MiB
-        except (OSError, subprocess.SubprocessError, ValueError):
-            pass
-        try:
-            import torch
-
-            return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
-        except Exception:  # no usable GPU here: the fact stays unknown
-            return None
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _run_info(node: Node) -> dict[str, Any]:
-    if node.result is None or not node.result.out_dir:
-        return {}
-    try:
-        return json.loads((Path(node.result.out_dir) / "run.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def profile_facts(node: Node, context: SearchContext) -> dict[str, Any]:
-    """Knob values, baseline values and the figures of the node's run, by name."""
-    recipe = node.recipe
-    # An outside trainer's knobs count under the reference names their meanings give (meanings.py).
-    glossary = context.glossary
+def basic_facts(node: Node, context: SearchContext) -> dict[str, Any]:
+    """What any job knows of a node: its knobs, the baseline's (as ``baseline_<knob>``) and its score.
+    A job names more through its briefing (the speed job: speed/facts.py)."""
     facts: dict[str, Any] = {f"baseline_{k}": v for k, v in context.baseline.items()}
-    facts.update({f"baseline_{k}": v for k, v in glossary.facts(context.baseline).items()})
-    facts.update(recipe)
-    facts.update(glossary.facts(recipe))
-    facts.update(speedup=node.score, cpu_count=os.cpu_count() or 1)
-    if "nproc" not in facts:
-        with contextlib.suppress(ExprError, TypeError, ValueError, KeyError, AttributeError):
-            facts["nproc"] = context.workload.n_devices(recipe)  # type: ignore[attr-defined]
-    info = _run_info(node)
-    env = node.result.environment if node.result else {}
-    device = str(info.get("device") or ("cuda" if "gpu" in env and recipe.get("device") != "cpu" else "cpu"))
-    facts["device"] = device.split(":")[0]
-    accum = info.get("accumulation_steps", facts.get("accum_steps"))
-    nproc = int(facts.get("nproc", 1))
-    if accum is None and {"global_batch_size", "micro_batch_size"} <= facts.keys():
-        accum = max(1, int(facts["global_batch_size"]) // (nproc * int(facts["micro_batch_size"])))
-    facts["accum_steps"] = accum
-    if "global_batch_size" not in facts and accum is not None and "micro_batch_size" in facts:
-        facts["global_batch_size"] = int(facts["micro_batch_size"]) * int(accum) * nproc
-    if node.result is None or not node.result.steps:
-        return facts
-    s = node.result.summary()
-    facts["memory_reported"] = s.peak_mem_bytes is not None
-    facts.update(tokens_per_s=s.tokens_per_s_per_device, step_s=s.mean_step_time_s, mfu=s.mfu,
-                 n_devices=node.result.n_devices)
-    for part in ("data_s", "compute_s", "optim_s"):
-        value = s.breakdown_s.get(part)
-        facts[part] = value
-        if value is not None and s.mean_step_time_s > 0:
-            facts[part.replace("_s", "_share")] = value / s.mean_step_time_s
-    total = device_memory_bytes(facts["device"])
-    if s.peak_mem_bytes is not None:
-        facts["peak_mem_gb"] = s.peak_mem_bytes / 2**30
-        if total:
-            facts["mem_total_gb"] = total / 2**30
-            facts["mem_headroom"] = 1.0 - s.peak_mem_bytes / total
+    facts.update(node.recipe)
+    facts["score"] = node.score
     return facts
 
 
@@ -328,12 +252,11 @@ class PlaybookError(ValueError):
         self.file, self.field, self.message = file, field, message
 
 
-SPEED_PLAYBOOK = "recipetune.speed:playbook.yaml"
-
-
-def load_playbook(path: str | Path | None = None, builtin: str = SPEED_PLAYBOOK) -> list[Rule]:
-    """The rules of a playbook file; the built-in one (``package:file``) when ``path`` is None."""
+def load_playbook(path: str | Path | None = None, builtin: str | None = None) -> list[Rule]:
+    """The rules of a playbook file; a job's built-in one (``package:file``) when ``path`` is None."""
     if path is None:
+        if builtin is None:
+            raise PlaybookError("playbook", "", "no playbook: give a file or the job's built-in one")
         package, _, name = builtin.partition(":")
         text, where = resources.files(package).joinpath(name).read_text(), name
     else:

@@ -27,6 +27,7 @@ from recipetune.engine.tree import reward
 from recipetune.execute.executor import Executor
 from recipetune.execute.factory import make_executor
 from recipetune.speed import decide
+from recipetune.speed.facts import BRIEFING
 from recipetune.speed.plan import Plan
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ class SpeedJob:
         self.workload = self.subject = p.campaign.workload
         self.baseline, self.space, self.batch = p.campaign.baseline, p.space, p.batch
         self.settings = p.campaign.config.guard
-        self.briefing: dict[str, Any] = {}  # SearchContext's defaults are the speed job's
+        self.briefing = BRIEFING
         self.profile: BaselineProfile | None = None
         self.services: Services | None = None
 

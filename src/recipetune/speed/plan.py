@@ -18,6 +18,7 @@ from recipetune.engine import plan as planning
 from recipetune.engine.plan import build_proposer, check_folder, redacted
 from recipetune.engine.samplers import make_sampler
 from recipetune.engine.store import CampaignStore
+from recipetune.speed.facts import PLAYBOOK
 from recipetune.speed.semantic import BatchRule, batch_rule
 
 
@@ -71,7 +72,7 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
     cfg = campaign.config.search
     space = check_space(campaign)
     batch = batch_rule(campaign)
-    proposer = build_proposer(cfg, campaign.path)
+    proposer = build_proposer(cfg, campaign.path, builtin=PLAYBOOK)
     meta = campaign_meta(campaign, space, batch)
     n_done = check_folder(folder, cfg, meta, resume, RESUME_KEYS, campaign.path)
     # A resumed campaign draws afresh: a sampler re-seeded identically would replay its first picks.
