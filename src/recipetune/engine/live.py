@@ -34,19 +34,19 @@ def _num(value: float | None, fmt: str) -> str:
 class Columns:
     """A job's three columns of the trial table (Row.figure, Row.score, Row.check) and their formats."""
 
-    figure: str = "tok/s/dev"
-    score: str = "speed-up"
-    check: str = "loss check"
-    figure_fmt: str = ",.0f"
-    score_fmt: str = ".2f"
-    unit: str = "x"
-    none_better: str = "nothing faster has passed screening"
+    figure: str
+    score: str
+    check: str
+    figure_fmt: str
+    score_fmt: str
+    unit: str  # after a score: "x" for a speed-up
+    none_better: str  # what the best line says while nothing has beaten the baseline
 
 
 class LiveReporter(Reporter):
     """Keeps the rows of the trial table and redraws it as trials start, progress and end."""
 
-    def __init__(self, columns: Columns = Columns(), describe: Callable[[Recipe], str] | None = None) -> None:
+    def __init__(self, columns: Columns, describe: Callable[[Recipe], str] | None = None) -> None:
         self.columns = columns
         self.describe = describe  # a node's change from the baseline, as the job words it
         self.rows: dict[str, Row] = {}

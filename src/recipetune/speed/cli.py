@@ -14,7 +14,7 @@ from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome
-from recipetune.engine.live import LiveReporter, decision_panel, option_overrides, run_live
+from recipetune.engine.live import Columns, LiveReporter, decision_panel, option_overrides, run_live
 from recipetune.engine.plan import default_folder
 from recipetune.engine.store import CampaignStore
 from recipetune.execute.factory import make_executor
@@ -23,6 +23,8 @@ from recipetune.speed import job as speed_job
 from recipetune.speed.plan import plan
 
 console = Console()
+COLUMNS = Columns(figure="tok/s/dev", score="speed-up", check="loss check", figure_fmt=",.0f", score_fmt=".2f",
+                  unit="x", none_better="nothing faster has passed screening")
 
 
 def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe, store: CampaignStore | None = None) -> Panel:
@@ -70,7 +72,7 @@ def tune(
         raise typer.Exit(2) from None
 
     again = shlex.join(["recipetune", "tune", str(campaign_file), *extra, "--out", str(folder), "--resume"])
-    reporter = LiveReporter()
+    reporter = LiveReporter(COLUMNS)
     # The guard's own errors are messages, not bugs: no traceback for them.
     outcome = run_live(reporter, lambda: speed_job.run(checked, executor=runner, reporter=reporter), again,
                        messages=(GuardError,))
