@@ -21,9 +21,11 @@ from recipetune.config import CampaignConfig
 from recipetune.core.files import parse_override
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.report.browser import console_messages, dump_dom, find_chromium
+from recipetune.report.build import load_report
 from recipetune.report.html import render
-from recipetune.report.model import NO_VERDICT, Evidence, headline, load_report, override, tokens_per_s_interval
+from recipetune.report.model import NO_VERDICT, Evidence
 from recipetune.report.plots import loss_plot, speed_plot
+from recipetune.report.speed import headline, override, tokens_per_s_interval
 from recipetune.report.terminal import render as render_terminal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))

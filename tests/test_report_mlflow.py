@@ -40,7 +40,7 @@ def test_every_trial_becomes_an_mlflow_run(tmp_path):
     assert campaign.data.tags["decision"] == "KEEP BASELINE"
     # the verdict's own figure, exported as it is (its value moves with the synthetic runs' noise)
     from recipetune.report import sources as src
-    from recipetune.report.model import build_report
+    from recipetune.report.build import build_report
 
     evidence = build_report(src.read_campaign(folder)).evidence
     assert campaign.data.metrics["speedup"] == pytest.approx(evidence.speedup) and 1.0 < evidence.speedup < 1.1

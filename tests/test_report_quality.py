@@ -14,7 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from recipetune.cli import app
-from recipetune.report.model import load_report
+from recipetune.report.build import load_report
 from recipetune.report.plots import all_plots
 from recipetune.report.terminal import render as render_terminal
 

@@ -27,7 +27,8 @@ from recipetune.data.ops import Operator, Row
 from recipetune.finetune import metrics as M
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe
 from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, LossCurve, Prediction
-from recipetune.finetune.routes import ModelError, Route, TrainLog, check_fit, check_model, load_route
+from recipetune.finetune.route import ModelError, Route, TrainLog
+from recipetune.finetune.routes import check_fit, check_model, load_route
 from recipetune.finetune.task import Splits, TaskConfig, TaskError, iter_rows, load_splits
 
 if TYPE_CHECKING:

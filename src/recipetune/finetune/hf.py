@@ -24,7 +24,7 @@ import torch
 
 from recipetune.finetune.formats import Message
 from recipetune.finetune.recipe import LORA_PRESETS, ModelSpec, TrainRecipe, lora_modules
-from recipetune.finetune.routes import Generation, ModelError, Prompt, TrainLog, resolve_path
+from recipetune.finetune.route import Generation, ModelError, Prompt, TrainLog, resolve_path
 from recipetune.finetune.task import GenerationSettings, TaskConfig
 from recipetune.trainer.data import ByteTokenizer
 

@@ -18,7 +18,8 @@ from recipetune.engine.samplers import make_sampler
 from recipetune.engine.store import CampaignStore
 from recipetune.execute.config import ExecuteConfig
 from recipetune.finetune.experiment import Experiment, ExperimentSpec, _validate, read_experiment_file
-from recipetune.finetune.routes import ModelError, check_model
+from recipetune.finetune.route import ModelError
+from recipetune.finetune.routes import check_model
 from recipetune.finetune.space import DATA_PREFIX, ExperimentSpace, check_data_steps
 from recipetune.finetune.task import TaskError, load_splits
 

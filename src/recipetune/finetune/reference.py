@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe, lora_modules
-from recipetune.finetune.routes import Generation, ModelError, TrainLog, resolve_path
+from recipetune.finetune.route import Generation, ModelError, TrainLog, resolve_path
 from recipetune.finetune.task import GenerationSettings, TaskConfig
 from recipetune.trainer.data import ByteTokenizer
 from recipetune.trainer.model import PRESETS, Transformer, get_model_config

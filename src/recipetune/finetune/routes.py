@@ -1,61 +1,18 @@
-"""What an experiment needs from a base model, whichever library runs it.
+"""The two routes (route.py), picked by the model's kind, and what is refused before anything runs.
 
-A route loads a base model, fine-tunes it on (prompt, completion) pairs with a ``TrainRecipe`` and
-generates answers greedily. Two exist: ``reference`` (the reference trainer's model, byte tokenizer,
-a short loop in reference.py) and ``hf`` (transformers + TRL's SFTTrainer + peft, in hf.py). A
-route says what its prompt is (``Route.prompt``): the task's plain text, or on the HF route a
-conversation's messages, which the tokenizer's chat template renders.
-
-``check_fit`` refuses, before anything runs, what a route or this machine cannot honour: a precision,
-a LoRA preset unknown for the architecture, a conversation for a tokenizer without a chat template.
+``check_model`` refuses a base model that is not one; ``check_fit`` what a route or this machine
+cannot honour: a precision, a LoRA preset unknown for the architecture, a conversation for a
+tokenizer without a chat template. ``load_route`` builds the route.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from recipetune.finetune.formats import Message
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe, lora_modules
-from recipetune.finetune.task import GenerationSettings, TaskConfig
-
-Prompt = str | list[Message]  # plain text, or the messages before the answer (a chat template renders them)
-
-
-class ModelError(ValueError):
-    """A base model that cannot be used; ``field`` names the experiment file's field."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(message)
-
-
-@dataclass
-class TrainLog:
-    losses: list[tuple[int, float]] = field(default_factory=list)  # (optimizer step, mean loss)
-    tokens: int = 0  # supervised tokens seen
-    truncated: int = 0  # training examples cut to fit max_seq_len
-
-
-@dataclass
-class Generation:
-    text: str
-    truncated: bool  # hit max_new_tokens before the stop string / end token
-
-
-class Route(Protocol):
-    name: str
-
-    def params(self) -> dict[str, int]: ...
-
-    def prompt(self, task: TaskConfig, row: dict) -> Prompt: ...
-
-    def train(self, pairs: list[tuple[Prompt, str]], recipe: TrainRecipe, out_dir: Path) -> TrainLog: ...
-
-    def generate(self, prompts: list[Prompt], settings: GenerationSettings) -> list[Generation]: ...
+from recipetune.finetune.route import ModelError, Route, resolve_path
 
 
 def check_model(spec: ModelSpec, base_dir: Path) -> None:
@@ -134,8 +91,3 @@ def load_route(spec: ModelSpec, base_dir: Path, recipe: TrainRecipe) -> Route:
     from recipetune.finetune.hf import HFRoute
 
     return HFRoute(spec, base_dir, recipe)
-
-
-def resolve_path(path: str, base_dir: Path) -> Path:
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else (base_dir / p).resolve()

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.text import Text
 
 from recipetune.core.console import fail
-from recipetune.report.model import Report, load_report
+from recipetune.report.build import load_report
+from recipetune.report.model import Report
 from recipetune.report.sources import NotACampaign
 
 console = Console()

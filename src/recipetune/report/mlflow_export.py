@@ -17,7 +17,7 @@ from typing import Any
 
 from recipetune.core.measure import RunResult
 from recipetune.report import sources as src
-from recipetune.report.model import build_report
+from recipetune.report.build import build_report
 
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
 STATE = {"passed": "FINISHED", "rejected": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
