@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from recipetune.cli import app
 from recipetune.core.errors import ConfigError
+from recipetune.data.files import DataFileError
 from recipetune.finetune.experiment import load_experiment, prepare_data, run_experiment
 from recipetune.finetune.recipe import TrainRecipe, lora_modules
 from recipetune.finetune.task import Splits, TaskConfig, TaskError
@@ -132,7 +133,7 @@ def test_a_dataset_dict_without_the_split_names_the_ones_it_has(tmp_path):
     datasets.DatasetDict({s: datasets.Dataset.from_list(shaped_rows(w, "plain"))
                           for s, w in words.items()}).save_to_disk(tmp_path / "dd")
     t = task(prompt="{word}", target="answer")
-    with pytest.raises(TaskError) as e:
+    with pytest.raises(DataFileError) as e:
         Splits(t, dict.fromkeys(("train", "validation", "test"), tmp_path / "dd"))
     assert e.value.field == "task.files.validation" and "splits: train, dev, test" in str(e.value)
     assert str(tmp_path / "dd" / "train") in str(e.value)

@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from recipetune.data import operators, ops, runtime
+from recipetune.data.files import file_fingerprint, read_rows
 from recipetune.data.operators import apply, write_rows
 from recipetune.data.ops import Decontaminate, Export, Load, Mix, OpBase
 from recipetune.data.runtime import PARALLEL_MIN_ROWS, Context, as_dataset
@@ -157,8 +158,6 @@ def run_chain(
     for any number of workers."""
     import datasets
 
-    from recipetune.finetune.task import TaskError, file_fingerprint, read_rows
-
     datasets.disable_progress_bars()  # long steps turn them on (runtime._progress)
     cache = cache or _cache_root()
     cache.mkdir(parents=True, exist_ok=True)
@@ -183,7 +182,7 @@ def run_chain(
         for i, op in enumerate(steps):
             field = f"data.{i}" if implicit_at is None or i < implicit_at else f"data.{i - 1}"
             exporting = isinstance(op, Export)
-            extra = _reads(op, base_dir, splits, file_fingerprint)
+            extra = _reads(op, base_dir, splits)
             fp_out = fp_in if exporting else fingerprint(fp_in, op.model_dump_json(), extra, code_fingerprint())
             folder = cache / fp_out
             t0 = time.perf_counter()
@@ -196,7 +195,7 @@ def run_chain(
                     ds = _store(ds, work / f"{fp_in}-in")  # on disk: workers map it instead of unpickling it
                 try:
                     outcome = apply(op, ds, ctx)
-                except (TaskError, ValueError, KeyError) as e:
+                except (ValueError, KeyError) as e:  # a DataFileError or an operator's bad input
                     sub = getattr(e, "field", "")
                     raise ChainError(f"{field}.{sub}" if sub else f"{field}.op", f"{op.op}: {e}") from None
                 out = outcome.rows
@@ -271,7 +270,7 @@ def _store(ds, folder: Path):
     return datasets.load_from_disk(str(folder))
 
 
-def _reads(op: OpBase, base_dir: Path, splits, file_fingerprint) -> str:
+def _reads(op: OpBase, base_dir: Path, splits) -> str:
     """What else an operator's output depends on, beside its input rows and config: the task's shape
     (the prompt most operators read), files, the evaluation splits."""
 

@@ -23,13 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from recipetune.core.errors import ConfigError, validation_error
 from recipetune.core.files import apply_overrides, read_yaml
 from recipetune.data.chain import ChainError, DataVersion, run_chain
+from recipetune.data.files import DataFileError
 from recipetune.data.ops import Operator, Row
 from recipetune.finetune import metrics as M
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe
 from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, LossCurve, Prediction
 from recipetune.finetune.route import ModelError, Route, TrainLog
 from recipetune.finetune.routes import check_fit, check_model, load_route
-from recipetune.finetune.task import Splits, TaskConfig, TaskError, iter_rows, load_splits
+from recipetune.finetune.task import Splits, TaskConfig, iter_rows, load_splits
 
 if TYPE_CHECKING:
     import datasets
@@ -110,7 +111,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     try:
         splits = load_splits(spec.task, path.resolve().parent)
         check_model(spec.model, path.resolve().parent)
-    except (TaskError, ModelError) as e:
+    except (DataFileError, ModelError) as e:  # a TaskError is a DataFileError
         raise ConfigError(path, e.field, str(e)) from None
     return Experiment(path, spec, splits)
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from recipetune.core.errors import ConfigError, validation_error
 from recipetune.core.recipe import INVARIANT, KnobError, Recipe, SearchSpace
+from recipetune.data.files import DataFileError
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.plan import Plan, build_proposer, check_folder, redacted
 from recipetune.engine.samplers import make_sampler
@@ -21,7 +22,7 @@ from recipetune.finetune.experiment import Experiment, ExperimentSpec, _validate
 from recipetune.finetune.route import ModelError
 from recipetune.finetune.routes import check_model
 from recipetune.finetune.space import DATA_PREFIX, ExperimentSpace, check_data_steps
-from recipetune.finetune.task import TaskError, load_splits
+from recipetune.finetune.task import load_splits
 
 PLAYBOOK = "recipetune.finetune:playbook.yaml"
 
@@ -81,7 +82,7 @@ def load_finetune_campaign(path: str | Path, overrides: list[str] | None = None)
     try:
         splits = load_splits(spec.task, path.resolve().parent)
         check_model(spec.model, path.resolve().parent)
-    except (TaskError, ModelError) as e:
+    except (DataFileError, ModelError) as e:  # a TaskError is a DataFileError
         raise ConfigError(path, e.field, str(e)) from None
     exp = Experiment(path, spec, splits)
     steps = check_data_steps(settings.search.data, str(path))

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from recipetune.data.files import file_fingerprint, read_rows, row_position, split_path
 from recipetune.data.text import ContaminationIndex, normalize, template_fields
 from recipetune.finetune.formats import (
     Message,
@@ -38,11 +39,7 @@ from recipetune.finetune.formats import (
     as_messages,
     before_answer,
     chat_text,
-    file_fingerprint,
     parse_messages,
-    read_rows,
-    row_position,
-    split_path,
 )
 
 SplitName = Literal["train", "validation", "test"]
