@@ -91,7 +91,7 @@ def _validate(path: Path, raw: dict) -> ExperimentSpec:
         raise validation_error(e, path) from None
 
 
-CAMPAIGN_SECTIONS = ("search", "execute")  # read by `recipetune finetune` (finetune/job.py)
+CAMPAIGN_SECTIONS = ("search", "execute")  # read by `recipetune finetune` (finetune/plan.py)
 
 
 def read_experiment_file(path: Path, overrides: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
