@@ -19,17 +19,10 @@ from typer.testing import CliRunner
 from recipetune.cbs.cli import cbs_app
 from recipetune.cbs.fit import critical_batch_size
 from recipetune.cbs.local import epsilon_rule, load_local, run_local
+from recipetune.cbs.run import TrialRecord, best_per_batch, run_sweep
 from recipetune.cbs.scale import load_scale, run_scale
-from recipetune.cbs.sweep import (
-    TrialRecord,
-    best_per_batch,
-    cbs_bound,
-    geometric_grid,
-    load_sweep,
-    micro_batch,
-    run_sweep,
-    scale_lr,
-)
+from recipetune.cbs.sweep import geometric_grid, load_sweep, micro_batch
+from recipetune.core.batch import cbs_bound, scale_lr
 from recipetune.core.errors import ConfigError
 from recipetune.core.measure import EvalRecord, RunResult, StepRecord
 from recipetune.workloads.reference import ReferenceWorkload

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from recipetune.cbs.sweep import cbs_bound
 from recipetune.cbs.table import load_table, summarize, write_summary
 from recipetune.config import Campaign, CampaignConfig
+from recipetune.core.batch import cbs_bound
 from recipetune.core.errors import ConfigError
 from recipetune.core.measure import EvalRecord, RunResult, StepRecord, default_warmup_steps
 from recipetune.core.recipe import Recipe

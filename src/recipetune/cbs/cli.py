@@ -12,8 +12,9 @@ from rich.table import Table as RichTable
 
 from recipetune.cbs.local import LocalError, load_local, run_local
 from recipetune.cbs.plots import plot_scaling, plot_steps_vs_batch
+from recipetune.cbs.run import SweepResult, run_sweep
 from recipetune.cbs.scale import load_scale, run_scale
-from recipetune.cbs.sweep import SweepError, SweepResult, load_sweep, run_sweep
+from recipetune.cbs.sweep import SweepError, load_sweep
 from recipetune.cbs.table import Summary, TableError, fmt, fmt_ci, load_table, summarize, write_summary
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError

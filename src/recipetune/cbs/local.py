@@ -25,20 +25,19 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from rich.progress import Progress
 
+from recipetune.cbs.run import TrialRecord, run_trial
 from recipetune.cbs.sweep import (
     PositiveFloat,
     PositiveInt,
     Scalar,
     Strict,
     Trial,
-    TrialRecord,
     check_base,
     micro_batch,
-    run_trial,
-    scale_lr,
     validate_model,
 )
 from recipetune.config import check_recipe
+from recipetune.core.batch import scale_lr
 from recipetune.core.errors import ConfigError
 from recipetune.core.files import apply_overrides, read_yaml
 from recipetune.core.recipe import Recipe

@@ -19,17 +19,8 @@ from typing import Any
 from pydantic import Field, model_validator
 from rich.progress import Progress
 
-from recipetune.cbs.sweep import (
-    PositiveInt,
-    Strict,
-    SweepConfig,
-    SweepResult,
-    SweepSpec,
-    make_spec,
-    run_sweep,
-    validate_model,
-    write_points,
-)
+from recipetune.cbs.run import SweepResult, run_sweep, write_points
+from recipetune.cbs.sweep import PositiveInt, Strict, SweepConfig, SweepSpec, make_spec, validate_model
 from recipetune.core.errors import ConfigError
 from recipetune.core.files import apply_overrides, read_yaml
 from recipetune.workloads.reference import ReferenceWorkload

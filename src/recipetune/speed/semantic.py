@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipetune.cbs.sweep import cbs_bound, scale_lr
 from recipetune.config import Campaign
+from recipetune.core.batch import cbs_bound, scale_lr
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.guard.static import Violation
