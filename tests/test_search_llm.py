@@ -432,8 +432,8 @@ def test_fallback_none_keeps_the_exhaustion_and_says_why(tmp_path):
     assert outcome.runs == 0 and len(server.requests) == 2
     [failed] = [p for p in reporter.phases if p.startswith("llm proposer failed at")]
     assert "2 answers, none usable; last: malformed JSON" in failed
-    assert any(p.startswith("the tree is exhausted") and "1 of its nodes only because every answer failed" in p
-               for p in reporter.phases)
+    why = "1 of its nodes only because no answer of the Researcher was usable"
+    assert any(p.startswith("the tree is exhausted") and why in p for p in reporter.phases)
     # An endpoint with nothing new and no fallback: exhausted by its own empty answer, not failed.
     with FakeLLMServer(['{"proposals": []}']) as server:
         outcome, _, reporter = fake_campaign(tmp_path / "empty", server, trials=4, fallback="none")

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy.engine import make_url
 
+from recipetune.core.console import fail
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome, Reporter, Row
 from recipetune.engine.store import STUDY_NAME, CampaignStore
@@ -144,9 +145,7 @@ def run_live(reporter: LiveReporter, run: Callable[[], Outcome], again: str,
     except Exception as e:
         if not isinstance(e, messages):
             console.print_exception(max_frames=8)
-        console.print(Text.assemble(("error: ", "bold red"), f"{type(e).__name__}: {e}\n"
-                                    f"After fixing it, resume with: {again}"))
-        raise typer.Exit(1) from None
+        raise fail(f"{type(e).__name__}: {e}\nAfter fixing it, resume with: {again}", code=1) from None
     return outcome
 
 

@@ -121,7 +121,7 @@ class TreeStrategy:
 
     def exhausted(self) -> str:
         failed = self.context.failed
-        why = f" ({len(failed)} of its nodes only because every answer failed)" if failed else ""
+        why = f" ({len(failed)} of its nodes only because no answer of the Researcher was usable)" if failed else ""
         return f"the tree is exhausted: no proposer has anything new to try{why}"
 
 

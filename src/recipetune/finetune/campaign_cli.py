@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
+from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome
@@ -43,7 +44,7 @@ def finetune(
     overrides: list[str] = typer.Argument(None, help="key=value: a recipe knob (lr=1e-3), or a dotted field "
                                                      "(search.seed=3, task.max_eval_examples=100)"),
     budget: int | None = typer.Option(None, help="experiments to run (search.budget.trials)"),
-    strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | random | grid"),
+    strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | gp | random | grid"),
     proposer: str | None = typer.Option(None, help="analyst | random | llm (with --strategy mcts)"),
     selection: str | None = typer.Option(None, help="uct | greedy | sequential: which node mcts expands"),
     out: Path | None = typer.Option(None, help="campaign folder (default: campaigns/<file name>)"),
@@ -69,8 +70,7 @@ def finetune(
         checked = plan(campaign, folder, resume)
         runner = make_executor(campaign.settings.execute, 1, campaign.path)
     except ConfigError as e:
-        console.print(Text.assemble(("error: ", "bold red"), str(e)))
-        raise typer.Exit(2) from None
+        raise fail(e) from None
 
     metric = campaign.experiment.spec.task.metric
     columns = Columns(figure="train loss", score=f"val {metric}", check="diagnosis", figure_fmt=".3f",

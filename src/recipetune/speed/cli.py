@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from recipetune.config import load_campaign
+from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome
@@ -48,7 +49,7 @@ def tune(
     campaign_file: Path = typer.Argument(..., help="campaign YAML"),
     overrides: list[str] = typer.Argument(None, help="key=value: a baseline knob, or a dotted field (search.seed=3)"),
     budget: int | None = typer.Option(None, help="runs to execute (search.budget.trials)"),
-    strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | random | grid"),
+    strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | gp | random | grid"),
     proposer: str | None = typer.Option(None, help="analyst | random | llm (with --strategy mcts)"),
     out: Path | None = typer.Option(None, help="campaign folder (default: campaigns/<file name>)"),
     resume: bool = typer.Option(False, "--resume", help="continue the campaign in the folder"),
@@ -68,8 +69,7 @@ def tune(
         checked = plan(campaign, folder, resume)
         runner = make_executor(campaign.config.execute, campaign.workload.n_devices(campaign.baseline), campaign.path)
     except ConfigError as e:
-        console.print(Text.assemble(("error: ", "bold red"), str(e)))
-        raise typer.Exit(2) from None
+        raise fail(e) from None
 
     again = shlex.join(["recipetune", "tune", str(campaign_file), *extra, "--out", str(folder), "--resume"])
     reporter = LiveReporter(COLUMNS)
