@@ -436,7 +436,9 @@ def test_tune_command_prints_table_and_verdict(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["tune", str(write_campaign_file(tmp_path)), "--budget", "3", "--out", str(out)])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
-    assert "trials" in text and "analyst" in text and "APPROVED" in text and "recipetune run" in text
+    # CliRunner's terminal is 80 columns: the table keeps the change, status and score and drops the
+    # proposer's rationale (tests/test_live_table.py), so the proposer's name is not asserted here
+    assert "trials" in text and "speed-up" in text and "APPROVED" in text and "recipetune run" in text
     assert (out / "approved.yaml").exists()
     again = CliRunner().invoke(app, ["tune", str(write_campaign_file(tmp_path)), "--out", str(out)])
     assert again.exit_code == 2 and "--resume" in again.output

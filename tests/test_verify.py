@@ -1,4 +1,5 @@
-"""`recipetune verify`: bad input exits 2 with nothing written; an A/A comparison is never approved."""
+"""`recipetune verify`: bad input exits 2 with nothing written, a static rejection 4; an A/A comparison is
+never approved (KEEP BASELINE, 3)."""
 
 from __future__ import annotations
 
@@ -38,16 +39,17 @@ def test_mismatched_workloads_exit_2(tmp_path, files):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("override", "expected"), [
-    ("seed=5", "seed"),  # a knob edits the candidate: an invariant knob is refused before anything runs
-    ("lr=0.1", "allow_semantic"),
-    ("bogus=1", "valid knobs are"),
-    ("guard.speed.pairs=1", "guard.speed.pairs"),  # a section field edits the settings (the baseline file)
+@pytest.mark.parametrize(("override", "expected", "code"), [
+    # a knob edits the candidate: one the static checks refuse is REJECTED (4) before anything runs
+    ("seed=5", "seed", 4),
+    ("lr=0.1", "allow_semantic", 4),
+    ("bogus=1", "valid knobs are", 2),
+    ("guard.speed.pairs=1", "guard.speed.pairs", 2),  # a section field edits the settings (the baseline file)
 ])
-def test_bad_input_exits_2_and_writes_nothing(tmp_path, files, override, expected):
+def test_bad_input_exits_2_a_static_rejection_4_and_nothing_is_written(tmp_path, files, override, expected, code):
     base, cand = files
     res = runner.invoke(app, ["verify", str(base), str(cand), override, "--out", str(tmp_path / "out")])
-    assert res.exit_code == 2, res.output
+    assert res.exit_code == code, res.output
     assert expected in res.output
     assert not (tmp_path / "out").exists()
 
@@ -55,7 +57,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, files, override, expecte
 def test_static_rejection_as_json(tmp_path, files):
     base, cand = files
     res = runner.invoke(app, ["verify", str(base), str(cand), "seq_len=128", "--json"])
-    assert res.exit_code == 2
+    assert res.exit_code == 4  # REJECTED, distinct from bad input (2) and KEEP BASELINE (3)
     doc = json.loads(res.stdout)
     assert doc["decision"] == "REJECTED" and doc["violations"][0]["knob"] == "seq_len"
 
@@ -64,7 +66,7 @@ def test_aa_candidate_is_never_approved(tmp_path, files):
     base, _ = files
     out = tmp_path / "out"
     res = runner.invoke(app, ["verify", str(base), str(base), "--out", str(out), "--json"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 3, res.output  # KEEP BASELINE: a CI job gating on 0 does not ship it
     doc = json.loads(res.stdout)
     assert doc["decision"] == "KEEP BASELINE", doc["reasons"]
     assert doc["parity"]["passed"] and doc["parity"]["gap"] == 0.0  # same seed, same recipe: same curve

@@ -1,4 +1,8 @@
-"""The ``recipetune`` command line. Bad input exits with code 2 and a message naming the problem."""
+"""The ``recipetune`` command line. Bad input exits with code 2 and a message naming the problem.
+
+A missing optional extra is bad input too, whatever the command: ``_Group`` turns it into the
+``pip install`` line (core/errors.py ``missing_extra``) instead of a traceback.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,46 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
+import recipetune
 from recipetune.config import load_campaign
 from recipetune.core.console import fail
-from recipetune.core.errors import ConfigError
+from recipetune.core.errors import ConfigError, missing_extra
 from recipetune.core.fmt import fmt_bytes
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.workloads.base import Workload
 
+
+class _Group(TyperGroup):
+    """The top-level group: every command runs inside its ``invoke``, the tests' CliRunner included."""
+
+    def invoke(self, ctx: typer.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except ImportError as e:
+            hint = missing_extra(e)
+            if hint is None:  # not an optional extra: a bug, with its traceback
+                raise
+            raise fail(f"{_innermost(e, ctx).command_path}: {hint}") from None
+
+
+def _innermost(e: BaseException, ctx: typer.Context) -> typer.Context:
+    """The context of the command that was running when ``e`` was raised (``recipetune ft run``):
+    the last click context on the traceback, as each group's ``invoke`` holds its own. Matched by
+    what it has: typer carries its own copy of click, whose Context is not ``click.Context``."""
+    tb = e.__traceback__
+    while tb is not None:
+        found = tb.tb_frame.f_locals.get("ctx")
+        if hasattr(found, "command_path") and hasattr(found, "invoked_subcommand"):
+            ctx = found
+        tb = tb.tb_next
+    return ctx
+
+
 app = typer.Typer(
+    cls=_Group,
     help="Search LLM training recipes, run them for real, approve a new one only on evidence.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -27,8 +61,17 @@ app = typer.Typer(
 console = Console()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"recipetune {recipetune.__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _group() -> None:
+def _group(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the version and exit"),
+) -> None:
     # Keeps `run` a named subcommand when it is the only one mounted (see _wanted).
     pass
 
@@ -76,7 +119,7 @@ def run(
     campaign_file: Path = typer.Argument(..., help="campaign or recipe YAML"),
     overrides: list[str] = typer.Argument(None, help="key=value: a knob of the recipe, or a dotted field"),
     out: Path | None = typer.Option(None, help="output folder (default: runs/run-TIME-RECIPEID)"),
-    steps: int | None = typer.Option(None, help="training steps (default: the file's run.steps)"),
+    steps: int | None = typer.Option(None, min=1, help="training steps (default: the file's run.steps)"),
 ) -> None:
     """Run one recipe for real and report tokens/s, MFU, memory and loss."""
     try:
@@ -84,7 +127,7 @@ def run(
     except ConfigError as e:
         raise fail(str(e)) from None
     recipe = campaign.baseline
-    n_steps = steps or campaign.config.run.steps
+    n_steps = campaign.config.run.steps if steps is None else steps
     out_dir = out or Path("runs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{recipe.id}"
     console.print(f"[bold]{campaign.workload.kind}[/] recipe {recipe.id}: {n_steps} steps -> {out_dir}")
     result = run_with_progress(
@@ -147,7 +190,9 @@ def _mount_subcommands(wanted: str | None = None) -> None:
         app.command()(finetune)
 
 
-_mount_subcommands(_wanted(sys.argv))
+# `recipetune --version` alone needs none of them (`run` stays mounted: the group needs a command)
+if not (Path(sys.argv[0]).name == "recipetune" and sys.argv[1:] == ["--version"]):
+    _mount_subcommands(_wanted(sys.argv))
 
 
 def main() -> None:  # pragma: no cover

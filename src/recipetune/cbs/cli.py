@@ -86,7 +86,7 @@ def fit_command(
         None, "--b-opt", help="Reference batch size in the linear regime (default: the smallest measured)."
     ),
     out: Path | None = typer.Option(None, "--out", help="Output folder (default: <csv stem>-cbs/ beside the CSV)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap for the B* interval."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the bootstrap for the B* interval (>= 0)."),
 ) -> None:
     """Fit S(B) = a + b/B per group, report the critical batch size B* and its scaling with D and N."""
     try:

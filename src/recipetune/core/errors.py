@@ -3,10 +3,16 @@
 ``ConfigError`` is what every command turns into exit code 2; ``validation_error`` is the one
 conversion of a pydantic ``ValidationError`` into it, so every file format (campaign, experiment,
 sweep, playbook) reports its mistakes the same way: all of them at once, with the allowed values.
+
+A missing optional extra is bad input too: ``missing_extra`` turns the ``ModuleNotFoundError`` into
+the ``pip install`` line (the command line does it for every command), ``require_extra`` refuses
+before anything runs where a command knows what it will import.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -85,3 +91,62 @@ def validation_error(
         return error(str(file), prefix, str(e))
     (field, first), rest = problems[0], problems[1:]
     return error(str(file), field, "; ".join([first, *(f"{f}: {m}" if f else m for f, m in rest)]))
+
+
+# A module of an optional extra (pyproject.toml's [project.optional-dependencies]) -> the extra, and
+# what in recipetune needs it. The smallest extra that holds the module is named.
+EXTRAS: dict[str, tuple[str, str]] = {
+    "ray": ("ray", "the Ray executor (--executor ray)"),
+    "psycopg": ("postgres", "a PostgreSQL study (search.storage: postgresql://...)"),
+    "mlflow": ("mlflow", "the MLflow export (--mlflow)"),
+    "openai": ("llm", "the llm proposer (search.proposer: llm)"),
+    "datasets": ("data", "the data chain"),
+    "transformers": ("finetune", "the Hugging Face route (model.kind: hf)"),
+    "trl": ("finetune", "the Hugging Face route (model.kind: hf)"),
+    "tokenizers": ("finetune", "the Hugging Face route (model.kind: hf)"),
+    "accelerate": ("finetune", "the Hugging Face route (model.kind: hf)"),
+    "peft": ("finetune", "LoRA fine-tuning (method: lora)"),
+    "xxhash": ("finetune", "the data chain's deduplication"),
+    "rapidfuzz": ("finetune", "the edit-distance metric"),
+    "rouge_score": ("finetune", "the ROUGE metric"),
+    "sklearn": ("finetune", "the F1 metric"),
+}
+_PACKAGE = {"sklearn": "scikit-learn"}  # what pip calls a module whose package is named otherwise
+
+
+def extra_hint(module: str, what: str | None = None) -> str:
+    """``<what> needs <module>, an optional extra: pip install 'recipetune[<extra>]'``."""
+    extra, user = EXTRAS[module]
+    return f"{what or user} needs {_PACKAGE.get(module, module)}, an optional extra: pip install 'recipetune[{extra}]'"
+
+
+def missing_extra(e: BaseException) -> str | None:
+    """The install hint when ``e`` (or an error it was raised from: optuna and sqlalchemy wrap the
+    import of a database driver) is a missing module of an optional extra; None for any other error.
+
+    Only the package itself missing counts: a submodule missing from an installed package is a
+    version mismatch, which ``pip install`` of the extra would not necessarily fix; that stays a bug."""
+    seen: set[int] = set()
+    current: BaseException | None = e
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ModuleNotFoundError) and current.name in EXTRAS:
+            return extra_hint(current.name)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (a heavy one takes seconds)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent missing, or a module left without a spec
+        return False
+
+
+def require_extra(modules: Iterable[str], file: str | Path, field: str = "") -> None:
+    """Refuse, before anything runs, what needs a module of an optional extra that is not installed
+    (each module of ``EXTRAS``; the first missing one is named, with what needs it)."""
+    for module in modules:
+        if not installed(module):
+            raise ConfigError(file, field, extra_hint(module))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
@@ -16,19 +16,34 @@ from rich.text import Text
 from sqlalchemy.engine import make_url
 
 from recipetune.core.console import fail
+from recipetune.core.errors import missing_extra
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome, Reporter, Row
 from recipetune.engine.store import STUDY_NAME, CampaignStore
 from recipetune.engine.tree import Node
 
 console = Console()
-STATUS_STYLE = {"passed": "green", "rejected": "yellow", "failed": "red", "invalid": "magenta",
+STATUS_STYLE = {"passed": "green", "rejected": "yellow", "failed": "red", "pruned": "magenta", "invalid": "magenta",
                 "running": "cyan", "interrupted": "dim", "duplicate": "dim"}
 MAX_ROWS = 40  # the table keeps the latest trials; the study keeps them all
 
 
+RATIONALE_WIDTH = 120  # terminal columns from which the table shows the proposer's rationale
+FIGURE_WIDTH = 100  # and the job's figure (tokens/s, train loss)
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, ending in an ellipsis: cut at a space, unless that
+    would drop more than half of it (one long identifier), then inside that word."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    cut = len(head) if text[len(head)] == " " else head.rfind(" ")  # the cut falls between two words
+    return (head[:cut] if cut >= limit // 2 else head).rstrip() + "…"
 
 
 @dataclass(frozen=True)
@@ -56,26 +71,45 @@ class LiveReporter(Reporter):
         self.live: Live | None = None
 
     def render(self) -> Group:
-        table = Table(title="trials", title_justify="left", expand=False)
+        """The trial table, laid out for the width it is drawn at (``_TrialTable``), and the best line."""
+        return Group(_TrialTable(self), self.best_text)
+
+    def table(self, width: int) -> Table:
+        """The trial table for ``width`` columns. Cells wrap at spaces only: a word too long for its
+        column ends in an ellipsis, never continues on the next line. What a narrow terminal cannot
+        hold goes first: the proposer's rationale (below RATIONALE_WIDTH), then the job's figure
+        (below FIGURE_WIDTH); #, the change, the status, the score and a short check always stay."""
         c = self.columns
-        for col, just in (("#", "right"), ("change", "left"), ("status", "left"), (c.figure, "right"),
-                          (c.score, "right"), (c.check, "left"), ("proposer: rationale", "left")):
-            table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+        wide = width >= RATIONALE_WIDTH
+        table = Table(title="trials", title_justify="left", expand=False)
+        table.add_column("#", justify="right", no_wrap=True)
+        table.add_column("change", ratio=3, min_width=12, overflow="ellipsis")
+        table.add_column("status", no_wrap=True, overflow="ellipsis")
+        if width >= FIGURE_WIDTH:
+            table.add_column(c.figure, justify="right", no_wrap=True)
+        table.add_column(c.score, justify="right", no_wrap=True)
+        table.add_column(c.check, ratio=2 if wide else None, min_width=10,
+                         max_width=None if wide else 24, overflow="ellipsis")
+        if wide:
+            table.add_column("proposer: rationale", ratio=4, overflow="ellipsis")
         for row in list(self.rows.values())[-MAX_ROWS:]:
             status = row.status
             if row.status == "running" and row.key in self.steps:
                 status += f" {self.steps[row.key]}"
-            detail = row.check or row.cause
-            table.add_row(
+            cells: list[str | Text] = [
                 "" if row.number is None else str(row.number),
                 Text(row.change),
                 Text(status, style=STATUS_STYLE.get(row.status, "red")),
-                _num(row.figure, c.figure_fmt),
-                _num(row.score, c.score_fmt) + (c.unit if row.score is not None else ""),
-                Text(detail[:80]),
-                Text(f"{row.source}: {row.rationale}"[:120] if row.source else row.rationale[:120], style="dim"),
-            )
-        return Group(table, self.best_text)
+            ]
+            if width >= FIGURE_WIDTH:
+                cells.append(_num(row.figure, c.figure_fmt))
+            cells += [_num(row.score, c.score_fmt) + (c.unit if row.score is not None else ""),
+                      Text(_clip(row.check or row.cause, 80))]
+            if wide:
+                rationale = f"{row.source}: {row.rationale}" if row.source else row.rationale
+                cells.append(Text(_clip(rationale, 120), style="dim"))
+            table.add_row(*cells)
+        return table
 
     def _refresh(self) -> None:
         if self.live is not None:
@@ -106,6 +140,16 @@ class LiveReporter(Reporter):
         self._refresh()
 
 
+class _TrialTable:
+    """The reporter's table, built when drawn: only then is the console's width known."""
+
+    def __init__(self, reporter: LiveReporter) -> None:
+        self.reporter = reporter
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.reporter.table(options.max_width)
+
+
 def decision_panel(outcome: Outcome, lines: list[Text], folder: Path, store: CampaignStore | None = None,
                    approved: str = "approved recipe", launch: str = "launch") -> Panel:
     """The verdict panel of any job: its evidence ``lines``, the reasons, the study, what to launch."""
@@ -133,7 +177,8 @@ def option_overrides(overrides: list[str] | None, options: dict[str, object]) ->
 def run_live(reporter: LiveReporter, run: Callable[[], Outcome], again: str,
              messages: tuple[type[Exception], ...] = ()) -> Outcome:
     """Run a campaign under the live table. Ctrl-C (exit 130) and an error (exit 1) say how to resume:
-    the study holds every finished trial. ``messages``: errors shown without a traceback."""
+    the study holds every finished trial. ``messages``: errors shown without a traceback. A missing
+    optional extra is bad input (exit 2), with its ``pip install`` line."""
     try:
         with Live(reporter.render(), console=console, refresh_per_second=4) as live:
             reporter.live = live
@@ -143,6 +188,9 @@ def run_live(reporter: LiveReporter, run: Callable[[], Outcome], again: str,
         console.print(Text.assemble(("stopped. ", "bold yellow"), f"Resume with: {again}"))
         raise typer.Exit(130) from None
     except Exception as e:
+        hint = missing_extra(e)
+        if hint is not None:  # bad input found late (a trial's import): the hint, not a traceback
+            raise fail(f"{hint}\nAfter installing it, resume with: {again}") from None
         if not isinstance(e, messages):
             console.print_exception(max_frames=8)
         raise fail(f"{type(e).__name__}: {e}\nAfter fixing it, resume with: {again}", code=1) from None

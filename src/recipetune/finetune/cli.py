@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from recipetune.core.console import fail
-from recipetune.core.errors import ConfigError
+from recipetune.core.errors import ConfigError, require_extra
 
 data_app = typer.Typer(help="Data operators (load, dedup, filters, decontamination, mixing ...) as a YAML chain.",
                        no_args_is_help=True)
@@ -118,13 +118,18 @@ def ft_run(
 ) -> None:
     """One experiment: data chain -> fine-tune -> evaluate on validation, with its report."""
     from recipetune.finetune.experiment import load_experiment, prepare_data, run_experiment
+    from recipetune.finetune.plan import needed_modules
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         raise fail(f"--seeds: comma-separated integers, got {seeds!r}") from None
+    if final and not seed_list:
+        raise fail(f"--seeds: at least one seed for --final, got {seeds!r}")
     try:
         exp = load_experiment(experiment_file, overrides or [])
+        # a missing extra refused before the data chain runs, not after it (or after training)
+        require_extra(needed_modules(exp.spec, {exp.spec.recipe.method}), experiment_file)
         folder = out or Path("runs") / f"ft-{exp.spec.task.name}-{_stamp()}-{exp.id}"
         rows, version = prepare_data(exp, folder)  # an export step writes into the run folder
         console.print(chain_table(version))

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from recipetune.core.errors import ConfigError, validation_error
+from recipetune.core.errors import ConfigError, require_extra, validation_error
 from recipetune.core.recipe import INVARIANT, KnobError, Recipe, SearchSpace
 from recipetune.data.files import DataFileError
 from recipetune.engine.config import TreeSearchConfig
@@ -90,6 +90,20 @@ def load_finetune_campaign(path: str | Path, overrides: list[str] | None = None)
     return FinetuneCampaign(path, overrides, exp, settings, space, space.baseline())
 
 
+def needed_modules(spec: ExperimentSpec, methods: set[str]) -> list[str]:
+    """The optional extras' modules an experiment imports (core/errors.py EXTRAS): the data chain and
+    the error kinds always, the metrics named, the route's, LoRA's when a method is ``lora``."""
+    task = spec.task
+    metrics = {task.metric, *task.metrics}
+    modules = ["datasets", "xxhash", "rapidfuzz"]
+    modules += ["sklearn"] * ("macro_f1" in metrics) + ["rouge_score"] * ("rouge_l" in metrics)
+    if spec.model.kind == "hf":
+        modules += ["transformers", "trl", "tokenizers", "accelerate"]
+    if "lora" in methods:
+        modules.append("peft")
+    return modules
+
+
 def check_space(c: FinetuneCampaign) -> SearchSpace:
     cfg, knobs = c.cfg, c.space.knobs()
     lists = dict(cfg.knobs or default_knobs(c.experiment))
@@ -109,6 +123,11 @@ def check_space(c: FinetuneCampaign) -> SearchSpace:
         space = SearchSpace.from_lists(knobs, lists)
     except KnobError as e:
         raise ConfigError(c.path, f"search.knobs.{e.knob}", str(e)) from None
+    # The experiments run in child processes: a missing extra would fail each of them, after the folder
+    # is written; refused here instead. The space has no relations between knobs (space.py: relations),
+    # so no searched knob is ever stuck at the baseline's value the way a speed knob can be.
+    methods = {str(c.baseline.get("method")), *map(str, space.values.get("method", []))}
+    require_extra(needed_modules(c.experiment.spec, methods), c.path)
     for name, values in space.values.items():  # every value must make a valid experiment
         for value in values:
             try:

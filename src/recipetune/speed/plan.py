@@ -7,6 +7,8 @@ study's sampler. Bad input is a ConfigError naming the file and field; nothing i
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 from recipetune.config import Campaign
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import INVARIANT, SEMANTIC, KnobError, SearchSpace
+from recipetune.core.relations import MAX_CHECKS, Problem, Relation, Relations
 from recipetune.engine import plan as planning
 from recipetune.engine.plan import build_proposer, check_folder, redacted
 from recipetune.engine.samplers import make_sampler
@@ -50,7 +53,47 @@ def check_space(campaign: Campaign) -> SearchSpace:
             raise ConfigError(path, f"search.knobs.{name}",
                               f"'{name}' may change what the model learns; list it in search.allow_semantic "
                               "to search it (the guard then judges it on loss)")
+    check_moves(campaign, space)
     return space
+
+
+def check_moves(campaign: Campaign, space: SearchSpace) -> None:
+    """Refuse a space whose every point but the baseline breaks a relation (``batch_size`` searched
+    alone under ``batch_size * grad_accum == 32``): the search could only measure the baseline again
+    and keep it. Stops at the first feasible move; skipped where the space is too large to enumerate
+    (core/relations.py MAX_CHECKS). The error names the relations and the knobs to search with."""
+    relations = campaign.workload.relations()
+    if not relations or math.prod(len(v) for v in space.values.values()) > MAX_CHECKS:
+        return
+    base = campaign.baseline
+    broken: dict[str, set[str]] = {}  # what the points other than the baseline break, and the knobs involved
+    for values in itertools.product(*space.values.values()):
+        point = dict(zip(space.values, values, strict=True))
+        if all(point[n] == base.get(n) for n in point):
+            continue
+        try:
+            problems = relations.problems(relations.derive(base.with_(**point)))
+        except KnobError as e:  # a derived knob out of its domain
+            problems = [Problem(e.knob, "derived", str(e), frozenset({e.knob}))]
+        if not problems:
+            return  # a move the search can make
+        for p in problems:
+            broken.setdefault(p.knob, set()).update(p.knobs)
+    if not broken:  # no point but the baseline at all: nothing breaks, and nothing here to refuse
+        return
+    searched = sorted(space.values)
+    partners = sorted(set().union(*broken.values()) - set(searched) - set(relations.derived))
+    names = ", ".join(f"'{r.expr}'" if (r := _relation(relations, n)) else f"'{n}' (derived)" for n in broken)
+    together = (f"search {', '.join(searched)} together with {', '.join(partners)}" if partners
+                else "list other values of the searched knobs")
+    raise ConfigError(campaign.path, "search.knobs",
+                      f"no recipe of the space but the baseline keeps {names}: every other value of "
+                      f"{', '.join(searched)} breaks it while the other knobs keep the baseline's values, so the "
+                      f"search could only measure the baseline again; {together}")
+
+
+def _relation(relations: Relations, name: str) -> Relation | None:
+    return next((r for r in relations.relations if r.name == name), None)
 
 
 def campaign_meta(campaign: Campaign, space: SearchSpace, batch: BatchRule | None = None) -> dict[str, Any]:

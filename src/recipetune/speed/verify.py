@@ -3,10 +3,11 @@
 A command of the speed job, not of the guard: it reads two campaign files (config.py, a layer above
 the guard) and asks the guard for its verdict on their recipes.
 
-Exit codes: 0 APPROVED or KEEP BASELINE (the command did its job: use the decision), 1 REJECTED
-after measurement (the candidate trains differently or failed to run), 2 bad input (a file, an
-override, mismatched workloads, or a candidate the static checks refuse: nothing runs, nothing is
-written), 3 the baseline itself failed to run (no verdict is possible).
+Exit codes, one per outcome, so a CI job can gate on the verdict (``EXIT``): 0 APPROVED; 3 KEEP
+BASELINE (the evidence does not show a gain); 4 REJECTED, by the static checks (nothing runs, nothing
+is written) or after measurement (the candidate trains differently or failed to run); 2 bad input (a
+file, an override, mismatched workloads: nothing runs, nothing is written); 1 no verdict (the
+baseline itself failed to run, or a crash).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from recipetune.guard.static import static_report
 from recipetune.guard.verdict import Verdict, final_verdict, static_verdict
 
 STYLE = {"APPROVED": "bold green", "KEEP BASELINE": "bold yellow", "REJECTED": "bold red"}
-EXIT = {"APPROVED": 0, "KEEP BASELINE": 0, "REJECTED": 1}
+EXIT = {"APPROVED": 0, "KEEP BASELINE": 3, "REJECTED": 4}  # 2: bad input; 1: no verdict (GuardError, a crash)
+NO_VERDICT = 1
 
 
 def _split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -132,7 +134,8 @@ def verify(
 ) -> None:
     """Decide whether CANDIDATE may replace BASELINE: APPROVED, REJECTED or KEEP BASELINE, with evidence.
 
-    Exit code 0: APPROVED or KEEP BASELINE; 1: REJECTED; 2: bad input; 3: the baseline failed to run.
+    Exit code 0: APPROVED; 3: KEEP BASELINE; 4: REJECTED; 2: bad input; 1: no verdict (the baseline
+    failed to run).
     """
     console = Console(stderr=json_output)  # with --json, stdout carries the JSON alone
     try:
@@ -152,7 +155,8 @@ def verify(
             print(verdict.model_dump_json(indent=2))
         else:
             console.print(render(verdict))
-        raise fail(f"{cand.path}: the candidate breaks {len(report.violations)} rule(s); nothing was run")
+        raise fail(f"{cand.path}: the candidate breaks {len(report.violations)} rule(s); nothing was run",
+                   EXIT[verdict.decision])
 
     out_dir = out or Path("runs") / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{cand.baseline.id}"
     console.print(f"verifying {cand.baseline.describe_diff(base.baseline)} against baseline "
@@ -162,7 +166,7 @@ def verify(
             verdict = final_verdict(base.workload, base.baseline, cand.baseline, settings, out_dir,
                                     allow_semantic=allow, progress=lambda msg: status.update(msg))
     except GuardError as e:
-        raise fail(e, 3) from None
+        raise fail(e, NO_VERDICT) from None
     if json_output:
         print(verdict.model_dump_json(indent=2))
     else:
