@@ -321,7 +321,7 @@ def test_llm_proposer_in_a_campaign_records_rejections(tmp_path):
                                                 llm={"base_url": server.base_url, "api_key": "sk-secret",
                                                      "fallback": "none"},  # the LLM's proposals alone
                                                 budget={"trials": 3})
-    assert server.headers[0]["Authorization"] == "Bearer sk-secret"
+    assert server.headers[0]["authorization"] == "Bearer sk-secret"
     assert "sk-secret" not in (store.folder / "campaign.json").read_text()  # never written to the folder
     recs = finished(store)
     assert [r.attrs["edits"] for r in recs] == [{"speed": 3}]  # only the valid proposal ever ran

@@ -62,7 +62,7 @@ def test_valid_answer_becomes_proposals_and_the_context_is_compressed():
     assert ctx.rejections == []
     sent = server.requests[0]
     assert sent["model"] == "fake-model"
-    assert server.headers[0]["Authorization"] == "Bearer sk-test"
+    assert server.headers[0]["authorization"] == "Bearer sk-test"
     view = json.loads(sent["messages"][1]["content"])
     assert view["node"]["changes"] == {"micro_batch_size": 4} and view["node"]["speedup"] == 1.6
     assert [p["status"] for p in view["path"]] == ["baseline"]
