@@ -3,7 +3,10 @@
 A proposal is data (knob edits and a rationale), never code. Everything a proposer returns is
 checked against the campaign's search space here and again by the guard before anything runs.
 
-- ``analyst`` (default): rules from a YAML playbook over the node's run profile.
+- ``analyst`` (default): rules from a YAML playbook over the node's run profile. Where only the
+  undirected rule fires (``knob: "*"``, the playbooks' ``explore``), the campaign's ``search.explore``
+  chooses its children: ``model`` (``SpaceModel``: Optuna's TPE fitted to the tree's own results) or
+  ``random`` (one other value of a searched knob, in a seeded order).
 - ``random``: a uniform draw over the search space, seeded.
 - ``llm``: any OpenAI-compatible chat endpoint (engine/llm.py), built on the pieces here, with the
   analyst (or random) as its fallback (``WithFallback``) where it has nothing usable.
@@ -12,6 +15,7 @@ checked against the campaign's search space here and again by the guard before a
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -19,7 +23,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import optuna
 import yaml
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState, create_trial
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from recipetune.core.errors import validation_error
@@ -27,7 +34,11 @@ from recipetune.core.expr import ExprError, evaluate, names, parse
 from recipetune.core.meanings import Glossary
 from recipetune.core.recipe import KnobSet, Recipe, Scalar, SearchSpace
 from recipetune.core.relations import Relations
+from recipetune.engine.samplers import FeasibleSampler
+from recipetune.engine.store import distributions
 from recipetune.engine.tree import Node, Tree
+
+Explore = Literal["model", "random"]
 
 
 @dataclass(frozen=True)
@@ -278,13 +289,80 @@ def load_playbook(path: str | Path | None = None, builtin: str | None = None) ->
         raise validation_error(e, where, error=PlaybookError) from None
 
 
+def _gamma(n: int) -> int:
+    """How many of ``n`` nodes TPE counts as good: Optuna's default ``gamma``, for the rationale."""
+    return min(math.ceil(0.1 * n), 25)
+
+
+class SpaceModel:
+    """A model of the space fitted to the tree's own results: Optuna's TPE over the nodes measured so
+    far (each node's values of the searched knobs; its score, or a poor result where it failed, was
+    refused or was pruned), in an in-memory study, asked for points anywhere in the space. Where knobs
+    are related it draws only feasible points (engine/samplers.py: ``FeasibleSampler``). Seeded by the
+    campaign's seed, the node and the tree's size: the same tree gets the same draws, a resumed campaign
+    the ones the uninterrupted one would have. Below ``min_scored`` nodes with a score it has no model
+    (``fit`` returns None): the analyst falls back to the seeded uniform choice."""
+
+    def __init__(self, seed: int = 0, min_scored: int = 2, asks: int = 4):
+        self.seed, self.min_scored, self.asks = seed, min_scored, asks
+
+    def trials(self, context: SearchContext) -> tuple[dict[str, BaseDistribution], list[FrozenTrial]]:
+        """The tree as Optuna trials: a scored node COMPLETE with its score, every other one that
+        is done (failed, refused, pruned) PRUNED without a value, which TPE ranks below every score."""
+        dists = distributions(context.space, context.baseline)
+        out = []
+        for node in context.tree:
+            params = {n: node.recipe.get(n) for n in dists}
+            if any(not member(v, tuple(d.choices)) for v, d in  # type: ignore[attr-defined]
+                   zip(params.values(), dists.values(), strict=True)):
+                continue  # a value outside the space (a derived or repaired knob): not a point of it
+            if node.status in ("baseline", "passed") and node.score is not None and math.isfinite(node.score):
+                out.append(create_trial(params=params, distributions=dists, value=float(node.score)))
+            else:
+                out.append(create_trial(params=params, distributions=dists, state=TrialState.PRUNED))
+        return dists, out
+
+    def fit(self, node: Node, context: SearchContext, k: int) -> tuple[list[dict[str, Scalar]], str] | None:
+        """Up to ``asks * k + 8`` distinct draws of TPE, and what the model was (for the rationale)."""
+        dists, trials = self.trials(context)
+        scored = sorted((t.value for t in trials if t.state == TrialState.COMPLETE), reverse=True)
+        if len(scored) < self.min_scored or not dists:
+            return None
+        seed = random.Random(f"{self.seed}-model-{node.id}-{len(context.tree)}").getrandbits(32)
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=0)
+        if context.relations:
+            sampler = FeasibleSampler(sampler, dists, context.relations, context.baseline)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        study.add_trials(trials)
+        draws: list[dict[str, Scalar]] = []
+        for _ in range(self.asks * k + 8):
+            draw = dict(study.ask(dists).params)
+            if draw not in draws:
+                draws.append(draw)
+        good = _gamma(len(trials))
+        failed = len(trials) - len(scored)
+        note = (f"model: TPE over {len(trials)} nodes ({failed} failed or refused) draws near the best "
+                f"{good} (score >= {_fmt(scored[min(good, len(scored)) - 1])})")
+        return draws, note
+
+
+# One child an analyst rule offers: the edits, whether those knobs stay as asked when relations are
+# repaired, and the model's note where the model drew it.
+Option = tuple[dict[str, Scalar], bool, str]
+
+
 class AnalystProposer:
-    """Rules over the node's profile, in playbook order, one proposal per fired rule per pass."""
+    """Rules over the node's profile, in playbook order, one proposal per fired rule per pass.
+
+    The undirected rule (``knob: "*"``, the playbooks' last, ``explore``) proposes, with ``explore:
+    model``, what ``SpaceModel`` draws first (its rationale says so), then, as with ``random``, one
+    other value of a searched knob in a seeded order."""
 
     name = "analyst"
 
-    def __init__(self, rules: list[Rule], seed: int = 0):
-        self.rules, self.seed = rules, seed
+    def __init__(self, rules: list[Rule], seed: int = 0, explore: Explore = "random"):
+        self.rules, self.seed, self.explore = rules, seed, explore
+        self.model = SpaceModel(seed)
 
     def fired(self, facts: dict[str, Any]) -> list[Rule]:
         out = []
@@ -299,22 +377,33 @@ class AnalystProposer:
     def propose(self, node: Node, context: SearchContext, k: int) -> list[Proposal]:
         facts = context.facts_of(node)
         rng = random.Random(f"{self.seed}-{node.id}-{len(context.tree)}")
-        queues: list[tuple[Rule, list[dict[str, Scalar]]]] = []
+        queues: list[tuple[Rule, list[Option]]] = []
         for rule in self.fired(facts):
-            options = list(rule.action.edits(node.recipe, context.space, facts, context.glossary))
+            options: list[Option] = [(e, True, "") for e in
+                                     rule.action.edits(node.recipe, context.space, facts, context.glossary)]
             if rule.action.knob.endswith("*"):
                 rng.shuffle(options)  # undirected exploration: no knob goes first by accident
+            if rule.action.knob == "*" and self.explore == "model":
+                fitted = self.model.fit(node, context, k)
+                if fitted is not None:
+                    draws, note = fitted
+                    # any drawn knob may move to repair a relation, as with the random proposer
+                    options = [(d, False, note) for d in draws] + options
             queues.append((rule, options))
         out: list[Proposal] = []
         taken: set[str] = set()
         while len(out) < k and any(opts for _, opts in queues):
             for rule, options in queues:  # round-robin: diverse children before a second idea per rule
                 while options and len(out) < k:
-                    fresh = fresh_recipe(node, options.pop(0), context, taken)
+                    edits, keep, model = options.pop(0)
+                    fresh = fresh_recipe(node, edits, context, taken, keep)
                     if fresh is None:
                         continue
                     recipe, edits, note = fresh
                     taken.add(recipe.id)
+                    if model:
+                        out.append(Proposal(edits, with_note(f"{rule.name}: {model}", note), self.name))
+                        break
                     shown = ", ".join(f"{n}={_fmt(facts[n])}" for n in sorted(names(rule.when)) if n in facts)
                     why = " ".join(rule.why.split())
                     facts_text = f" [{shown}]" if shown else ""
