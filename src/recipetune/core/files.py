@@ -20,8 +20,12 @@ def write_atomic(path: Path, text: str) -> Path:
     """Write a file atomically: a reader never sees half of it, a crash never leaves half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written temporary left behind either
+        raise
     return path
 
 

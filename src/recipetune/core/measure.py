@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from recipetune.core.files import write_atomic
+
 Status = Literal["ok", "oom", "crash", "nan", "timeout", "invalid"]
 
 # Exit codes of the reference trainer (and of any trainer that wants its failures classified).
@@ -168,7 +170,7 @@ class RunResult(Record):
         )
 
     def save(self, path: Path) -> None:
-        path.write_text(self.model_dump_json(indent=2))
+        write_atomic(path, self.model_dump_json(indent=2))  # a reader (the driver, --resume) never sees half
 
     @classmethod
     def load(cls, path: Path) -> RunResult:

@@ -29,7 +29,7 @@ from recipetune.core.recipe import Recipe
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.job import Finished, Job, Landing, Outcome, Row, Services
 from recipetune.engine.researcher import Proposer, SearchContext
-from recipetune.engine.store import TrialRecord, distributions
+from recipetune.engine.store import NO_SPACE, DiskFull, TrialRecord, distributions
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
 from recipetune.engine.tree import Node, Tree
 from recipetune.execute.executor import TrialLost
@@ -65,6 +65,7 @@ class Search:
         self.tree: Tree = Tree(self.baseline)  # replaced by start(), which has the baseline's result
         self.strategy: Strategy | None = None
         self.runs = 0
+        self.spent = False  # every run slot of the study's shared budget is taken (store.take_run)
         self.elapsed_before = 0.0
         self.started = time.monotonic()
 
@@ -75,7 +76,7 @@ class Search:
 
     def budget_left(self) -> bool:
         wall = self.cfg.budget.wall_time_s
-        return self.runs < self.cfg.budget.trials and (wall is None or self.elapsed() < wall)
+        return self.runs < self.cfg.budget.trials and not self.spent and (wall is None or self.elapsed() < wall)
 
     # start -----------------------------------------------------------------------------------
 
@@ -149,6 +150,12 @@ class Search:
             self.reporter.row(job.row(key, number, c.recipe, {**attrs, **figures}))
             return tree.add(c.recipe, c.parent, "rejected", None, cause=checked.refusal,
                             rationale=proposal.rationale, source=proposal.source, trial=number)
+        if not store.take_run(number, self.cfg.budget.trials):  # other drivers' runs took the shared budget
+            store.finish(number, None, {"status": "unrun", "ran": False,
+                                        "cause": "the shared budget was spent by other drivers' runs"})
+            store.unclaim(c.recipe.id)
+            self.spent = True
+            return None
         run_dir = store.run_dir(number, c.recipe)
         store.set_running(number, {"run_dir": str(run_dir), "ran": True, **checked.plan})
         self.reporter.row(job.row(key, number, c.recipe, {**attrs, "status": "running"}))
@@ -171,6 +178,8 @@ class Search:
             landing = Landing("failed", None, penalty, f"lost: {e}", {"run_status": "lost"})
             kill_orphans(str(run_dir))  # its trainer's children, if the trial ran on this machine
         except Exception as e:  # a broken trial must not end the campaign; the record says what broke
+            if isinstance(e, OSError) and e.errno in NO_SPACE:  # but a full disk is the campaign's, not the
+                raise DiskFull(store.folder, e) from e  # recipe's: stop, the trial stays open for --resume
             landing = Landing("failed", None, penalty, f"error: {type(e).__name__}: {e}", {"run_status": "error"})
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "error.txt").write_text("".join(traceback.format_exception(e)))
@@ -245,6 +254,7 @@ class Search:
             return
         self.last_sync = time.monotonic()
         for rec in self.store.fail_interrupted(mine=False):  # another driver died: its trials may run again
+            self.spent = False  # and its run slots are free again
             self.reporter.phase(f"trial {rec.number} was interrupted ({rec.attrs.get('driver', '?')} is gone); "
                                 "its recipe may run again")
             kill_orphans(rec.attrs.get("run_dir"))

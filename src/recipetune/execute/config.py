@@ -47,4 +47,7 @@ class ExecuteConfig(BaseModel):
     retries: int = Field(1, ge=0, le=3, description="reruns of a trial whose worker process or node died")
     heartbeat_s: int = Field(30, ge=1, description="a driver's running trials send a heartbeat this often; a trial "
                                                    "silent for 2x this is failed as interrupted")
+    db_retry_s: float = Field(60.0, ge=0, description="how long a driver waits for the study's database server "
+                                                    "(search.storage) to answer again after losing it, retrying "
+                                                    "with backoff, before it stops (resumable); 0: not at all")
     resources: TrialResources = TrialResources()
