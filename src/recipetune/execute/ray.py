@@ -14,18 +14,24 @@ on every attempt comes back as ``TrialLost`` with Ray's cause; the campaign reco
 Each attempt is a line of ``attempts.jsonl`` in the trial's folder (node, worker pid).
 
 The campaign folder must be on a filesystem every node sees (NFS, Lustre, ...): runs write their
-logs and metrics stream there, the driver reads them back.
+logs and metrics stream there, the driver reads them back; a fine-tuning child also reads the
+experiment file, the task's files and the base model. ``check_shared`` proves it before the first
+trial: a task on every live node finds each of these at the same path with the same content (a
+file's size and hash; a folder through a token file the driver writes there and removes), or the
+campaign is refused naming the path and the node.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +39,7 @@ from typing import Any, TypeVar
 import ray
 from ray.exceptions import RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult
@@ -95,6 +101,62 @@ def check_capacity(settings: ExecuteConfig, nodes: list[dict[str, float]], devic
                           f"trials share hardware or queue: use --parallel {fit} or less")
 
 
+def _fingerprint(path: Path) -> str:
+    """A file's size and the hash of its first MiB: cheap, and enough to tell another copy apart."""
+    with path.open("rb") as f:
+        return f"{path.stat().st_size}:{hashlib.sha256(f.read(1 << 20)).hexdigest()}"
+
+
+@ray.remote(num_cpus=0)
+def _probe(expected: list[tuple[str, str]]) -> list[str]:
+    """On one node: each (path, fingerprint) the driver sees, as this node sees it; what differs."""
+    problems = []
+    for path, want in expected:
+        p = Path(path)
+        try:
+            have = _fingerprint(p)
+        except OSError as e:
+            problems.append(f"{path}: {e.strerror or e}")
+            continue
+        if have != want:
+            problems.append(f"{path}: not the driver's copy (size:sha256 {have.split(':')[0]} bytes here)")
+    return problems
+
+
+def check_shared(paths: Sequence[Path], file: str | Path, timeout_s: float = 120.0) -> None:
+    """Refuse (ConfigError) unless every live node sees each of ``paths`` at the same path: a file
+    with the same content, a folder (or, for one not created yet, the folder it will be created in)
+    through a token file written there for the check and removed after it."""
+    expected: list[tuple[str, str]] = []
+    tokens: list[Path] = []
+    try:
+        for raw in dict.fromkeys(Path(p).resolve() for p in paths):
+            if raw.is_file():
+                expected.append((str(raw), _fingerprint(raw)))
+                continue
+            folder = raw
+            while not folder.is_dir():  # a campaign folder not created yet: the one that will hold it
+                folder = folder.parent
+            token = folder / f".recipetune-shared-check-{secrets.token_hex(8)}"
+            token.write_text(secrets.token_hex(16))
+            tokens.append(token)
+            expected.append((str(token), _fingerprint(token)))
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        refs = [_probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                .remote(expected) for n in nodes]
+        answers = ray.get(refs, timeout=timeout_s)
+    finally:
+        for token in tokens:
+            token.unlink(missing_ok=True)
+    for node, problems in zip(nodes, answers, strict=True):
+        if problems:
+            where = f"{node.get('NodeManagerAddress', '?')} (node {node['NodeID'][:12]})"
+            raise ConfigError(file, "execute", f"node {where} does not see the campaign's files as this driver "
+                              f"does: {'; '.join(problems)}. Every node needs the campaign folder and the files "
+                              "the runs read at the same paths: put them on a filesystem the whole cluster "
+                              "mounts (docs/distributed.md)")
+
+
 @contextlib.contextmanager
 def _environ(env: dict[str, str]) -> Iterator[None]:
     """Variables the trainer inherits; a Ray worker is reused, so they are put back afterwards."""
@@ -124,7 +186,8 @@ def _note_attempt(out_dir: Path) -> int:
     if previous:
         kill_orphans(str(out_dir))
     with log.open("a") as f:
-        f.write(json.dumps({"attempt": previous + 1, "node": ray.util.get_node_ip_address(), "pid": os.getpid(),
+        f.write(json.dumps({"attempt": previous + 1, "node": ray.util.get_node_ip_address(),
+                            "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                             "placement_group": ray.get_runtime_context().get_placement_group_id(),
                             "time": time.time()}) + "\n")
     return previous + 1
@@ -218,12 +281,15 @@ def _task_options(res: TrialResources, pg: PlacementGroup | None, bundle: int, r
 class RayExecutor:
     """Trials (and guard measurements) as Ray tasks, each in a placement group of its own."""
 
-    def __init__(self, settings: ExecuteConfig, devices: int = 1, file: str | Path = "campaign"):
+    def __init__(self, settings: ExecuteConfig, devices: int = 1, file: str | Path = "campaign",
+                 shared: Sequence[Path] = ()):
         connect(settings.ray_address, file)
         self.settings, self.res = settings, settings.resources
         self.parallel = settings.parallel
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
         check_capacity(settings, nodes, devices, file)
+        if shared:
+            check_shared(shared, file)
         self._lock = threading.Lock()
         self._inflight: dict[Future, tuple[PlacementGroup, list[ray.ObjectRef]]] = {}
 

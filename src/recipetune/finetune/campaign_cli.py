@@ -38,6 +38,15 @@ def verdict_panel(outcome: Outcome, folder: Path, describe: Callable[[Recipe], s
     return decision_panel(outcome, lines, folder, store, approved="approved experiment", launch="run")
 
 
+def shared_files(campaign, folder: Path) -> list[Path]:  # type: ignore[no-untyped-def]
+    """What a child on any node reads or writes: the campaign folder, the experiment file, the task's
+    files and a base model on disk (a cluster's nodes must all see them at the same paths)."""
+    exp = campaign.experiment
+    model = Path(exp.spec.model.path)
+    model = model if model.is_absolute() else exp.base_dir / model
+    return [folder, campaign.path, *exp.splits.paths.values(), *([model] if model.exists() else [])]
+
+
 def finetune(
     experiment_file: Path = typer.Argument(..., help="experiment YAML (task, data, model, recipe) with a search: "
                                                      "section"),
@@ -68,7 +77,7 @@ def finetune(
     try:
         campaign = load_finetune_campaign(experiment_file, extra)
         checked = plan(campaign, folder, resume)
-        runner = make_executor(campaign.settings.execute, 1, campaign.path)
+        runner = make_executor(campaign.settings.execute, 1, campaign.path, shared=shared_files(campaign, folder))
     except ConfigError as e:
         raise fail(e) from None
 

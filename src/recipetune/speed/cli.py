@@ -67,7 +67,8 @@ def tune(
         if campaign.config.execute.executor == "local":  # runs on this machine: e.g. the warm launcher
             campaign.workload.prepare(campaign.baseline)  # imports torch while the driver plans
         checked = plan(campaign, folder, resume)
-        runner = make_executor(campaign.config.execute, campaign.workload.n_devices(campaign.baseline), campaign.path)
+        runner = make_executor(campaign.config.execute, campaign.workload.n_devices(campaign.baseline), campaign.path,
+                               shared=[folder, campaign.path])  # what every node of a cluster must see
     except ConfigError as e:
         raise fail(e) from None
 
