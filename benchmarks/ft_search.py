@@ -10,11 +10,14 @@ budget of experiments, over several search seeds:
     greedy      selection greedy (best-first), analyst
     sequential  selection sequential (each experiment a child of the last), analyst
     random      selection uct, random proposals
+    mcts-pruned mcts with the median pruner over 3 validation checkpoints per experiment
 
 Experiments are deterministic at a fixed seed (same data order, same initialisation, one thread),
 so an experiment one arm ran is not run again for another: its folder is reused from a cache
 (keyed by the experiment file, its overrides and the child's recipe and chain), and the wall time a
-campaign would have taken counts the cached experiment's own time. ``--final`` also runs the
+campaign would have taken counts the cached experiment's own time. A pruned arm runs every
+experiment itself (whether a child is stopped depends on its campaign's study), and a child it
+stops counts the time it ran. ``--final`` also runs the
 decision of the first seed's MCTS campaign: its best node and the baseline on the test split over
 the file's ``search.seeds``. Writes ``summary.json`` and prints one table per task; ``--table`` prints
 the markdown table of docs/finetune.md from the campaign folders under ``--out``.
@@ -32,7 +35,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from recipetune.engine.loop import Outcome, Reporter, Row, Search
+from recipetune.engine.job import Finished, Outcome, Reporter, Row, Services
+from recipetune.engine.loop import run_search
 from recipetune.execute.executor import LocalExecutor
 from recipetune.finetune import job as ft
 from recipetune.finetune import plan as ftp
@@ -42,6 +46,8 @@ ARMS = {
     "greedy": ["search.selection=greedy", "search.proposer=analyst"],
     "sequential": ["search.selection=sequential", "search.proposer=analyst"],
     "random": ["search.selection=uct", "search.proposer=random"],
+    "mcts-pruned": ["search.selection=uct", "search.proposer=analyst", "search.pruning.pruner=median",
+                    "search.pruning.checkpoints=3"],
 }
 
 
@@ -55,16 +61,16 @@ class MemoExecutor(LocalExecutor):
     def call(self, fn, workload, *args, **kwargs) -> Future:  # type: ignore[no-untyped-def,override]
         if fn is not ft.run_child:
             return super().call(fn, workload, *args, **kwargs)
-        file, overrides, child, out_dir, _timeout = args
+        file, overrides, child, out_dir, _timeout, checkpoints = args[:6]
         kept = [o for o in overrides if not o.startswith("search.")]
         key = hashlib.sha256(json.dumps([file, kept, child], sort_keys=True).encode()).hexdigest()[:16]
         cached = self.cache / key
-        if not (cached / "report.json").exists():
+        if checkpoints or not (cached / "report.json").exists():
             self.misses += 1
             t0 = time.perf_counter()
             result = fn(*args, **kwargs)
             (Path(out_dir) / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.2f}\n")
-            if isinstance(result, ft.Failed):
+            if isinstance(result, ft.Failed | ft.Pruned):
                 self.seconds += time.perf_counter() - t0
                 future: Future = Future()
                 future.set_result(result)
@@ -95,9 +101,8 @@ class Quiet(Reporter):
 class SearchOnly(ft.QualityJob):
     """The ablation compares what each search found on validation; the test split is for --final."""
 
-    def decide(self, search: Search) -> Outcome:
-        assert search.tree is not None
-        return Outcome("(search only)", [], search.tree, runs=search.runs)
+    def decide(self, finished: Finished) -> Outcome:
+        return Outcome("(search only)", [], finished.tree, runs=finished.runs)
 
 
 def trajectory(folder: Path, baseline: float) -> tuple[list[float], float]:
@@ -112,7 +117,8 @@ def trajectory(folder: Path, baseline: float) -> tuple[list[float], float]:
         value = rec.attrs.get("value") if rec.attrs.get("status") == "passed" else None
         best = max(best, value) if value is not None else best
         out.append(best)
-        seconds += rec.attrs.get("time_s") or 0.0
+        wall = Path(rec.attrs["run_dir"]) / "wall_s.txt" if rec.attrs.get("run_dir") else None
+        seconds += float(wall.read_text()) if wall is not None and wall.exists() else rec.attrs.get("time_s") or 0.0
     return out, seconds
 
 
@@ -127,7 +133,7 @@ def table(out: Path, arms: list[str]) -> None:
         print("|---|---|---|---|---|")
         for arm in arms:
             bests, reach, secs = [], [], []
-            for folder in sorted(task_dir.glob(f"{arm}-*")):
+            for folder in sorted(p for p in task_dir.glob(f"{arm}-*") if p.name.removeprefix(f"{arm}-").isdigit()):
                 base = ExperimentReport.model_validate_json((folder / "baseline" / "report.json").read_text())
                 traj, seconds = trajectory(folder, base.value or 0.0)
                 best = max([base.value or 0.0, *traj])
@@ -149,7 +155,8 @@ def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: Memo
     job = ft.QualityJob(p) if final else SearchOnly(p)
     before = memo.seconds
     t0 = time.perf_counter()
-    outcome = ft.run_search(job, p.store, p.meta, p.resume, p.proposer, memo, Quiet(f"{file.stem} {arm} {seed}"))
+    services = Services(p.store, memo, Quiet(f"{file.stem} {arm} {seed}"))
+    outcome = run_search(job, c.cfg, services, meta=p.meta, snapshot=p.snapshot, resume=p.resume, proposer=p.proposer)
     root = outcome.tree.root.score or 0.0
     traj, seconds = trajectory(folder, root)
     best = outcome.tree.best()

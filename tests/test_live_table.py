@@ -73,3 +73,18 @@ def test_clip_cuts_between_words():
     assert _clip("alpha beta gamma delta", 13) == "alpha beta…"
     assert _clip("alpha beta gamma", 11) == "alpha beta…"  # the cut falls on the space: beta kept
     assert _clip("x " + LONG_WORD, 20) == "x " + LONG_WORD[:17] + "…"  # one long identifier: cut inside it
+
+
+def test_a_running_trial_shows_its_steps_time_and_eta_and_the_campaign_its_runs(monkeypatch):
+    from recipetune.engine import live
+
+    clock = iter([100.0, 110.0, 110.0, 110.0, 110.0, 110.0])
+    monkeypatch.setattr(live.time, "monotonic", lambda: next(clock, 110.0))
+    reporter = live.LiveReporter(SPEED)
+    reporter.row(Row("1", 1, "micro_batch_size=4", "running"))  # starts at 100 s
+    reporter.progress("1", 5, 20)  # 10 s later: 5 of 20 steps, so 30 s to go
+    assert reporter.running("1") == " 5/20 0:10 eta 0:30"
+    reporter.campaign(2, 8, 125.0)
+    assert reporter.campaign_text.plain == "2/8 runs, 2:05 of search, eta 6:15"
+    reporter.campaign(8, 8, 4000.0)
+    assert reporter.campaign_text.plain == "8/8 runs, 1:06:40 of search"

@@ -31,10 +31,10 @@ from recipetune.bench.table import Entry, Measurement, Table
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.engine.config import TreeSearchConfig
-from recipetune.engine.job import Checked, Finished, Landing, Outcome, Reporter, Row, Services
+from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services
 from recipetune.engine.loop import Search, run_search
 from recipetune.engine.plan import make_proposer
-from recipetune.engine.researcher import Proposal
+from recipetune.engine.researcher import Explore, Proposal
 from recipetune.engine.samplers import FeasibleSampler, make_sampler
 from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.strategy import Candidate, Strategy, Wait
@@ -42,7 +42,8 @@ from recipetune.engine.tree import Node, reward
 from recipetune.execute.executor import LocalExecutor
 from recipetune.speed.facts import BRIEFING, PLAYBOOK
 
-STRATEGIES = ("mcts-analyst", "mcts-random", "greedy", "sequential", "tpe", "gp", "optuna-random", "grid")
+STRATEGIES = ("mcts-analyst", "mcts-analyst-model", "mcts-random", "greedy", "sequential", "tpe", "gp",
+              "optuna-random", "grid")
 SAMPLERS = {"tpe": "tpe", "gp": "gp", "optuna-random": "random", "grid": "grid"}
 
 
@@ -152,18 +153,17 @@ class TableJob:
         self.trajectory = Trajectory("", 0)
         self.services: Services | None = None
 
-    def start(self, services: Services) -> tuple[Any, float | None]:
+    def start(self, services: Services) -> Root:
         self.services = services
         e = self.oracle.table.baseline_entry()
-        return self.oracle.result(e, e.ok_runs()[0]), 1.0
+        return Root(self.oracle.result(e, e.ok_runs()[0]), 1.0)
 
     def check(self, recipe: Recipe) -> Checked:
         if self.oracle.entry(recipe) is None:
             return Checked(recipe, refusal="static check: infeasible in the table")
         return Checked(recipe)
 
-    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any],
-               progress: Callable[[int, int], None]) -> Future:
+    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future:
         assert self.services is not None
         entry = self.oracle.entry(recipe)
         return self.services.executor.call(lambda: (entry, self.oracle.draw(entry)), None)  # type: ignore[arg-type]
@@ -320,8 +320,10 @@ def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Pa
     job.trajectory = Trajectory(strategy, seed)
     store = CampaignStore(folder, None, sampler_for(strategy, oracle, seed))
     services = Services(store, LocalExecutor(), reporter or Reporter())
-    proposer = make_proposer(strategy.removeprefix("mcts-"), seed, builtin=PLAYBOOK) if strategy.startswith("mcts-") \
-        else None
+    # mcts-analyst-model: the analyst whose explore rule asks TPE fitted to the tree (search.explore: model)
+    name, _, mode = strategy.removeprefix("mcts-").partition("-")
+    explore: Explore = "model" if mode == "model" else "random"
+    proposer = make_proposer(name, seed, builtin=PLAYBOOK, explore=explore) if strategy.startswith("mcts-") else None
     plain: dict[str, Callable[[Search], Strategy]] = {
         "greedy": lambda search: GreedyStrategy(search, oracle, seed),
         "sequential": lambda search: SequentialStrategy(search, oracle),

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from recipetune.core.files import write_atomic
 
-Status = Literal["ok", "oom", "crash", "nan", "timeout", "invalid"]
+Status = Literal["ok", "oom", "crash", "nan", "timeout", "invalid", "pruned"]
 
 # Exit codes of the reference trainer (and of any trainer that wants its failures classified).
 EXIT_CODES: dict[int, Status] = {0: "ok", 2: "invalid", 3: "oom", 4: "nan"}

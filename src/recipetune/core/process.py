@@ -39,6 +39,11 @@ class ProcessOutcome:
     timed_out: bool
     wall_s: float
     stderr_tail: str
+    stopped: bool = False  # killed because its stop file appeared (a search's pruner said stop)
+
+
+STOP_FILE = "prune.json"  # in a run's folder: the driver's word to stop it, with why (the run may be on another
+# node: the folder is shared)
 
 
 def tail(path: Path, n_bytes: int = 4000) -> str:
@@ -59,8 +64,10 @@ def run_process(
     cwd: Path | None = None,
     on_poll: Callable[[], None] | None = None,
     poll_interval_s: float = 0.25,
+    stop_file: Path | None = None,
 ) -> ProcessOutcome:
-    """Run ``argv`` (no shell) to completion or timeout; stdout/stderr go to files in ``log_dir``."""
+    """Run ``argv`` (no shell) to completion, timeout or ``stop_file``'s appearance; stdout/stderr go to
+    files in ``log_dir``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     stdout_path, stderr_path = log_dir / "stdout.log", log_dir / "stderr.log"
     full_env = {**os.environ, **(env or {})}
@@ -70,7 +77,7 @@ def run_process(
             list(argv), stdout=out, stderr=err, env=full_env, cwd=cwd, start_new_session=True,
             preexec_fn=_die_with_parent if _prctl is not None else None,
         )
-        timed_out = False
+        timed_out = stopped = False
         try:
             while True:
                 try:
@@ -83,13 +90,17 @@ def run_process(
                         timed_out = True
                         _kill_group(proc)
                         break
+                    if stop_file is not None and stop_file.exists():
+                        stopped = True
+                        _kill_group(proc)
+                        break
         except BaseException:
             _kill_group(proc)  # Ctrl-C in the parent must not leave a trainer running
             raise
         wall = time.perf_counter() - start
     if on_poll:
         on_poll()
-    return ProcessOutcome(None if timed_out else proc.returncode, timed_out, wall, tail(stderr_path))
+    return ProcessOutcome(None if timed_out else proc.returncode, timed_out, wall, tail(stderr_path), stopped)
 
 
 def kill_orphans(run_dir: str | None) -> None:

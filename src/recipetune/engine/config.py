@@ -13,6 +13,33 @@ class Budget(BaseModel):
 
     trials: int = Field(24, ge=1, description="runs to execute; proposals rejected before running cost nothing")
     wall_time_s: float | None = Field(None, gt=0, description="stop starting new trials after this much search time")
+    trial_s: float | None = Field(None, gt=0, description="compute budget: stop starting new trials once the trials "
+                                                          "have run this many seconds in all (--budget-s)")
+    plateau: int | None = Field(None, ge=1, description="stop after this many runs in a row without a gain beyond "
+                                                        "noise over the best so far")
+    plateau_gain: float | None = Field(None, ge=0, description="the gain that counts, in the job's score; default: "
+                                                               "the noise the job measured on its baseline")
+
+
+class Pruning(BaseModel):
+    """Stopping a trial early from the values it reports while it runs (Optuna's pruners, through
+    ``trial.report`` / ``should_prune``). A pruned trial is kept with what it showed; it is never a
+    finalist and never runs again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pruner: Literal["none", "median", "percentile", "successive_halving", "hyperband", "patient"] = Field(
+        "none", description="none | median (below the median of the trials at the same step) | percentile | "
+                            "successive_halving | hyperband | patient (median, after `patience` bad reports)")
+    startup_trials: int = Field(2, ge=0, description="trials that finish (the baseline counts) before any is pruned")
+    warmup_steps: int = Field(0, ge=0, description="reports of a trial before it may be pruned")
+    percentile: float = Field(50.0, gt=0, lt=100, description="percentile: prune below this percentile")
+    patience: int = Field(1, ge=1, description="patient: reports in a row below the median before pruning")
+    min_resource: int = Field(1, ge=1, description="successive_halving, hyperband: the first rung's step")
+    reduction_factor: int = Field(3, ge=2, description="successive_halving, hyperband: keep 1 of this many per rung")
+    checkpoints: int = Field(3, ge=1, le=50, description="reports per trial (the quality job: validation metric on "
+                                                         "`eval_examples` rows at this many points of training)")
+    eval_examples: int = Field(64, ge=1, description="the quality job: validation rows scored at a checkpoint")
 
 
 class LLMSettings(BaseModel):
@@ -74,8 +101,12 @@ class TreeSearchConfig(BaseModel):
         "uct", description="which node mcts expands: uct (MCTS), or the ablation's greedy best-first / sequential")
     failure_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward of a rejected or failed trial")
     playbook: str | None = Field(None, description="extra analyst rules (YAML), added before the built-in ones")
+    explore: Literal["model", "random"] = Field(
+        "random", description="the analyst where no specific rule fires: model (TPE fitted to the tree's results so "
+                              "far) or random (one other value of a searched knob, seeded)")
     storage: str | None = Field(None, description="SQLAlchemy URL of the study; default sqlite in the campaign folder")
     llm: LLMSettings = LLMSettings()
+    pruning: Pruning = Pruning()
 
 
 class SearchConfig(TreeSearchConfig):

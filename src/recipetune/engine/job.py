@@ -10,7 +10,9 @@ function, ``conclude``.
 
 from __future__ import annotations
 
+import json
 import shlex
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -55,6 +57,9 @@ class Reporter:
 
     def best(self, node: Node | None, baseline: Recipe) -> None: ...
 
+    def campaign(self, done: int, total: int, elapsed_s: float) -> None:
+        """Runs finished of the budget's ``total``, and the search's time so far (resumes included)."""
+
 
 @dataclass(frozen=True)
 class Services:
@@ -65,7 +70,75 @@ class Services:
     reporter: Reporter
 
 
+class Progress:
+    """What a running trial tells the engine: steps done (the live view), and intermediate values
+    (``report``: True means stop it now; the job then ends the run and lands it as ``pruned``).
+    ``upper`` is the most the value could plausibly be, given its noise: a trial is stopped only when
+    the pruner says so and even that bound stays below the baseline's value at the same report.
+    Called from the thread that watches the run."""
+
+    def __init__(self, step: Callable[[int, int], None], report: Callable[[int, float, float | None], bool]):
+        self._step, self._report = step, report
+        self.pruned: tuple[int, float] | None = None  # the report that stopped it
+
+    def step(self, done: int, total: int) -> None:
+        self._step(done, total)
+
+    def report(self, step: int, value: float, upper: float | None = None) -> bool:
+        if self.pruned is None and self._report(step, value, upper):
+            self.pruned = (step, value)
+        return self.pruned is not None
+
+
+def checkpoint_steps(total: int, n: int) -> dict[int, int]:
+    """The training steps after which a run's ``n`` checkpoints fall (step -> k), evenly spaced
+    inside ``total`` steps: at k/(n+1) of the training, so the trials of one campaign are compared at
+    the same share of their own schedule. Fewer when the run is too short to hold them all."""
+    at: dict[int, int] = {}
+    for k in range(1, n + 1):
+        step = round(k * total / (n + 1))
+        if 1 <= step < total and step not in at:
+            at[step] = len(at) + 1
+    return at
+
+
+def watch(reports: Callable[[], list[dict[str, Any]]], progress: Progress, stop_file: Path,
+          done: threading.Event, every_s: float = 0.5) -> threading.Thread:
+    """A thread on the driver while a run goes on: each report it has made so far (``reports()``:
+    dicts with ``checkpoint``, ``of``, ``value`` and optionally ``upper``, in order) goes to the
+    pruner once; when the pruner says stop, ``stop_file`` (core/process.py: STOP_FILE, with the report
+    it stopped at) tells the run's runner, here or on another node, to end it. Stops when ``done``
+    is set."""
+
+    def loop() -> None:
+        seen = 0
+        while not done.wait(every_s):
+            made = reports()
+            for r in made[seen:]:
+                progress.step(int(r["checkpoint"]), int(r["of"]))  # the live table: reports made
+                if progress.report(int(r["checkpoint"]), float(r["value"]), r.get("upper")):
+                    write_atomic(stop_file, json.dumps(r))  # whole or not at all: the runner reads it
+                    return
+            seen = len(made)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
 # -- what a job answers --------------------------------------------------------------------------
+
+
+@dataclass
+class Root:
+    """The baseline as the job measured it: what the Researcher reads of it, its score, the noise of
+    that score (the gain a plateau must beat) and its intermediate values (what the pruner compares
+    a running trial with, by report step)."""
+
+    result: Any
+    score: float | None
+    noise: float = 0.0
+    curve: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,8 +158,8 @@ class Checked:
 class Landing:
     """How the job judged one finished run."""
 
-    status: NodeStatus  # passed | rejected | failed
-    score: float | None  # the job's figure of merit (None unless it ran and was measured)
+    status: NodeStatus  # passed | rejected | failed | pruned
+    score: float | None  # the job's figure of merit (None unless it ran to its end and was measured)
     reward: float  # in [0, 1], backpropagated (engine/tree.py)
     cause: str = ""
     figures: dict[str, Any] = field(default_factory=dict)  # stored with the trial
@@ -125,14 +198,13 @@ class Job(Protocol):
     space: SearchSpace
     subject: Subject  # the knobs and their relations, as proposers see them
 
-    def start(self, services: Services) -> tuple[Any, float | None]:
-        """Measure (or reload) the baseline: the root's result and score. The job keeps ``services``."""
+    def start(self, services: Services) -> Root:
+        """Measure (or reload) the baseline. The job keeps ``services``."""
 
     def check(self, recipe: Recipe) -> Checked:
         """The recipe as it would run, and why it may not (or what its trial records)."""
 
-    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any],
-               progress: Callable[[int, int], None]) -> Future: ...
+    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future: ...
 
     def land(self, result: Any, recipe: Recipe, run_dir: Path) -> Landing: ...
 

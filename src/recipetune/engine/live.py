@@ -3,6 +3,7 @@ verdict panel, and the run under it (Ctrl-C and errors say how to resume)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,12 +68,14 @@ class LiveReporter(Reporter):
         self.describe = describe  # a node's change from the baseline, as the job words it
         self.rows: dict[str, Row] = {}
         self.steps: dict[str, str] = {}
+        self.started: dict[str, float] = {}  # when each running trial started (time.monotonic)
         self.best_text = Text("best so far: the baseline", style="bold")
+        self.campaign_text = Text("")
         self.live: Live | None = None
 
     def render(self) -> Group:
         """The trial table, laid out for the width it is drawn at (``_TrialTable``), and the best line."""
-        return Group(_TrialTable(self), self.best_text)
+        return Group(_TrialTable(self), self.best_text, self.campaign_text)
 
     def table(self, width: int) -> Table:
         """The trial table for ``width`` columns. Cells wrap at spaces only: a word too long for its
@@ -94,8 +97,8 @@ class LiveReporter(Reporter):
             table.add_column("proposer: rationale", ratio=4, overflow="ellipsis")
         for row in list(self.rows.values())[-MAX_ROWS:]:
             status = row.status
-            if row.status == "running" and row.key in self.steps:
-                status += f" {self.steps[row.key]}"
+            if row.status == "running":  # a narrow terminal keeps the steps, a wide one also the time
+                status += self.running(row.key, timed=wide)
             cells: list[str | Text] = [
                 "" if row.number is None else str(row.number),
                 Text(row.change),
@@ -118,9 +121,24 @@ class LiveReporter(Reporter):
     def phase(self, text: str) -> None:
         (self.live.console if self.live else console).print(Text(text, style="bold blue"))
 
+    def running(self, key: str, timed: bool = True) -> str:
+        """`` 12/30 0:14 eta 0:21``: the steps a running trial has done, its time, and what is left
+        at that pace (no ETA before its first step)."""
+        text = f" {self.steps[key]}" if key in self.steps else ""
+        if not timed:
+            return text
+        elapsed = time.monotonic() - self.started.get(key, time.monotonic())
+        done, _, total = self.steps.get(key, "").partition("/")
+        text += f" {_clock(elapsed)}"
+        if done.isdigit() and total.isdigit() and 0 < int(done) < int(total):
+            text += f" eta {_clock(elapsed / int(done) * (int(total) - int(done)))}"
+        return text
+
     def row(self, row: Row) -> None:
         self.rows[row.key] = row
         self.steps.pop(row.key, None)
+        if row.status == "running":
+            self.started.setdefault(row.key, time.monotonic())
         self._refresh()
 
     def progress(self, key: str, done: int, total: int) -> None:
@@ -138,6 +156,17 @@ class LiveReporter(Reporter):
             self.best_text = Text(f"best so far: {change}  "
                                   f"{format(node.score, c.score_fmt)}{c.unit} (trial {node.trial})", style="bold green")
         self._refresh()
+
+    def campaign(self, done: int, total: int, elapsed_s: float) -> None:
+        eta = f", eta {_clock(elapsed_s / done * (total - done))}" if 0 < done < total else ""
+        self.campaign_text = Text(f"{done}/{total} runs, {_clock(elapsed_s)} of search{eta}", style="dim")
+        self._refresh()
+
+
+def _clock(seconds: float) -> str:
+    """``0:14``, ``12:05``, ``1:02:03``."""
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 class _TrialTable:

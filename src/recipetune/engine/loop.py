@@ -27,12 +27,14 @@ from typing import Any
 from recipetune.core.process import kill_orphans
 from recipetune.core.recipe import Recipe
 from recipetune.engine.config import TreeSearchConfig
-from recipetune.engine.job import Finished, Job, Landing, Outcome, Row, Services
+from recipetune.engine.job import Finished, Job, Landing, Outcome, Progress, Root, Row, Services
 from recipetune.engine.researcher import Proposer, SearchContext
 from recipetune.engine.store import NO_SPACE, DiskFull, TrialRecord, distributions
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
 from recipetune.engine.tree import Node, Tree
 from recipetune.execute.executor import TrialLost
+
+FINISHED = ("passed", "rejected", "failed", "pruned")  # a trial's status once its node is in the tree
 
 
 @dataclass
@@ -43,6 +45,7 @@ class Pending:
     candidate: Candidate
     run_dir: Path
     future: Future
+    started: float  # time.monotonic() at submit
 
     @property
     def recipe(self) -> Recipe:
@@ -65,6 +68,8 @@ class Search:
         self.tree: Tree = Tree(self.baseline)  # replaced by start(), which has the baseline's result
         self.strategy: Strategy | None = None
         self.runs = 0
+        self.root = Root(None, None)  # the baseline, once start() measured it
+        self.trial_s = 0.0  # seconds the trials have run, this session and before (budget.trial_s)
         self.spent = False  # every run slot of the study's shared budget is taken (store.take_run)
         self.elapsed_before = 0.0
         self.started = time.monotonic()
@@ -87,11 +92,14 @@ class Search:
                 self.reporter.phase(f"trial {rec.number} was interrupted; its recipe may run again")
                 kill_orphans(rec.attrs.get("run_dir"))  # on this machine; a Ray retry cleans its own node
             self.elapsed_before = float(store.study.user_attrs.get("search_elapsed_s", 0.0))
+            self.trial_s = float(store.study.user_attrs.get("search_trial_s", 0.0))
         else:
             store.create(self.meta)
             store.write_json("campaign.json", self.snapshot)
-        root_result, root_score = self.job.start(self.services)
-        self.tree = Tree(self.baseline, root_result, self.cfg.exploration, score=root_score)
+        root = self.root = self.job.start(self.services)
+        self.tree = Tree(self.baseline, root.result, self.cfg.exploration, score=root.score)
+        if root.curve and self.cfg.pruning.pruner != "none" and root.score is not None:
+            store.add_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
         self.rebuild(store.records())
         self.started = time.monotonic()  # the wall-time budget is search time: the baseline is apart
         store.start_heartbeat()
@@ -101,7 +109,7 @@ class Search:
         """The tree and the measured set from the study's finished trials, in trial order."""
         tree = self.tree
         for rec in sorted(records, key=lambda r: r.number):
-            if rec.state not in ("COMPLETE", "FAIL") or rec.status not in ("passed", "rejected", "failed"):
+            if rec.state not in ("COMPLETE", "FAIL", "PRUNED") or rec.status not in FINISHED:
                 self._report_record(rec)
                 continue
             if rec.recipe in tree:
@@ -161,10 +169,11 @@ class Search:
         self.reporter.row(job.row(key, number, c.recipe, {**attrs, "status": "running"}))
         self.runs += 1
         tree.reserve(c.parent)  # virtual loss while it runs: parallel selection looks elsewhere
+        progress = Progress(lambda done, total: self.reporter.progress(key, done, total),
+                            lambda step, value, upper: self.prune(number, step, value, upper))
         # (the local executor runs the trial right here, before submit returns)
-        future = job.submit(c.recipe, run_dir, checked.plan,
-                            lambda done, total: self.reporter.progress(key, done, total))
-        return Pending(number, c, run_dir, future)
+        future = job.submit(c.recipe, run_dir, checked.plan, progress)
+        return Pending(number, c, run_dir, future, time.monotonic())
 
     def land(self, pending: Pending) -> Node:
         """A submitted run has ended: the job judges it; reward, store, and add its node."""
@@ -188,7 +197,9 @@ class Search:
         figures = {**landing.figures, "status": landing.status, "cause": landing.cause, "reward": landing.reward,
                    "score": landing.score if passed else None,
                    **({"attempts": attempts.read_text().count("\n")} if attempts.exists() else {})}
-        store.finish(number, landing.score if passed else None, figures)
+        store.finish(number, landing.score if passed else None, figures, pruned=landing.status == "pruned")
+        self.trial_s += time.monotonic() - pending.started
+        store.set_meta("search_trial_s", self.trial_s)
         self.reporter.row(self.job.row(str(number), number, recipe,
                                        {"rationale": proposal.rationale, "proposer": proposal.source, **figures}))
         node = tree.add(recipe, parent=c.parent, status=landing.status, value=landing.reward,
@@ -196,7 +207,37 @@ class Search:
                         source=proposal.source, trial=number, result=landing.result)
         store.set_meta("search_elapsed_s", self.elapsed())
         self.reporter.best(tree.best(), self.baseline)
+        self.reporter.campaign(self.runs - len(self.inflight), self.cfg.budget.trials, self.elapsed())
         return node
+
+    def prune(self, number: int, step: int, value: float, upper: float | None) -> bool:
+        """Whether a running trial stops at this report: the study's pruner says so (Optuna's, over
+        the finished trials and the baseline's curve at ``step``), and the trial cannot plausibly
+        reach what it is compared with: ``upper``, the most its value could be given its noise, is
+        below the median of the finished trials there. Noise alone never stops a trial."""
+        if not self.store.report(number, step, value):
+            return False
+        bar = self.store.median_at(step) if upper is not None else None
+        return upper is None or bar is None or upper < bar
+
+    def stop_rule(self) -> str:
+        """Why the campaign starts no more trials although runs are left (budget.trial_s, budget.plateau), or ''."""
+        budget = self.cfg.budget
+        if budget.trial_s is not None and self.trial_s >= budget.trial_s:
+            return f"the compute budget is spent: the trials ran {self.trial_s:.0f} s of {budget.trial_s:.0f} s"
+        if budget.plateau is not None:
+            gain = budget.plateau_gain if budget.plateau_gain is not None else self.root.noise
+            best, since = self.root.score, 0
+            for node in sorted((n for n in self.tree if n.trial is not None), key=lambda n: n.trial or 0):
+                if node.status == "rejected":
+                    continue  # refused before running: it cost nothing
+                if node.score is not None and node.status == "passed" and (best is None or node.score > best + gain):
+                    best, since = node.score, 0
+                else:
+                    since += 1
+            if since >= budget.plateau:
+                return f"a plateau: {since} runs in a row without a gain beyond {gain:.4g} over the best ({best:.4g})"
+        return ""
 
     # what strategies see (engine/strategy.py: SearchView) ----------------------------------------
 
@@ -282,7 +323,8 @@ class Search:
         while True:
             self.sync()
             waiting = False  # everything new to try is running: wait for a run to land
-            while len(self.inflight) < self.executor.parallel and self.budget_left():
+            stop = self.stop_rule()
+            while len(self.inflight) < self.executor.parallel and self.budget_left() and not stop:
                 c = strategy.ask()
                 if c is None:
                     break
@@ -300,7 +342,9 @@ class Search:
                 time.sleep(1.0)  # polls the study while another driver runs what is left to try
                 self.last_sync = 0.0
             else:
-                if self.budget_left() and not waiting:
+                if stop:
+                    self.reporter.phase(f"stopped: {stop}")
+                elif self.budget_left() and not waiting:
                     self.reporter.phase(strategy.exhausted())
                 return
 

@@ -18,6 +18,7 @@ from recipetune.engine.config import LLMSettings, TreeSearchConfig
 from recipetune.engine.llm import LLMProposer
 from recipetune.engine.researcher import (
     AnalystProposer,
+    Explore,
     PlaybookError,
     Proposer,
     RandomProposer,
@@ -54,13 +55,14 @@ def redacted(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
-                  llm: LLMSettings | None = None, builtin: str | None = None) -> Proposer:
+                  llm: LLMSettings | None = None, builtin: str | None = None, explore: Explore = "random") -> Proposer:
     """The proposer a campaign asked for; ``builtin``: the job's own playbook (``package:file``).
     ``llm`` comes with the fallback its settings name (the analyst on the same playbooks, by
-    default). Raises PlaybookError or ValueError on bad settings."""
+    default); ``explore``: what the analyst's undirected rule does (``search.explore``). Raises
+    PlaybookError or ValueError on bad settings."""
     if name == "analyst":
         rules = (load_playbook(playbook) if playbook else []) + (load_playbook(builtin=builtin) if builtin else [])
-        return AnalystProposer(rules, seed)
+        return AnalystProposer(rules, seed, explore)
     if name == "random":
         return RandomProposer(seed)
     if name == "llm":
@@ -68,7 +70,8 @@ def make_proposer(name: str, seed: int = 0, playbook: str | Path | None = None,
         researcher = LLMProposer(settings)
         if settings.fallback == "none":
             return researcher
-        return WithFallback(researcher, make_proposer(settings.fallback, seed, playbook, builtin=builtin))
+        return WithFallback(researcher, make_proposer(settings.fallback, seed, playbook, builtin=builtin,
+                                                      explore=explore))
     raise ValueError(f"unknown proposer {name!r}; expected analyst, random or llm")
 
 
@@ -80,7 +83,7 @@ def build_proposer(cfg: TreeSearchConfig, file: Path, builtin: str | None = None
     if playbook and not Path(playbook).is_absolute():
         playbook = str(file.resolve().parent / playbook)
     try:
-        return make_proposer(cfg.proposer, cfg.seed, playbook, cfg.llm, builtin=builtin)
+        return make_proposer(cfg.proposer, cfg.seed, playbook, cfg.llm, builtin=builtin, explore=cfg.explore)
     except PlaybookError as e:
         raise ConfigError(e.file, e.field, e.message) from None
     except ValueError as e:

@@ -13,6 +13,7 @@ feasible point. Derived knobs are never sampled: they are computed from the samp
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import optuna
@@ -20,6 +21,7 @@ from optuna.distributions import BaseDistribution
 
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.core.relations import Relations
+from recipetune.engine.config import Pruning
 from recipetune.engine.store import distributions
 
 STRATEGIES = ("mcts", "tpe", "gp", "random", "grid")
@@ -100,3 +102,24 @@ def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
     if relations and strategy != "mcts":
         return FeasibleSampler(sampler, dists, relations, baseline)
     return sampler
+
+
+def make_pruner(p: Pruning) -> optuna.pruners.BasePruner:
+    """The pruner ``search.pruning`` names (Optuna's own; ``none`` prunes nothing)."""
+    if p.pruner == "none":
+        return optuna.pruners.NopPruner()
+    median = optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials, n_warmup_steps=p.warmup_steps)
+    if p.pruner == "median":
+        return median
+    if p.pruner == "percentile":
+        return optuna.pruners.PercentilePruner(p.percentile, n_startup_trials=p.startup_trials,
+                                               n_warmup_steps=p.warmup_steps)
+    if p.pruner == "patient":
+        with warnings.catch_warnings():  # experimental since Optuna 2.8, and what `patient` means
+            warnings.simplefilter("ignore")
+            return optuna.pruners.PatientPruner(median, patience=p.patience)
+    if p.pruner == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=p.min_resource,
+                                                      reduction_factor=p.reduction_factor)
+    return optuna.pruners.HyperbandPruner(min_resource=p.min_resource, max_resource=p.checkpoints,
+                                          reduction_factor=p.reduction_factor)

@@ -35,6 +35,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -266,14 +267,14 @@ class CampaignStore:
 
     def __init__(
         self, folder: Path, storage_url: str | None = None, sampler: optuna.samplers.BaseSampler | None = None,
-        heartbeat_s: int = 30, db_retry_s: float = 60.0,
+        heartbeat_s: int = 30, db_retry_s: float = 60.0, pruner: optuna.pruners.BasePruner | None = None,
     ):
         self.folder = folder
         self.url = storage_url or f"sqlite:///{(folder / 'study.db').resolve()}"
         # A database server holds many campaigns: each study is named after its folder. A SQLite
         # file holds one campaign, under the fixed name.
         self.name = STUDY_NAME if self.url.startswith("sqlite") else folder.resolve().name
-        self.sampler = sampler
+        self.sampler, self.pruner = sampler, pruner
         self.heartbeat_s = heartbeat_s
         self.db_retry_s = db_retry_s
         self._storage: optuna.storages.RDBStorage | None = None
@@ -327,7 +328,7 @@ class CampaignStore:
     def create(self, meta: dict[str, Any]) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._study = optuna.create_study(storage=self.storage, study_name=self.name, direction="maximize",
-                                          sampler=self.sampler)
+                                          sampler=self.sampler, pruner=self.pruner)
         self._study.set_user_attr("campaign", _jsonable(meta))
         return self._study
 
@@ -335,7 +336,8 @@ class CampaignStore:
     def study(self) -> optuna.Study:
         if self._study is None:
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-            self._study = optuna.load_study(study_name=self.name, storage=self.storage, sampler=self.sampler)
+            self._study = optuna.load_study(study_name=self.name, storage=self.storage, sampler=self.sampler,
+                                            pruner=self.pruner)
         return self._study
 
     @property
@@ -355,7 +357,8 @@ class CampaignStore:
         self.study.set_user_attr(key, _jsonable(value))
 
     def records(self) -> list[TrialRecord]:
-        return [_record(t) for t in self.study.get_trials(deepcopy=False)]
+        """The campaign's trials (not the baseline's reference curve, ``add_reference``)."""
+        return [_record(t) for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get("status") != "reference"]
 
     def fail_interrupted(self, mine: bool = True, gone: bool = True) -> list[TrialRecord]:
         """Mark trials left RUNNING by a stopped driver as failed; their recipes may run again.
@@ -536,16 +539,40 @@ class CampaignStore:
     def run_dir(self, number: int, recipe: Recipe) -> Path:
         return self.folder / "trials" / f"{number:04d}-{recipe.id}"
 
-    def finish(self, number: int, value: float | None, attrs: dict[str, Any]) -> TrialRecord:
-        """Close a trial: COMPLETE with ``value``, or FAIL when ``value`` is None."""
+    def finish(self, number: int, value: float | None, attrs: dict[str, Any], pruned: bool = False) -> TrialRecord:
+        """Close a trial: COMPLETE with ``value``, FAIL when ``value`` is None, or PRUNED (its last report
+        is its value, as Optuna keeps it)."""
         trial = self._open.pop(number)
         for key, v in attrs.items():
             trial.set_user_attr(key, _jsonable(v))
-        if value is not None and math.isfinite(value):
+        if pruned:
+            frozen = self.study.tell(trial, state=TrialState.PRUNED)
+        elif value is not None and math.isfinite(value):
             frozen = self.study.tell(trial, value)
         else:
             frozen = self.study.tell(trial, state=TrialState.FAIL)
         return _record(frozen)
+
+    def report(self, number: int, step: int, value: float) -> bool:
+        """A running trial's intermediate value at ``step``; whether the study's pruner stops it now."""
+        trial = self._open[number]
+        trial.report(value, step)
+        return trial.should_prune()
+
+    def median_at(self, step: int) -> float | None:
+        """The median of the finished trials' reports at ``step`` (the baseline's reference included):
+        what the median pruner compares a running trial with."""
+        finished = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        values = [t.intermediate_values[step] for t in finished if step in t.intermediate_values]
+        return float(statistics.median(values)) if values else None
+
+    def add_reference(self, values: dict[int, float], value: float) -> None:
+        """The baseline's intermediate values, as a finished trial the pruner compares the others with
+        (once per study; it has no recipe, so the search never reads it as a trial of its own)."""
+        if any(t.user_attrs.get("status") == "reference" for t in self.study.get_trials(deepcopy=False)):
+            return
+        self.study.add_trial(optuna.trial.create_trial(
+            value=value, intermediate_values=values, user_attrs={"status": "reference", "ran": False}))
 
     # -- artifacts --------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from recipetune.core.recipe import Recipe
 
-NodeStatus = Literal["baseline", "passed", "rejected", "failed"]
+NodeStatus = Literal["baseline", "passed", "rejected", "failed", "pruned"]
 
 
 def reward(speedup: float | None, passed: bool, span: float = 4.0, penalty: float = 0.0) -> float:
@@ -87,7 +87,8 @@ class Node:
 
     @property
     def expandable(self) -> bool:
-        # Failed and rejected recipes are dead ends: children would inherit what broke them.
+        # Failed and rejected recipes are dead ends: children would inherit what broke them; a pruned
+        # one was losing to the others when it stopped.
         return self.status in ("baseline", "passed") and not self.exhausted
 
     def depth(self) -> int:

@@ -184,9 +184,12 @@ def class_labels(task: TaskConfig, train_rows: Rows) -> set[str] | None:
 
 def train_and_validate(
     exp: Experiment, out_dir: Path, rows: Rows | None = None, version: DataVersion | None = None,
-    log=lambda text: None,
+    log=lambda text: None, checkpoints: int = 0, checkpoint_examples: int = 64,
 ) -> tuple[ExperimentReport, Route | None]:
-    """The experiment, returning the trained route too (final.py evaluates it on test)."""
+    """The experiment, returning the trained route too (final.py evaluates it on test). With
+    ``checkpoints``, the validation metric on the first ``checkpoint_examples`` validation rows at
+    that many points of the training, each a line of ``progress.jsonl`` as it is measured: what a
+    search's pruner reads while the experiment runs."""
     from recipetune.core.measure import environment_fingerprint
     from recipetune.trainer.loop import peak_memory_bytes
 
@@ -219,8 +222,20 @@ def train_and_validate(
     pairs = [(route.prompt(task, r), task.answer(r) + task.generation.stop) for r in rows]
     log(f"training on {len(pairs)} examples ({route.name} route, {spec.recipe.method}) ...")
     status, cause, train_log = "ok", "", TrainLog()
+    on_checkpoint = None
+    if checkpoints:
+        early = list(exp.splits.validation)[: min(task.max_eval_examples, checkpoint_examples)]
+        labels = class_labels(task, rows)
+        progress = out_dir / "progress.jsonl"
+        progress.unlink(missing_ok=True)
+
+        def on_checkpoint(k: int, step: int) -> None:
+            value = evaluate(route, task, early, "validation", labels)[0].value
+            with progress.open("a") as f:  # one line at a time: the driver reads it while this runs
+                f.write(json.dumps({"checkpoint": k, "of": checkpoints, "step": step, "value": value,
+                                    "examples": len(early)}) + "\n")
     try:
-        train_log = route.train(pairs, spec.recipe, out_dir)
+        train_log = route.train(pairs, spec.recipe, out_dir, checkpoints, on_checkpoint)
     except torch.OutOfMemoryError as e:
         status, cause = "oom", str(e).splitlines()[0]
     except FloatingPointError as e:
@@ -255,6 +270,7 @@ def train_and_validate(
 
 
 def run_experiment(exp: Experiment, out_dir: Path, rows: Rows | None = None,
-                   version: DataVersion | None = None, log=lambda text: None) -> ExperimentReport:
+                   version: DataVersion | None = None, log=lambda text: None, checkpoints: int = 0,
+                   checkpoint_examples: int = 64) -> ExperimentReport:
     """Run one experiment into ``out_dir``; return its report (also saved as report.json)."""
-    return train_and_validate(exp, out_dir, rows, version, log)[0]
+    return train_and_validate(exp, out_dir, rows, version, log, checkpoints, checkpoint_examples)[0]

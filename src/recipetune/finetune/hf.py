@@ -19,12 +19,21 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from recipetune.engine.job import checkpoint_steps
 from recipetune.finetune.formats import Message
 from recipetune.finetune.recipe import LORA_PRESETS, ModelSpec, TrainRecipe, lora_modules
-from recipetune.finetune.route import Generation, ModelError, Prompt, TrainLog, resolve_path
+from recipetune.finetune.route import (
+    Checkpoint,
+    Generation,
+    ModelError,
+    Prompt,
+    TrainLog,
+    resolve_path,
+)
 from recipetune.finetune.task import GenerationSettings, TaskConfig
 from recipetune.trainer.data import ByteTokenizer
 
@@ -155,7 +164,8 @@ class HFRoute:
             return prompt, False
         return self.tok.decode(ids[len(ids) - max(1, room):]), True
 
-    def train(self, pairs: list[tuple[Prompt, str]], recipe: TrainRecipe, out_dir: Path) -> TrainLog:
+    def train(self, pairs: list[tuple[Prompt, str]], recipe: TrainRecipe, out_dir: Path, checkpoints: int = 0,
+              on_checkpoint: Checkpoint | None = None) -> TrainLog:
         import datasets
         from trl import SFTTrainer
 
@@ -180,6 +190,8 @@ class HFRoute:
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # the loss goes to the report, not to the console
+        if on_checkpoint is not None and checkpoints:
+            trainer.add_callback(_checkpoints(self, checkpoints, on_checkpoint))
         trainer.train()
         self.model = trainer.model
         for entry in trainer.state.log_history:
@@ -270,3 +282,28 @@ def build_tiny_llama(folder: Path, texts: list[str], vocab_size: int = 512, hidd
     LlamaForCausalLM(config).save_pretrained(folder)
     fast.save_pretrained(folder)
     return folder
+
+
+def _checkpoints(route: HFRoute, n: int, on_checkpoint: Checkpoint) -> Any:
+    """A TrainerCallback calling ``on_checkpoint`` at the run's checkpoints (engine/job.py: checkpoint_steps of
+    the trainer's max_steps), generating with the model being trained (the PEFT-wrapped one)."""
+    from transformers import TrainerCallback
+
+    class Checkpoints(TrainerCallback):
+        at: dict[int, int] = {}
+
+        def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            self.at = checkpoint_steps(state.max_steps, n)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+            k = self.at.get(state.global_step)
+            if k is None or model is None:
+                return
+            trained, route.model = route.model, model
+            try:
+                on_checkpoint(k, state.global_step)
+            finally:
+                route.model = trained
+                model.train()
+
+    return Checkpoints()

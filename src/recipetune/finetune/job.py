@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from recipetune.core.errors import ConfigError
+from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Recipe
-from recipetune.engine.job import Checked, Finished, Landing, Outcome, Reporter, Row, Services
+from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services, watch
 from recipetune.engine.loop import run_search
 from recipetune.engine.tree import metric_reward, normalised_gain
 from recipetune.execute.executor import Executor
@@ -37,6 +38,7 @@ from recipetune.finetune import decide
 from recipetune.finetune.analyst import GOAL, PROFILE, experiment_facts, worst_cases
 from recipetune.finetune.plan import FinetunePlan
 from recipetune.finetune.report import ExperimentReport
+from recipetune.guard.stats import proportion_ci
 
 # -- one child experiment, in its own process ------------------------------------------------------
 
@@ -49,9 +51,43 @@ class Failed:
     cause: str
 
 
-def run_child(file: str, overrides: list[str], child: dict[str, Any], out_dir: str,
-              timeout_s: float) -> ExperimentReport | Failed:
-    """``python -m recipetune.finetune FILE --child CHILD.json --out DIR``; its report, or why none."""
+@dataclass
+class Pruned:
+    """A child stopped by the search's pruner at one of its checkpoints: what it showed there."""
+
+    checkpoint: int
+    of: int
+    value: float
+    examples: int
+
+
+def progress_lines(out: Path) -> list[dict[str, Any]]:
+    """The checkpoints a child has reported so far (progress.jsonl; a line being written is skipped)."""
+    try:
+        text = (out / "progress.jsonl").read_text()
+    except OSError:
+        return []
+    lines = []
+    for line in text.splitlines():
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return lines
+
+
+def plausible(report: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint with the most its metric could plausibly be: the upper end of the 95% interval of
+    a proportion over the rows it scored (exact for exact match and accuracy, an approximation for
+    ROUGE-L or F1). A child is pruned only when even that is below the baseline's checkpoint."""
+    n = max(1, int(report["examples"]))
+    return {**report, "upper": proportion_ci(round(float(report["value"]) * n), n)[2]}
+
+
+def run_child(file: str, overrides: list[str], child: dict[str, Any], out_dir: str, timeout_s: float,
+              checkpoints: int = 0, checkpoint_examples: int = 64) -> ExperimentReport | Failed | Pruned:
+    """``python -m recipetune.finetune FILE --child CHILD.json --out DIR``; its report, or why none.
+    With ``checkpoints`` the child reports as it trains, and a stop file in DIR (``watch``) stops it."""
     from recipetune.core.process import run_process
 
     out = Path(out_dir)
@@ -59,14 +95,21 @@ def run_child(file: str, overrides: list[str], child: dict[str, Any], out_dir: s
     (out / "child.json").write_text(json.dumps(child, indent=2))
     argv = [sys.executable, "-m", "recipetune.finetune", file, *overrides, "--out", str(out),
             "--child", str(out / "child.json")]
-    outcome = run_process(argv, log_dir=out, timeout_s=timeout_s, env={"PYTHONUNBUFFERED": "1"})
+    if checkpoints:
+        argv += ["--checkpoints", str(checkpoints), "--checkpoint-examples", str(checkpoint_examples)]
+    (out / STOP_FILE).unlink(missing_ok=True)
+    outcome = run_process(argv, log_dir=out, timeout_s=timeout_s, env={"PYTHONUNBUFFERED": "1"},
+                          stop_file=out / STOP_FILE)
+    if outcome.stopped and not (out / "report.json").exists():  # (a child that finished meanwhile is kept)
+        at = json.loads((out / STOP_FILE).read_text())  # the report the pruner stopped it at
+        return Pruned(at["checkpoint"], at["of"], at["value"], at["examples"])
     report = out / "report.json"
     if outcome.timed_out:
         return Failed("timeout", f"killed after {timeout_s:.0f}s")
     if report.exists() and outcome.returncode in (0, 1):
         return ExperimentReport.model_validate_json(report.read_text())
-    last = outcome.stderr_tail.strip().splitlines()[-1:] or [f"exit code {outcome.returncode}"]
-    return Failed("invalid" if outcome.returncode == 2 else "crash", last[0][:500])
+    last_line = outcome.stderr_tail.strip().splitlines()[-1:] or [f"exit code {outcome.returncode}"]
+    return Failed("invalid" if outcome.returncode == 2 else "crash", last_line[0][:500])
 
 
 # -- the job -------------------------------------------------------------------------------------
@@ -98,12 +141,21 @@ class QualityJob:
         self.root_value = 0.0
         self.services: Services | None = None
 
-    def child(self, recipe: Recipe, run_dir: Path) -> Future:
+    def child(self, recipe: Recipe, run_dir: Path, progress: Progress | None = None) -> Future:
+        """Run one child; with pruning, its checkpoints go to the pruner as it trains (``watch``)."""
         assert self.services is not None
-        return self.services.executor.call(run_child, None, str(self.c.path.resolve()), self.c.overrides,
-                                           self.subject.child_file(recipe), str(run_dir), self.cfg.timeout_s)
+        pruning = self.cfg.pruning
+        n = pruning.checkpoints if pruning.pruner != "none" else 0
+        done = threading.Event()
+        if n and progress is not None:  # each checkpoint the child reports goes to the pruner
+            watch(lambda: [plausible(x) for x in progress_lines(run_dir)], progress, run_dir / STOP_FILE, done)
+        future = self.services.executor.call(run_child, None, str(self.c.path.resolve()), self.c.overrides,
+                                             self.subject.child_file(recipe), str(run_dir), self.cfg.timeout_s, n,
+                                             pruning.eval_examples)
+        future.add_done_callback(lambda _: done.set())
+        return future
 
-    def start(self, services: Services) -> tuple[Any, float | None]:
+    def start(self, services: Services) -> Root:
         self.services = services
         folder, reporter = services.store.folder / "baseline", services.reporter
         report = self.load(folder)
@@ -122,7 +174,9 @@ class QualityJob:
         reporter.phase(f"baseline: validation {self.metric} {self.root_value:.4f} "
                        f"({report.validation.n_examples} examples; {diagnosis(report) or 'no errors'}); "  # type: ignore[union-attr]
                        f"data version {report.data.id}, {report.data.rows_out} rows")
-        return report, self.root_value
+        # the baseline's checkpoints: what the pruner compares every child with at the same checkpoint
+        curve = {int(x["checkpoint"]): float(x["value"]) for x in progress_lines(folder)}
+        return Root(report, self.root_value, curve=curve)
 
     def check(self, recipe: Recipe) -> Checked:
         try:
@@ -139,12 +193,17 @@ class QualityJob:
                                                    "split: training on it would fake the metric", details=[str(raw)])
         return Checked(recipe, plan={"experiment_id": exp.id})
 
-    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any],
-               progress: Callable[[int, int], None]) -> Future:
-        return self.child(recipe, run_dir)
+    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future:
+        return self.child(recipe, run_dir, progress)
 
-    def land(self, result: ExperimentReport | Failed, recipe: Recipe, run_dir: Path) -> Landing:
+    def land(self, result: ExperimentReport | Failed | Pruned, recipe: Recipe, run_dir: Path) -> Landing:
         penalty = self.cfg.failure_penalty
+        if isinstance(result, Pruned):  # what it showed is its reward; it is no candidate for the decision
+            at = f"checkpoint {result.checkpoint}/{result.of}"
+            cause = (f"pruned at {at}: validation {self.metric} {result.value:.4f} on {result.examples} rows "
+                     f"({self.cfg.pruning.pruner} pruner)")
+            return Landing("pruned", None, metric_reward(result.value, self.root_value, True, penalty), cause,
+                           {"run_status": "pruned", "pruned_at": result.checkpoint, "value_at_prune": result.value})
         if isinstance(result, Failed):
             return Landing("failed", None, penalty, f"{result.status}: {result.cause}", {"run_status": result.status})
         figures = experiment_figures(result, self.root_value)

@@ -15,7 +15,7 @@ from recipetune.core.recipe import INVARIANT, KnobError, Recipe, SearchSpace
 from recipetune.data.files import DataFileError
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.plan import Plan, build_proposer, check_folder, redacted
-from recipetune.engine.samplers import make_sampler
+from recipetune.engine.samplers import make_pruner, make_sampler
 from recipetune.engine.store import CampaignStore
 from recipetune.execute.config import ExecuteConfig
 from recipetune.finetune.experiment import Experiment, ExperimentSpec, _validate, read_experiment_file
@@ -162,7 +162,8 @@ def plan(c: FinetuneCampaign, folder: Path, resume: bool = False) -> FinetunePla
     n_done = check_folder(folder, cfg, meta, resume, RESUME_KEYS, c.path)
     sampler = make_sampler(cfg.strategy, space, c.baseline, cfg.seed + n_done, c.space.relations(),
                            c.settings.execute.parallel)
-    store = CampaignStore(folder, cfg.storage, sampler, c.settings.execute.heartbeat_s)
+    store = CampaignStore(folder, cfg.storage, sampler, c.settings.execute.heartbeat_s,
+                          db_retry_s=c.settings.execute.db_retry_s, pruner=make_pruner(cfg.pruning))
     settings = redacted(c.settings.model_dump(mode="json"))
     snapshot = {"job": "quality", "experiment": c.experiment.spec.model_dump(mode="json"),
                 "overrides": c.overrides, **settings}

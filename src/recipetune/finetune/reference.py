@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from recipetune.engine.job import checkpoint_steps
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe, lora_modules
-from recipetune.finetune.route import Generation, ModelError, TrainLog, resolve_path
+from recipetune.finetune.route import Checkpoint, Generation, ModelError, TrainLog, resolve_path
 from recipetune.finetune.task import GenerationSettings, TaskConfig
 from recipetune.trainer.data import ByteTokenizer
 from recipetune.trainer.model import PRESETS, Transformer, get_model_config
@@ -126,7 +127,8 @@ class ReferenceRoute:
         cut = max(0, len(ids) - (max_len + 1))  # cut the prompt on the left: the answer must stay
         return ids[cut:], labels[cut:], cut > 0
 
-    def train(self, pairs: list[tuple[str, str]], recipe: TrainRecipe, out_dir: Path) -> TrainLog:
+    def train(self, pairs: list[tuple[str, str]], recipe: TrainRecipe, out_dir: Path, checkpoints: int = 0,
+              on_checkpoint: Checkpoint | None = None) -> TrainLog:
         log = TrainLog()
         seqs = []
         for prompt, completion in pairs:
@@ -141,6 +143,7 @@ class ReferenceRoute:
         micro_per_epoch = math.ceil(len(seqs) / recipe.batch_size)
         total = recipe.total_steps(micro_per_epoch)
         warmup = round(recipe.warmup_ratio * total)
+        at = checkpoint_steps(total, checkpoints) if on_checkpoint is not None else {}
 
         def lr_at(step: int) -> float:
             if step < warmup:
@@ -193,6 +196,10 @@ class ReferenceRoute:
                 raise FloatingPointError(f"non-finite training loss at step {step + 1}")
             log.losses.append((step + 1, loss_sum))
             log.tokens += n_tok
+            if step + 1 in at:  # greedy generation draws no random numbers: the training goes on unchanged
+                self.model.eval()
+                on_checkpoint(at[step + 1], step + 1)  # type: ignore[misc]
+                self.model.train()
         if recipe.gradient_checkpointing:
             from recipetune.trainer.parallel import apply_activation_checkpointing
 

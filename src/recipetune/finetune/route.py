@@ -10,6 +10,7 @@ model's kind; both import this module, never that one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -49,9 +50,15 @@ class Route(Protocol):
 
     def prompt(self, task: TaskConfig, row: dict) -> Prompt: ...
 
-    def train(self, pairs: list[tuple[Prompt, str]], recipe: TrainRecipe, out_dir: Path) -> TrainLog: ...
+    def train(self, pairs: list[tuple[Prompt, str]], recipe: TrainRecipe, out_dir: Path, checkpoints: int = 0,
+              on_checkpoint: Checkpoint | None = None) -> TrainLog:
+        """Fine-tune; with ``checkpoints``, call ``on_checkpoint(k, step)`` at each of that many points
+        evenly spaced inside the training (``checkpoint_steps``), the model in eval mode meanwhile."""
 
     def generate(self, prompts: list[Prompt], settings: GenerationSettings) -> list[Generation]: ...
+
+
+Checkpoint = Callable[[int, int], None]  # (k: the k-th checkpoint, from 1; the training step it follows)
 
 
 def resolve_path(path: str, base_dir: Path) -> Path:

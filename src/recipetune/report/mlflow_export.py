@@ -20,7 +20,7 @@ from recipetune.report import sources as src
 from recipetune.report.build import build_report
 
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
-STATE = {"passed": "FINISHED", "rejected": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+STATE = {"passed": "FINISHED", "rejected": "FINISHED", "failed": "FAILED", "pruned": "KILLED", "interrupted": "KILLED"}
 STEP_METRICS = ("loss", "step_time_s", "grad_norm", "lr", "data_s", "compute_s", "optim_s", "peak_mem_bytes")
 
 

@@ -18,7 +18,7 @@ from recipetune.report import sources as src
 from recipetune.report.sources import CampaignFiles
 
 NO_VERDICT = "NO VERDICT YET"
-TREE_STATUSES = ("passed", "rejected", "failed", "interrupted")
+TREE_STATUSES = ("passed", "rejected", "failed", "pruned", "interrupted")
 
 
 class Trial(BaseModel):
@@ -197,7 +197,7 @@ def mark_path(winner: Trial | None, by_id: dict[str, Trial]) -> None:
 
 def count(trials: list[Trial], files: CampaignFiles) -> dict[str, int]:
     counts = {"trials": len(trials), "ran": sum(t.ran for t in trials)}
-    for status in ("passed", "rejected", "failed", "interrupted", "duplicate"):
+    for status in ("passed", "rejected", "failed", "pruned", "interrupted", "duplicate"):
         counts[status] = sum(t.status == status for t in trials)
     counts["invalid proposals"] = len(files.rejected)
     return counts

@@ -19,7 +19,8 @@ from recipetune.report.model import TREE_STATUSES, Curve, Report, Trial
 from recipetune.report.sources import QUALITY, smooth
 
 COLORS = {"baseline": "#6b7280", "approved": "#15803d", "passed": "#2563eb", "rejected": "#d97706",
-          "failed": "#dc2626", "interrupted": "#9ca3af", "duplicate": "#9ca3af", "running": "#0891b2"}
+          "failed": "#dc2626", "pruned": "#a16207", "interrupted": "#9ca3af", "duplicate": "#9ca3af",
+          "running": "#0891b2"}
 OTHERS = ["#7c3aed", "#0d9488", "#db2777", "#2563eb", "#ca8a04"]  # finalists other than the winner
 PARTS = {"data_s": ("data", "#f59e0b"), "compute_s": ("compute", "#3b82f6"), "optim_s": ("optimizer", "#8b5cf6")}
 DPI = 110

@@ -12,8 +12,8 @@ from recipetune.core.fmt import fmt_bytes, fmt_num, fmt_pct
 from recipetune.report.model import TREE_STATUSES, Report, Trial
 from recipetune.report.sources import QUALITY
 
-STYLE = {"passed": "blue", "rejected": "yellow", "failed": "red", "interrupted": "dim", "duplicate": "dim",
-         "running": "cyan", "APPROVED": "green", "KEEP BASELINE": "yellow", "REJECTED": "yellow"}
+STYLE = {"passed": "blue", "rejected": "yellow", "failed": "red", "pruned": "magenta", "interrupted": "dim",
+         "duplicate": "dim", "running": "cyan", "APPROVED": "green", "KEEP BASELINE": "yellow", "REJECTED": "yellow"}
 
 
 def _quality_lines(r: Report) -> list[RenderableType]:

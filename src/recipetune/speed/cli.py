@@ -17,7 +17,7 @@ from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome
 from recipetune.engine.live import Columns, LiveReporter, decision_panel, option_overrides, run_live
 from recipetune.engine.plan import default_folder
-from recipetune.engine.store import CampaignStore
+from recipetune.engine.store import CampaignStore, DiskFull, StoreUnavailable
 from recipetune.execute.factory import make_executor
 from recipetune.guard.baseline import GuardError
 from recipetune.speed import job as speed_job
@@ -74,8 +74,8 @@ def tune(
 
     again = shlex.join(["recipetune", "tune", str(campaign_file), *extra, "--out", str(folder), "--resume"])
     reporter = LiveReporter(COLUMNS)
-    # The guard's own errors are messages, not bugs: no traceback for them.
+    # The guard's own errors, a database that stays away and a full disk are messages, not bugs: no traceback.
     outcome = run_live(reporter, lambda: speed_job.run(checked, executor=runner, reporter=reporter), again,
-                       messages=(GuardError,))
+                       messages=(GuardError, StoreUnavailable, DiskFull))
     console.line()
     console.print(verdict_panel(outcome, folder, campaign.baseline, checked.store))

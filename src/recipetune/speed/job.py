@@ -14,14 +14,29 @@ are the guard's own models (tests substitute fakes that return the same shapes).
 from __future__ import annotations
 
 import contextlib
+import json
+import threading
 from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from recipetune.core.measure import RunResult
+from recipetune.core.measure import RunResult, StepRecord, default_warmup_steps
+from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Recipe
-from recipetune.engine.job import Checked, Finished, Landing, Outcome, Reporter, Row, Services
+from recipetune.engine.job import (
+    Checked,
+    Finished,
+    Landing,
+    Outcome,
+    Progress,
+    Reporter,
+    Root,
+    Row,
+    Services,
+    checkpoint_steps,
+    watch,
+)
 from recipetune.engine.loop import run_search
 from recipetune.engine.tree import reward
 from recipetune.execute.executor import Executor
@@ -135,7 +150,7 @@ class SpeedJob:
         self.profile: BaselineProfile | None = None
         self.services: Services | None = None
 
-    def start(self, services: Services) -> tuple[Any, float | None]:
+    def start(self, services: Services) -> Root:
         self.services = services
         store, reporter = services.store, services.reporter
         saved = store.folder / "baseline_profile.json"
@@ -160,7 +175,30 @@ class SpeedJob:
             b = self.batch
             reporter.phase(f"{b.knob} may change up to {b.bound} ({b.source}); {b.lr_knob} follows it "
                            f"({b.scaling}); loss is judged at equal tokens")
-        return (profile.runs[0] if profile.runs else None), 1.0
+        # The noise of a speed-up: the A/A throughput noise of the profile (the gain a plateau must beat);
+        # the curve: the baseline's own windows, what the pruner compares a trial's with.
+        first = profile.runs[0] if profile.runs else None
+        curve = {int(w["checkpoint"]): float(w["value"]) for w in self.windows(first.steps, len(first.steps))} \
+            if first is not None and self.cfg.pruning.pruner != "none" else {}
+        return Root(first, 1.0, noise=profile.throughput_noise, curve=curve)
+
+    def windows(self, steps: list[StepRecord], expected: int, n_devices: int = 1) -> list[dict[str, Any]]:
+        """The speed-up reports of a run so far: after the warm-up, at k/(N+1) of its measured steps
+        (N = search.pruning.checkpoints), its tokens/s per device over the measured steps up to there,
+        against the baseline profile's, with the most it could plausibly be (``upper``)."""
+        assert self.profile is not None
+        n, warm = self.cfg.pruning.checkpoints, default_warmup_steps(expected)
+        measured = [s for s in steps if s.step > warm]
+        out = []
+        for k, at in sorted((k, step) for step, k in checkpoint_steps(expected - warm, n).items()):
+            if len(measured) < at:
+                break
+            window = measured[:at]
+            rate = sum(s.tokens for s in window) / max(1e-9, sum(s.step_time_s for s in window)) / n_devices
+            value = rate / self.profile.tokens_per_s
+            upper = value * (1 + 2 * self.profile.throughput_noise)  # the most it could plausibly be: 2 A/A spreads
+            out.append({"checkpoint": k, "of": n, "value": value, "upper": upper})
+        return out
 
     def allowed(self, recipe: Recipe) -> list[str]:
         """Semantic knobs ``recipe`` may change: the campaign's, plus a learning rate coupled to the batch."""
@@ -180,15 +218,28 @@ class SpeedJob:
             steps = self.batch.trial_steps(recipe, steps, self.profile.steps if self.profile else steps)
         return Checked(recipe, note, plan={"steps": steps})
 
-    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any],
-               progress: Callable[[int, int], None]) -> Future:
+    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future:
         assert self.services is not None
         steps = plan["steps"]
-        return self.services.executor.submit(self.workload, recipe, steps, run_dir,
-                                             self.campaign.config.run.timeout_s,
-                                             progress=lambda done: progress(done, steps))
+        done = threading.Event()
+        if self.cfg.pruning.pruner != "none":  # its throughput windows go to the pruner as it runs
+            n_devices = self.workload.n_devices(recipe)
+            watch(lambda: self.windows(self.workload.steps_so_far(recipe, steps, run_dir), steps, n_devices),
+                  progress, run_dir / STOP_FILE, done)
+        future = self.services.executor.submit(self.workload, recipe, steps, run_dir,
+                                               self.campaign.config.run.timeout_s,
+                                               progress=lambda n: progress.step(n, steps))
+        future.add_done_callback(lambda _: done.set())
+        return future
 
     def land(self, result: RunResult, recipe: Recipe, run_dir: Path) -> Landing:
+        if result.status == "pruned":  # what it showed is its reward; it is no candidate for the verdict
+            at = json.loads((run_dir / STOP_FILE).read_text())
+            cause = (f"pruned at window {at['checkpoint']}/{at['of']}: {at['value']:.2f}x the baseline's tokens/s "
+                     f"({self.cfg.pruning.pruner} pruner)")
+            value = reward(at["value"], True, self.cfg.reward_span, self.cfg.failure_penalty)
+            return Landing("pruned", None, value, cause, {"run_status": "pruned", "pruned_at": at["checkpoint"],
+                                                          "speedup_at_prune": at["value"]}, result)
         screening = None
         if result.ok:
             assert self.profile is not None

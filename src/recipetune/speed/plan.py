@@ -19,7 +19,7 @@ from recipetune.core.recipe import INVARIANT, SEMANTIC, KnobError, SearchSpace
 from recipetune.core.relations import MAX_CHECKS, Problem, Relation, Relations
 from recipetune.engine import plan as planning
 from recipetune.engine.plan import build_proposer, check_folder, redacted
-from recipetune.engine.samplers import make_sampler
+from recipetune.engine.samplers import make_pruner, make_sampler
 from recipetune.engine.store import CampaignStore
 from recipetune.speed.facts import PLAYBOOK
 from recipetune.speed.semantic import BatchRule, batch_rule
@@ -122,6 +122,7 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
     parallel = campaign.config.execute.parallel
     sampler = make_sampler(cfg.strategy, space, campaign.baseline, cfg.seed + n_done, campaign.workload.relations(),
                            parallel)
-    store = CampaignStore(folder, cfg.storage, sampler, campaign.config.execute.heartbeat_s)
+    store = CampaignStore(folder, cfg.storage, sampler, campaign.config.execute.heartbeat_s,
+                          db_retry_s=campaign.config.execute.db_retry_s, pruner=make_pruner(cfg.pruning))
     snapshot = redacted(campaign.config.model_dump(mode="json"))
     return Plan(campaign, folder, resume, space, proposer, meta, store, snapshot, batch)

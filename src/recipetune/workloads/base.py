@@ -85,6 +85,14 @@ class Workload(ABC):
         progress: ProgressFn | None = None,
     ) -> RunResult: ...
 
+    def steps_so_far(self, recipe: Recipe, steps: int, out_dir: Path) -> list[StepRecord]:
+        """The step records of a run still going (its metrics stream as far as it is written): what a
+        search's pruner reads. The reference trainer's ``metrics.jsonl`` by default."""
+        try:
+            return read_metrics_stream(out_dir / "metrics.jsonl")[0]
+        except (OSError, ValueError):
+            return []
+
     def relations(self) -> Relations:
         """Derived knobs and relations that must hold (recipetune.core.relations): the knobs' own
         derivations, and the invariants of kind ``holds``."""
@@ -99,6 +107,8 @@ class Workload(ABC):
 def classify(outcome: ProcessOutcome, out_dir: Path) -> tuple[str, str]:
     """Status and cause of a finished process: its status file first, then its exit code."""
     status_file = out_dir / "status.json"
+    if outcome.stopped:
+        return "pruned", "stopped by the search's pruner"
     if outcome.timed_out:
         return "timeout", f"killed after exceeding the timeout ({outcome.wall_s:.0f}s)"
     if status_file.exists():

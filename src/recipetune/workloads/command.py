@@ -23,8 +23,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from recipetune.core import expr, meanings
-from recipetune.core.measure import RunResult
-from recipetune.core.process import run_process
+from recipetune.core.measure import RunResult, StepRecord
+from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import Knob, KnobError, KnobSet, Recipe
 from recipetune.workloads import presets
 from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
@@ -342,7 +342,7 @@ class CommandWorkload(Workload):
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "recipe.json").write_text(json.dumps(dict(recipe), indent=2, sort_keys=True))
         metrics = self.metrics_path(recipe, steps, out_dir)
-        for stale in (metrics, out_dir / "status.json"):
+        for stale in (metrics, out_dir / "status.json", out_dir / STOP_FILE):
             if stale is not None:
                 stale.unlink(missing_ok=True)
         logs = [out_dir / "stdout.log", out_dir / "stderr.log"]
@@ -359,6 +359,7 @@ class CommandWorkload(Workload):
             env={"PYTHONUNBUFFERED": "1", **self.environment(recipe, steps, out_dir)},
             cwd=self.cwd,
             on_poll=on_poll,
+            stop_file=out_dir / STOP_FILE,
         )
         n_devices = self.n_devices(recipe)
         run_info = {"n_devices": n_devices, "flops_per_token": self.spec.flops_per_token,
@@ -383,6 +384,19 @@ class CommandWorkload(Workload):
             result = result.model_copy(update=update)
             result.save(out_dir / "result.json")
         return result
+
+
+    def steps_so_far(self, recipe: Recipe, steps: int, out_dir: Path) -> list[StepRecord]:
+        """A running trial's step records: its JSONL stream, or its log lines through the preset."""
+        try:
+            metrics = self.metrics_path(recipe, steps, out_dir)
+            if metrics is not None:
+                return presets.read_jsonl(metrics, self.tokens_per_step(recipe), self.n_devices(recipe))[0]
+            assert self.preset is not None
+            logs = [out_dir / "stdout.log", out_dir / "stderr.log"]
+            return presets.read_logs(logs, self.preset, self.tokens_per_step(recipe), self.n_devices(recipe))[0]
+        except (presets.MetricsError, OSError, ValueError):
+            return []  # a stream still being written that cannot be read yet: nothing to judge
 
 
 class LogFollower:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from recipetune.core.measure import RunResult
-from recipetune.core.process import run_process
+from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import KnobSet, Recipe
 from recipetune.trainer.knobs import check_recipe, reference_knobs
 from recipetune.trainer.layout import LAYOUT_RELATION
@@ -76,14 +76,15 @@ class ReferenceWorkload(Workload):
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "recipe.json").write_text(json.dumps(dict(recipe), indent=2, sort_keys=True))
         metrics = out_dir / "metrics.jsonl"
-        for stale in (metrics, out_dir / "status.json", out_dir / "run.json"):
+        for stale in (metrics, out_dir / "status.json", out_dir / "run.json", out_dir / STOP_FILE):
             stale.unlink(missing_ok=True)
         on_poll = (lambda: progress(count_lines(metrics))) if progress else None
         argv = self.command(recipe, steps, out_dir) + (extra_args or [])
         launch = run_process
         if argv[:3] == [sys.executable, "-m", "recipetune.trainer"] and warm.enabled():
             argv, launch = argv[3:], warm.run_warm  # a fork of a process that imported torch once
-        outcome = launch(argv, log_dir=out_dir, timeout_s=timeout_s, env={"PYTHONUNBUFFERED": "1"}, on_poll=on_poll)
+        outcome = launch(argv, log_dir=out_dir, timeout_s=timeout_s, env={"PYTHONUNBUFFERED": "1"}, on_poll=on_poll,
+                         stop_file=out_dir / STOP_FILE)
         try:
             run_info = json.loads((out_dir / "run.json").read_text())
         except (OSError, json.JSONDecodeError):

@@ -181,6 +181,7 @@ def run_warm(
     cwd: Path | None = None,
     on_poll: Callable[[], None] | None = None,
     poll_interval_s: float = 0.25,
+    stop_file: Path | None = None,
 ) -> ProcessOutcome:
     """``python -m recipetune.trainer ARGS`` as a fork of the warm launcher; like ``run_process``."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -193,15 +194,17 @@ def run_warm(
         proc.stdin.write(json.dumps(req) + "\n")
         proc.stdin.flush()
         pid = _read(proc, None)["pid"]  # type: ignore[index]
-        timed_out, answer = False, None
+        timed_out = stopped = False
+        answer = None
         try:
             while answer is None:
                 answer = _read(proc, time.perf_counter() + poll_interval_s)
                 if answer is None:
                     if on_poll:
                         on_poll()
-                    if timeout_s is not None and time.perf_counter() - start > timeout_s:
-                        timed_out = True
+                    timed_out = timeout_s is not None and time.perf_counter() - start > timeout_s
+                    stopped = not timed_out and stop_file is not None and stop_file.exists()
+                    if timed_out or stopped:
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(pid, signal.SIGKILL)
                         answer = _read(proc, None)
@@ -213,7 +216,7 @@ def run_warm(
     if on_poll:
         on_poll()
     code = None if timed_out else answer["returncode"]
-    return ProcessOutcome(code, timed_out, wall, tail(log_dir / "stderr.log"))
+    return ProcessOutcome(code, timed_out, wall, tail(log_dir / "stderr.log"), stopped)
 
 
 if __name__ == "__main__":

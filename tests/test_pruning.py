@@ -1,0 +1,326 @@
+"""Cheaper searches: trials stopped early by Optuna's pruners from what they report while they run,
+and the campaign's stop rules (a plateau, a compute budget). The engine with a job whose trials
+report a known curve, then the quality job's checkpoints in a real child experiment."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ft_fixtures import experiment_file
+
+from recipetune.core.process import STOP_FILE
+from recipetune.core.recipe import Knob, KnobSet, Recipe, SearchSpace
+from recipetune.core.relations import Relations
+from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.job import (
+    Checked,
+    Finished,
+    Landing,
+    Outcome,
+    Progress,
+    Reporter,
+    Root,
+    Row,
+    Services,
+    checkpoint_steps,
+    watch,
+)
+from recipetune.engine.loop import run_search
+from recipetune.engine.samplers import make_pruner, make_sampler
+from recipetune.engine.store import CampaignStore
+from recipetune.engine.tree import metric_reward
+from recipetune.execute.executor import LocalExecutor
+from recipetune.finetune import job as ft
+from recipetune.finetune import plan as ftp
+from recipetune.finetune.experiment import load_experiment, train_and_validate
+
+# -- a job whose trials report a known curve ---------------------------------------------------------
+
+BASE = 0.50  # the baseline's metric at every checkpoint
+CURVES = {  # knob q -> the validation metric at checkpoints 1, 2, 3, then the final value
+    0: [BASE, BASE, BASE, BASE],  # the baseline
+    1: [BASE, BASE, BASE, 0.56],  # at the baseline's level until it pulls ahead: must never be pruned
+    2: [0.49, 0.48, 0.47, 0.47],  # one hundredth below at the first checkpoint, then falling
+    3: [0.60, 0.62, 0.64, 0.625],  # better from the start (0.625 - 0.5 = 0.125, exactly)
+    4: [0.49, 0.52, 0.55, 0.60],  # one hundredth below at checkpoint 1, then improving (patience decides)
+}
+
+
+class Subject:
+    def knobs(self) -> KnobSet:
+        return KnobSet([Knob("q", 0, choices=tuple(CURVES))])
+
+    def relations(self) -> Relations:
+        return Relations(self.knobs())
+
+
+class CurveJob:
+    """Reports CURVES[q] one checkpoint at a time and stops when told."""
+
+    name = "curve"
+
+    def __init__(self, noise: float | None = None) -> None:
+        self.noise = noise  # a report's plausible upper bound is value + noise (None: no bound given)
+        self.subject = Subject()
+        self.baseline = Recipe({"q": 0})
+        self.space = SearchSpace({"q": tuple(CURVES)})
+        self.briefing: dict[str, Any] = {}
+        self.reported: dict[int, list[float]] = {}  # q -> what it got to report
+
+    def start(self, services: Services) -> Root:
+        return Root(None, BASE, curve=dict(enumerate(CURVES[0], 1)))
+
+    def check(self, recipe: Recipe) -> Checked:
+        return Checked(recipe)
+
+    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future:
+        q, shown = int(recipe["q"]), []
+        future: Future = Future()
+        for k, value in enumerate(CURVES[q], 1):
+            shown.append(value)
+            upper = None if self.noise is None else value + self.noise
+            if k < len(CURVES[q]) and progress.report(k, value, upper):  # the last value is the final one
+                break
+        self.reported[q] = shown
+        future.set_result((q, progress.pruned))
+        return future
+
+    def land(self, result: tuple[int, tuple[int, float] | None], recipe: Recipe, run_dir: Path) -> Landing:
+        q, pruned = result
+        if pruned is not None:
+            return Landing("pruned", None, metric_reward(pruned[1], BASE, True), f"pruned at {pruned[0]}")
+        final = CURVES[q][-1]
+        return Landing("passed", final, metric_reward(final, BASE, True))
+
+    def load(self, run_dir: Path) -> None:
+        return None
+
+    def row(self, key: str, number: int | None, recipe: Recipe, attrs: dict[str, Any]) -> Row:
+        return Row(key, number, str(dict(recipe)), attrs.get("status", ""))
+
+    def decide(self, finished: Finished) -> Outcome:
+        best = finished.tree.best()
+        return Outcome("APPROVED" if best else "KEEP BASELINE", [], finished.tree, best, runs=finished.runs)
+
+
+class Phases(Reporter):
+    def __init__(self) -> None:
+        self.phases: list[str] = []
+
+    def phase(self, text: str) -> None:
+        self.phases.append(text)
+
+
+def campaign(folder: Path, job: CurveJob, resume: bool = False, reporter: Reporter | None = None,
+             **search: Any) -> tuple[Outcome, CampaignStore]:
+    cfg = TreeSearchConfig.model_validate({"strategy": "grid", "budget": {"trials": 4}, **search})
+    store = CampaignStore(folder, None, make_sampler("grid", job.space, job.baseline, 0), 30,
+                          pruner=make_pruner(cfg.pruning))
+    services = Services(store, LocalExecutor(), reporter or Reporter())
+    return run_search(job, cfg, services, meta={"job": "curve"}, snapshot={}, resume=resume), store
+
+
+def by_q(store: CampaignStore) -> dict[int, Any]:
+    """The trials that ran, by q (the grid also asks for the baseline's point: a duplicate, never run)."""
+    return {int(r.recipe["q"]): r for r in store.records() if r.attrs.get("ran")}
+
+
+# -- the rule, at its edge -----------------------------------------------------------------------------
+
+
+def test_the_median_pruner_stops_a_trial_just_below_the_baseline_and_keeps_one_at_its_level(tmp_path):
+    job = CurveJob()
+    outcome, store = campaign(tmp_path / "c", job, pruning={"pruner": "median", "startup_trials": 1})
+    trials = by_q(store)
+    assert trials[2].state == "PRUNED" and trials[2].status == "pruned" and job.reported[2] == [0.49]
+    assert trials[1].status == "passed" and job.reported[1] == CURVES[1]  # equal is not worse
+    assert trials[3].status == "passed" and trials[4].status == "pruned" and job.reported[4] == [0.49]
+    node = outcome.tree.nodes[Recipe({"q": 2}).id]
+    assert node.status == "pruned" and node.score is None and not node.expandable and node.visits == 1
+    assert outcome.winner is not None and outcome.winner.recipe["q"] == 3  # no decision rests on a pruned run
+    assert outcome.runs == 4  # a pruned trial ran: it spent its share of the budget
+
+
+def test_noise_alone_never_stops_a_trial(tmp_path):
+    # q=2 and q=4 report 0.49 against the baseline's 0.50 (q=2 then 0.48, 0.47), below the median of
+    # the finished trials: with a noise of 0.1 they could still reach it, so they run on although the
+    # median pruner says stop; with 0.005 they cannot, and stop
+    job = CurveJob(noise=0.1)
+    _, store = campaign(tmp_path / "a", job, pruning={"pruner": "median", "startup_trials": 1})
+    assert {q: r.status for q, r in by_q(store).items()} == dict.fromkeys((1, 2, 3, 4), "passed")
+    job = CurveJob(noise=0.005)
+    _, store = campaign(tmp_path / "b", job, pruning={"pruner": "median", "startup_trials": 1})
+    assert by_q(store)[2].status == by_q(store)[4].status == "pruned" and job.reported[2] == [0.49]
+
+
+def test_the_patient_pruner_keeps_a_trial_that_is_improving(tmp_path):
+    # Optuna's PatientPruner: the median pruner's word counts only once a trial has not improved for
+    # ``patience`` reports; a first report has no history to judge
+    job = CurveJob()
+    _, store = campaign(tmp_path / "c", job, pruning={"pruner": "patient", "patience": 1, "startup_trials": 1})
+    trials = by_q(store)
+    assert trials[4].status == "passed" and job.reported[4] == CURVES[4]  # below, then improving: kept
+    assert trials[2].status == "pruned" and job.reported[2] == [0.49, 0.48, 0.47]  # below and falling
+
+
+def test_without_a_pruner_every_trial_runs_to_its_end(tmp_path):
+    job = CurveJob()
+    _, store = campaign(tmp_path / "c", job)
+    assert {q: r.status for q, r in by_q(store).items()} == dict.fromkeys((1, 2, 3, 4), "passed")
+    assert not any(r.attrs.get("status") == "reference" for r in store.records())
+
+
+def test_a_pruned_trial_is_kept_on_resume_and_never_run_again(tmp_path):
+    job = CurveJob()
+    pruning = {"pruner": "median", "startup_trials": 1}
+    campaign(tmp_path / "c", job, pruning=pruning, budget={"trials": 4})
+    assert job.reported[2] == [0.49]
+    job.reported.clear()
+    outcome, store = campaign(tmp_path / "c", job, resume=True, pruning=pruning, budget={"trials": 6})
+    trials = by_q(store)
+    assert trials[2].status == trials[4].status == "pruned" and job.reported == {}  # from the study: none ran again
+    assert outcome.tree.nodes[Recipe({"q": 2}).id].status == "pruned" and outcome.runs == 4
+    # the baseline's curve went into the study once, as the pruner's reference, not as a trial
+    refs = [t for t in store.study.get_trials() if t.user_attrs.get("status") == "reference"]
+    assert len(refs) == 1 and refs[0].intermediate_values == {1: BASE, 2: BASE, 3: BASE, 4: BASE}
+
+
+# -- stop rules ------------------------------------------------------------------------------------------
+
+
+def test_a_plateau_stops_the_campaign_and_a_gain_at_the_margin_does_not_count(tmp_path):
+    # the grid runs q = 2 (0.47), 1 (0.56), 3 (0.625), 4 (0.60) after the baseline (0.5)
+    reporter = Phases()
+    outcome, _ = campaign(tmp_path / "a", CurveJob(), reporter=reporter, budget={"trials": 4, "plateau": 2,
+                                                                                  "plateau_gain": 0.1})
+    assert outcome.runs == 2  # 0.47 and 0.56: neither beats 0.5 by more than 0.1
+    assert any(p.startswith("stopped: a plateau: 2 runs in a row without a gain beyond 0.1") for p in reporter.phases)
+    # q=3 gains exactly 0.125: at a margin of 0.125 that is no gain, a hair under it is one
+    at, _ = campaign(tmp_path / "b", CurveJob(), budget={"trials": 4, "plateau": 3, "plateau_gain": 0.125})
+    under, _ = campaign(tmp_path / "c", CurveJob(), budget={"trials": 4, "plateau": 3, "plateau_gain": 0.12})
+    assert at.runs == 3 and under.runs == 4
+
+
+def test_a_compute_budget_stops_starting_trials(tmp_path):
+    reporter = Phases()
+    outcome, _ = campaign(tmp_path / "c", CurveJob(), reporter=reporter, budget={"trials": 4, "trial_s": 1e-9})
+    assert outcome.runs == 1 and any(p.startswith("stopped: the compute budget is spent") for p in reporter.phases)
+
+
+# -- the quality job's checkpoints -------------------------------------------------------------------------
+
+
+def test_checkpoint_steps_are_evenly_spaced_inside_the_training():
+    assert checkpoint_steps(12, 3) == {3: 1, 6: 2, 9: 3}
+    assert checkpoint_steps(3, 3) == {1: 1, 2: 2}  # a short run holds fewer, never the last step
+    assert checkpoint_steps(1, 3) == {} and checkpoint_steps(100, 0) == {}
+
+
+def test_checkpoints_report_as_the_child_trains_and_change_nothing_it_learns(tiny_ft):
+    tmp_path, files, model = tiny_ft
+    file = experiment_file(tmp_path, files, model, recipe={"max_steps": 8, "batch_size": 4, "max_seq_len": 32,
+                                                            "lr": 3e-3, "threads": 1})
+    exp = load_experiment(file)
+    plain, _ = train_and_validate(exp, tmp_path / "plain")
+    watched, _ = train_and_validate(exp, tmp_path / "watched", checkpoints=3, checkpoint_examples=3)
+    lines = ft.progress_lines(tmp_path / "watched")
+    assert [(x["checkpoint"], x["step"], x["examples"]) for x in lines] == [(1, 2, 3), (2, 4, 3), (3, 6, 3)]
+    assert watched.loss.points == plain.loss.points and watched.value == plain.value  # the training is the same
+    assert not (tmp_path / "plain" / "progress.jsonl").exists()
+
+
+def test_a_pruned_child_is_stopped_by_its_runner_and_lands_as_pruned(tiny_ft):
+    tmp_path, files, model = tiny_ft
+    file = experiment_file(tmp_path, files, model, recipe={"max_steps": 400, "batch_size": 4, "max_seq_len": 32,
+                                                            "lr": 1e-3, "threads": 1},
+                           search={"knobs": {"lr": [1e-3, 3e-3]}, "pruning": {"pruner": "median"}})
+    c = ftp.load_finetune_campaign(file)
+    out = tmp_path / "child"
+    told: list[tuple[int, float]] = []
+    progress = Progress(lambda done, total: None, lambda step, value, upper: told.append((step, value)) or True)
+    done = threading.Event()
+    watch(lambda: ft.progress_lines(out), progress, out / STOP_FILE, done, every_s=0.05)
+    result = ft.run_child(str(file), [], c.space.child_file(c.baseline), str(out), 300, checkpoints=3,
+                          checkpoint_examples=4)
+    done.set()
+    assert isinstance(result, ft.Pruned) and result.checkpoint == told[0][0] == 1 and result.of == 3
+    assert (out / STOP_FILE).exists() and not (out / "report.json").exists()  # stopped before its end
+    job = ft.QualityJob(ftp.plan(c, tmp_path / "camp"))
+    landing = job.land(result, c.baseline, out)
+    assert landing.status == "pruned" and landing.score is None and landing.cause.startswith("pruned at checkpoint 1/3")
+
+
+@pytest.mark.parametrize("pruner", ["median", "percentile", "patient", "successive_halving", "hyperband"])
+def test_every_pruner_named_in_the_settings_is_optunas(pruner):
+    import optuna
+
+    from recipetune.engine.config import Pruning
+
+    assert isinstance(make_pruner(Pruning(pruner=pruner)), optuna.pruners.BasePruner)
+    assert isinstance(make_pruner(Pruning()), optuna.pruners.NopPruner)
+
+
+def test_the_hf_route_reports_its_checkpoints_too(tmp_path, monkeypatch):
+    from ft_fixtures import reverse_task, tiny_llama
+
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    files = reverse_task(tmp_path)
+    model = {"kind": "hf", "path": str(tiny_llama(tmp_path / "llama", files))}
+    file = experiment_file(tmp_path, files, model, recipe={"max_steps": 6, "batch_size": 4, "max_seq_len": 32,
+                                                            "lr": 1e-3, "threads": 1, "method": "lora", "lora_rank": 2})
+    report, _ = train_and_validate(load_experiment(file), tmp_path / "out", checkpoints=2, checkpoint_examples=2)
+    lines = ft.progress_lines(tmp_path / "out")
+    assert report.status == "ok", report.cause
+    assert [(x["checkpoint"], x["step"]) for x in lines] == [(1, 2), (2, 4)] and report.loss.steps == 6
+
+
+# -- the speed job's throughput windows -------------------------------------------------------------------
+
+FAKE = Path(__file__).resolve().parent / "fixtures" / "fake_trainer.py"
+
+
+def test_a_trial_clearly_slower_than_the_baseline_is_stopped_and_an_equal_one_runs_on(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_search_campaign import fake_guard
+
+    from recipetune.config import load_campaign
+    from recipetune.speed.job import run
+    from recipetune.speed.plan import plan
+
+    file = tmp_path / "c.yaml"
+    file.write_text(f"""
+workload:
+  kind: command
+  argv: ["{{python}}", "{FAKE}", "--micro-batch=4", "--iters={{steps}}", "--out={{out_dir}}",
+         "--step-delay={{delay}}", "--tag={{tag}}"]
+  metrics: {{jsonl: "{{out_dir}}/metrics.jsonl"}}
+  knobs:
+    delay: {{default: 0.01, choices: [0.01, 0.04]}}
+    tag: {{default: a, choices: [a, b]}}
+baseline: {{delay: 0.01, tag: a}}
+run: {{steps: 40, timeout_s: 60}}
+guard: {{parity: {{steps: 40}}}}
+search:
+  strategy: grid
+  knobs: {{delay: [0.01, 0.04], tag: [a, b]}}
+  steps_per_trial: 40
+  budget: {{trials: 3}}
+  pruning: {{pruner: median, startup_trials: 1, checkpoints: 3}}
+""")
+    camp = load_campaign(file)
+    p = plan(camp, tmp_path / "camp")
+    run(p, guard=fake_guard())
+    trials = {(r.recipe["delay"], r.recipe["tag"]): r for r in p.store.records() if r.attrs.get("ran")}
+    slow = [r for (delay, _), r in trials.items() if delay == 0.04]
+    assert slow and all(r.status == "pruned" and r.state == "PRUNED" for r in slow)
+    assert all(r.attrs["cause"].startswith("pruned at window 1/3:") for r in slow)
+    assert trials[(0.01, "b")].status == "passed"  # the same speed as the baseline: never stopped
+    steps_run = [len((Path(r.attrs["run_dir"]) / "metrics.jsonl").read_text().splitlines()) for r in slow]
+    assert all(n < 40 for n in steps_run)  # stopped before its end: the point of pruning
