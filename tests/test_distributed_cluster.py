@@ -137,3 +137,32 @@ def test_a_node_that_does_not_see_the_campaign_folder_is_refused_before_anything
         deadline = time.monotonic() + 60
         while sum(n["Alive"] for n in ray.nodes()) > before and time.monotonic() < deadline:
             time.sleep(0.1)  # the cluster notices the node left
+
+
+def test_a_quality_campaign_runs_its_children_on_the_cluster(cluster, tmp_path, monkeypatch):
+    # The quality job on the same cluster: each child experiment is a Ray task on some node, which
+    # reads the experiment file, the task's files and the base model, and writes into the campaign
+    # folder: the files the cluster must share, checked before the first child (shared_files).
+    from ft_fixtures import experiment_file, nano_checkpoint, reverse_task
+
+    from recipetune.engine.store import CampaignStore
+    from recipetune.finetune import job as ft_job
+    from recipetune.finetune.campaign_cli import shared_files
+    from recipetune.finetune.plan import load_finetune_campaign
+    from recipetune.finetune.plan import plan as ft_plan
+
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))  # the workers inherit the driver's env
+    files = reverse_task(tmp_path)
+    model = {"kind": "reference", "path": str(nano_checkpoint(tmp_path / "nano.pt"))}
+    file = experiment_file(tmp_path, files, model, search={
+        "knobs": {"lr": [0.001, 0.003, 0.01], "max_steps": [3, 6]}, "budget": {"trials": 3}, "seeds": [1, 2]},
+        execute={"executor": "ray", "parallel": 2, "ray_address": "auto"})
+    c = load_finetune_campaign(file)
+    p = ft_plan(c, tmp_path / "camp")
+    executor = RayExecutor(c.settings.execute, 1, c.path, shared=shared_files(c, p.store.folder))
+    outcome = ft_job.run(p, executor=executor, reporter=Recorder())
+    recs = [r for r in CampaignStore(tmp_path / "camp").records() if r.attrs.get("ran")]
+    ids = [r.attrs["recipe_id"] for r in recs]
+    assert outcome.runs == 3 and len(ids) == len(set(ids)) == 3  # each child once
+    assert all(r.status == "passed" and (Path(r.attrs["run_dir"]) / "report.json").exists() for r in recs)
+    assert outcome.decision in ("APPROVED", "KEEP BASELINE") and (p.store.folder / "verdict.json").exists()
