@@ -301,7 +301,7 @@ class Search:
             kill_orphans(rec.attrs.get("run_dir"))
         mine = {p.number for p in self.inflight.values()}
         others = [r for r in self.store.records() if r.number not in mine]
-        fresh = [r for r in others if r.state in ("COMPLETE", "FAIL") and "recipe" in r.attrs
+        fresh = [r for r in others if r.state in ("COMPLETE", "FAIL", "PRUNED") and "recipe" in r.attrs
                  and r.recipe not in self.tree]
         if fresh:
             self.rebuild(fresh, quiet=True)
