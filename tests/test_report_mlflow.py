@@ -59,3 +59,42 @@ def test_every_trial_becomes_an_mlflow_run(tmp_path):
     assert (tmp_path / "mlartifacts" / "c").is_dir()  # beside the database, not in the working directory
     assert export(folder, uri) == 0  # again: nothing new, no duplicates
     assert len(client.search_runs([exp.experiment_id])) == len(runs)
+
+
+def test_tune_logs_each_trial_to_mlflow_as_it_lands(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_search_campaign import install_fakes_for, write_campaign_file
+
+    from recipetune.report import mlflow_live
+
+    install_fakes_for(monkeypatch)
+    seen: list[int] = []  # trials in MLflow each time the live view exported
+    real_export = mlflow_live.export
+
+    def counting_export(folder, uri, experiment=None):  # type: ignore[no-untyped-def]
+        n = real_export(folder, uri, experiment)
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(f"recipetune/{Path(folder).resolve().name}")
+        seen.append(len(client.search_runs([exp.experiment_id], "tags.role = 'trial'")) if exp else 0)
+        return n
+
+    monkeypatch.setattr(mlflow_live, "export", counting_export)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "campaign"
+    res = CliRunner().invoke(app, ["tune", str(write_campaign_file(tmp_path)), "--budget", "3", "--out", str(out),
+                                   "--mlflow", uri])
+    assert res.exit_code == 0, res.output
+    assert len(seen) >= 4 and seen == sorted(seen) and seen[0] < seen[-1]  # one export per landed trial, growing
+
+
+def test_tune_with_mlflow_but_without_the_extra_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_search_campaign import install_fakes_for, write_campaign_file
+
+    install_fakes_for(monkeypatch)
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    out = tmp_path / "campaign"
+    res = CliRunner().invoke(app, ["tune", str(write_campaign_file(tmp_path)), "--out", str(out),
+                                   "--mlflow", "sqlite:///x.db"])
+    assert res.exit_code == 2 and "pip install 'recipetune[mlflow]'" in res.output and not out.exists()

@@ -155,6 +155,12 @@ def _wanted(argv: list[str]) -> str | None:
     return first if first == "run" or first in SUBCOMMANDS else None
 
 
+def _mlflow_live(folder: Path, tracking_uri: str):  # type: ignore[no-untyped-def]
+    from recipetune.report.mlflow_live import MlflowLive  # the exporter loads only when asked for
+
+    return MlflowLive(folder, tracking_uri)
+
+
 def _mount_subcommands(wanted: str | None = None) -> None:
     if wanted in (None, "cbs"):
         from recipetune.cbs.cli import cbs_app
@@ -164,6 +170,10 @@ def _mount_subcommands(wanted: str | None = None) -> None:
         from recipetune.speed.verify import verify
 
         app.command()(verify)
+    if wanted in (None, "tune", "finetune"):
+        from recipetune.engine.live import OBSERVERS
+
+        OBSERVERS["mlflow"] = _mlflow_live  # `tune --mlflow`, `finetune --mlflow`: a view from report/
     if wanted in (None, "tune"):
         from recipetune.speed.cli import tune
 

@@ -60,6 +60,9 @@ class Reporter:
     def campaign(self, done: int, total: int, elapsed_s: float) -> None:
         """Runs finished of the budget's ``total``, and the search's time so far (resumes included)."""
 
+    def close(self) -> None:
+        """The campaign has ended (its decision written, or stopped)."""
+
 
 @dataclass(frozen=True)
 class Services:

@@ -60,6 +60,50 @@ class Columns:
     none_better: str  # what the best line says while nothing has beaten the baseline
 
 
+class Tee(Reporter):
+    """One reporter that tells several: the live table, and observers (MLflow ...)."""
+
+    def __init__(self, *reporters: Reporter):
+        self.reporters = reporters
+
+    def phase(self, text: str) -> None:
+        for r in self.reporters:
+            r.phase(text)
+
+    def row(self, row: Row) -> None:
+        for r in self.reporters:
+            r.row(row)
+
+    def progress(self, key: str, done: int, total: int) -> None:
+        for r in self.reporters:
+            r.progress(key, done, total)
+
+    def best(self, node: Node | None, baseline: Recipe) -> None:
+        for r in self.reporters:
+            r.best(node, baseline)
+
+    def campaign(self, done: int, total: int, elapsed_s: float) -> None:
+        for r in self.reporters:
+            r.campaign(done, total, elapsed_s)
+
+    def close(self) -> None:
+        for r in self.reporters:
+            r.close()
+
+
+# Observers of a running campaign, by the option that asks for one: ``(folder, target) -> Reporter``.
+# The command line registers them (cli.py: MLflow, from report/), so a job's command can offer them
+# without importing the layers above it; a job's command looks one up by name (``observer``).
+OBSERVERS: dict[str, Callable[[Path, str], Reporter]] = {}
+
+
+def observer(name: str, folder: Path, target: str) -> Reporter:
+    """The registered observer ``name`` of the campaign in ``folder``; ValueError when none is."""
+    if name not in OBSERVERS:
+        raise ValueError(f"--{name} is not available in this program (no observer '{name}' registered)")
+    return OBSERVERS[name](folder, target)
+
+
 class LiveReporter(Reporter):
     """Keeps the rows of the trial table and redraws it as trials start, progress and end."""
 

@@ -15,7 +15,7 @@ from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome
-from recipetune.engine.live import Columns, LiveReporter, decision_panel, option_overrides, run_live
+from recipetune.engine.live import Columns, LiveReporter, Tee, decision_panel, observer, option_overrides, run_live
 from recipetune.engine.plan import default_folder
 from recipetune.engine.store import CampaignStore
 
@@ -61,6 +61,8 @@ def finetune(
     executor: str | None = typer.Option(None, help="local (default) | ray (execute.executor)"),
     ray_address: str | None = typer.Option(None, help="'auto', ray://host:10001 (execute.ray_address)"),
     parallel: int | None = typer.Option(None, help="experiments in flight at once, with --executor ray"),
+    mlflow: str | None = typer.Option(None, help="also log each experiment to this MLflow tracking URI as it "
+                                                 "lands (e.g. sqlite:///mlflow.db); needs the mlflow extra"),
 ) -> None:
     """Search fine-tuning experiments (data chain + training recipe) from the file's baseline; approve
     one only on the test split, over seeds, with the gain's confidence interval above zero."""
@@ -80,6 +82,10 @@ def finetune(
         runner = make_executor(campaign.settings.execute, 1, campaign.path, shared=shared_files(campaign, folder))
     except ConfigError as e:
         raise fail(e) from None
+    try:
+        observers = [observer("mlflow", folder, mlflow)] if mlflow else []
+    except (ValueError, RuntimeError) as e:  # no such observer in this program, or its extra is missing
+        raise fail(e) from None
 
     metric = campaign.experiment.spec.task.metric
     columns = Columns(figure="train loss", score=f"val {metric}", check="diagnosis", figure_fmt=".3f",
@@ -89,8 +95,10 @@ def finetune(
         return campaign.space.describe(recipe, campaign.baseline)
 
     reporter = LiveReporter(columns, describe=describe)
+    view = Tee(reporter, *observers)
     # Every error is shown as a message (a failed baseline experiment is one): no traceback.
-    outcome = run_live(reporter, lambda: ft_job.run(checked, executor=runner, reporter=reporter), again,
+    outcome = run_live(reporter, lambda: ft_job.run(checked, executor=runner, reporter=view), again,
                        messages=(Exception,))
+    view.close()
     console.line()
     console.print(verdict_panel(outcome, folder, describe, checked.store))
