@@ -4,6 +4,7 @@ report a known curve, then the quality job's checkpoints in a real child experim
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -231,6 +232,8 @@ def test_checkpoints_report_as_the_child_trains_and_change_nothing_it_learns(tin
     assert [(x["checkpoint"], x["step"], x["examples"]) for x in lines] == [(1, 2, 3), (2, 4, 3), (3, 6, 3)]
     assert watched.loss.points == plain.loss.points and watched.value == plain.value  # the training is the same
     assert not (tmp_path / "plain" / "progress.jsonl").exists()
+    # the live view's step count: the last write is the last step
+    assert json.loads((tmp_path / "plain" / "steps.json").read_text()) == {"step": 8, "total": 8}
 
 
 def test_a_pruned_child_is_stopped_by_its_runner_and_lands_as_pruned(tiny_ft):

@@ -118,7 +118,6 @@ def watch(reports: Callable[[], list[dict[str, Any]]], progress: Progress, stop_
         while not done.wait(every_s):
             made = reports()
             for r in made[seen:]:
-                progress.step(int(r["checkpoint"]), int(r["of"]))  # the live table: reports made
                 if progress.report(int(r["checkpoint"]), float(r["value"]), r.get("upper")):
                     write_atomic(stop_file, json.dumps(r))  # whole or not at all: the runner reads it
                     return

@@ -21,7 +21,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from recipetune.core.errors import ConfigError, validation_error
-from recipetune.core.files import apply_overrides, read_yaml
+from recipetune.core.files import apply_overrides, read_yaml, write_atomic
 from recipetune.data.chain import ChainError, DataVersion, run_chain
 from recipetune.data.files import DataFileError
 from recipetune.data.ops import Operator, Row
@@ -234,8 +234,15 @@ def train_and_validate(
             with progress.open("a") as f:  # one line at a time: the driver reads it while this runs
                 f.write(json.dumps({"checkpoint": k, "of": checkpoints, "step": step, "value": value,
                                     "examples": len(early)}) + "\n")
+    steps_file, last_write = out_dir / "steps.json", [0.0]
+
+    def on_step(step: int, total: int) -> None:  # the live view's progress, at most twice a second
+        if step == total or time.perf_counter() - last_write[0] >= 0.5:
+            write_atomic(steps_file, json.dumps({"step": step, "total": total}))
+            last_write[0] = time.perf_counter()
+
     try:
-        train_log = route.train(pairs, spec.recipe, out_dir, checkpoints, on_checkpoint)
+        train_log = route.train(pairs, spec.recipe, out_dir, checkpoints, on_checkpoint, on_step)
     except torch.OutOfMemoryError as e:
         status, cause = "oom", str(e).splitlines()[0]
     except FloatingPointError as e:

@@ -165,7 +165,7 @@ class HFRoute:
         return self.tok.decode(ids[len(ids) - max(1, room):]), True
 
     def train(self, pairs: list[tuple[Prompt, str]], recipe: TrainRecipe, out_dir: Path, checkpoints: int = 0,
-              on_checkpoint: Checkpoint | None = None) -> TrainLog:
+              on_checkpoint: Checkpoint | None = None, on_step: Checkpoint | None = None) -> TrainLog:
         import datasets
         from trl import SFTTrainer
 
@@ -190,8 +190,8 @@ class HFRoute:
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # the loss goes to the report, not to the console
-        if on_checkpoint is not None and checkpoints:
-            trainer.add_callback(_checkpoints(self, checkpoints, on_checkpoint))
+        if (on_checkpoint is not None and checkpoints) or on_step is not None:
+            trainer.add_callback(_checkpoints(self, checkpoints if on_checkpoint else 0, on_checkpoint, on_step))
         trainer.train()
         self.model = trainer.model
         for entry in trainer.state.log_history:
@@ -284,9 +284,10 @@ def build_tiny_llama(folder: Path, texts: list[str], vocab_size: int = 512, hidd
     return folder
 
 
-def _checkpoints(route: HFRoute, n: int, on_checkpoint: Checkpoint) -> Any:
+def _checkpoints(route: HFRoute, n: int, on_checkpoint: Checkpoint | None, on_step: Checkpoint | None) -> Any:
     """A TrainerCallback calling ``on_checkpoint`` at the run's checkpoints (engine/job.py: checkpoint_steps of
-    the trainer's max_steps), generating with the model being trained (the PEFT-wrapped one)."""
+    the trainer's max_steps), generating with the model being trained (the PEFT-wrapped one), and
+    ``on_step`` after every step."""
     from transformers import TrainerCallback
 
     class Checkpoints(TrainerCallback):
@@ -296,8 +297,10 @@ def _checkpoints(route: HFRoute, n: int, on_checkpoint: Checkpoint) -> Any:
             self.at = checkpoint_steps(state.max_steps, n)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):  # type: ignore[no-untyped-def]
+            if on_step is not None:
+                on_step(state.global_step, state.max_steps)
             k = self.at.get(state.global_step)
-            if k is None or model is None:
+            if k is None or model is None or on_checkpoint is None:
                 return
             trained, route.model = route.model, model
             try:

@@ -76,6 +76,16 @@ def progress_lines(out: Path) -> list[dict[str, Any]]:
     return lines
 
 
+def follow_steps(out: Path, progress: Progress, done: threading.Event, every_s: float = 0.5) -> None:
+    """The live view's step count of a running child, from the ``steps.json`` its training rewrites."""
+    while not done.wait(every_s):
+        try:
+            at = json.loads((out / "steps.json").read_text())
+        except (OSError, ValueError):
+            continue  # not training yet (data chain, model load)
+        progress.step(int(at["step"]), int(at["total"]))
+
+
 def plausible(report: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint with the most its metric could plausibly be: the upper end of the 95% interval of
     a proportion over the rows it scored (exact for exact match and accuracy, an approximation for
@@ -147,8 +157,10 @@ class QualityJob:
         pruning = self.cfg.pruning
         n = pruning.checkpoints if pruning.pruner != "none" else 0
         done = threading.Event()
-        if n and progress is not None:  # each checkpoint the child reports goes to the pruner
-            watch(lambda: [plausible(x) for x in progress_lines(run_dir)], progress, run_dir / STOP_FILE, done)
+        if progress is not None:
+            threading.Thread(target=follow_steps, args=(run_dir, progress, done), daemon=True).start()
+            if n:  # each checkpoint the child reports goes to the pruner
+                watch(lambda: [plausible(x) for x in progress_lines(run_dir)], progress, run_dir / STOP_FILE, done)
         future = self.services.executor.call(run_child, None, str(self.c.path.resolve()), self.c.overrides,
                                              self.subject.child_file(recipe), str(run_dir), self.cfg.timeout_s, n,
                                              pruning.eval_examples)

@@ -128,7 +128,7 @@ class ReferenceRoute:
         return ids[cut:], labels[cut:], cut > 0
 
     def train(self, pairs: list[tuple[str, str]], recipe: TrainRecipe, out_dir: Path, checkpoints: int = 0,
-              on_checkpoint: Checkpoint | None = None) -> TrainLog:
+              on_checkpoint: Checkpoint | None = None, on_step: Checkpoint | None = None) -> TrainLog:
         log = TrainLog()
         seqs = []
         for prompt, completion in pairs:
@@ -196,6 +196,8 @@ class ReferenceRoute:
                 raise FloatingPointError(f"non-finite training loss at step {step + 1}")
             log.losses.append((step + 1, loss_sum))
             log.tokens += n_tok
+            if on_step is not None:
+                on_step(step + 1, total)
             if step + 1 in at:  # greedy generation draws no random numbers: the training goes on unchanged
                 self.model.eval()
                 on_checkpoint(at[step + 1], step + 1)  # type: ignore[misc]

@@ -51,9 +51,10 @@ class Route(Protocol):
     def prompt(self, task: TaskConfig, row: dict) -> Prompt: ...
 
     def train(self, pairs: list[tuple[Prompt, str]], recipe: TrainRecipe, out_dir: Path, checkpoints: int = 0,
-              on_checkpoint: Checkpoint | None = None) -> TrainLog:
+              on_checkpoint: Checkpoint | None = None, on_step: Checkpoint | None = None) -> TrainLog:
         """Fine-tune; with ``checkpoints``, call ``on_checkpoint(k, step)`` at each of that many points
-        evenly spaced inside the training (``checkpoint_steps``), the model in eval mode meanwhile."""
+        evenly spaced inside the training (``checkpoint_steps``), the model in eval mode meanwhile;
+        ``on_step(step, total)`` after every optimizer step (the live view's progress)."""
 
     def generate(self, prompts: list[Prompt], settings: GenerationSettings) -> list[Generation]: ...
 
