@@ -27,7 +27,7 @@ from typing import Any
 from recipetune.core.process import kill_orphans
 from recipetune.core.recipe import Recipe
 from recipetune.engine.config import TreeSearchConfig
-from recipetune.engine.job import Finished, Job, Landing, Outcome, Progress, Root, Row, Services
+from recipetune.engine.job import Checked, Finished, Job, Landing, Outcome, Progress, Root, Row, Services
 from recipetune.engine.researcher import Proposer, SearchContext
 from recipetune.engine.store import NO_SPACE, DiskFull, TrialRecord, distributions
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
@@ -67,6 +67,7 @@ class Search:
         self.dists = distributions(job.space, self.baseline)
         self.tree: Tree = Tree(self.baseline)  # replaced by start(), which has the baseline's result
         self.strategy: Strategy | None = None
+        self.checked: dict[str, Checked] = {}  # the job's check, by recipe id (``check``)
         self.runs = 0
         self.root = Root(None, None)  # the baseline, once start() measured it
         self.trial_s = 0.0  # seconds the trials have run, this session and before (budget.trial_s)
@@ -149,7 +150,7 @@ class Search:
             proposal = c.proposal = replace(proposal, rationale=f"{proposal.rationale} [{c.note}]")
         attrs = {"parent": c.parent.id, "proposer": proposal.source, "rationale": proposal.rationale,
                  "edits": proposal.edits, **({"coupled": c.note} if c.note else {})}
-        checked = job.check(c.recipe)
+        checked = self.check(c.recipe)
         number = store.begin(c.recipe, self.dists, attrs, c.trial)
         key = str(number)
         if checked.refusal:
@@ -248,8 +249,15 @@ class Search:
     def inflight_ids(self) -> set[str]:
         return {p.recipe.id for p in self.inflight.values()}
 
+    def check(self, recipe: Recipe) -> Checked:
+        """The job's check of ``recipe``, once per recipe in a session: a strategy couples every
+        proposal to filter what is taken, and the launch checks it again (a static check each time)."""
+        if recipe.id not in self.checked:
+            self.checked[recipe.id] = self.job.check(recipe)
+        return self.checked[recipe.id]
+
     def couple(self, recipe: Recipe) -> tuple[Recipe, str]:
-        checked = self.job.check(recipe)
+        checked = self.check(recipe)
         return checked.recipe, checked.note
 
     def phase(self, text: str) -> None:
