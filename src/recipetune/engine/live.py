@@ -247,16 +247,28 @@ def option_overrides(overrides: list[str] | None, options: dict[str, object]) ->
     return [*(overrides or []), *(f"{key}={value}" for key, value in options.items() if value is not None)]
 
 
-def run_live(reporter: LiveReporter, run: Callable[[], Outcome], again: str,
-             messages: tuple[type[Exception], ...] = ()) -> Outcome:
-    """Run a campaign under the live table. Ctrl-C (exit 130) and an error (exit 1) say how to resume:
-    the study holds every finished trial. ``messages``: errors shown without a traceback. A missing
-    optional extra is bad input (exit 2), with its ``pip install`` line."""
+def observers_for(folder: Path, mlflow: str | None) -> list[Reporter]:
+    """The observers a campaign command's options ask for (``--mlflow``); bad input (exit 2), before
+    anything is written, when this program has none or its extra is missing."""
+    try:
+        return [observer("mlflow", folder, mlflow)] if mlflow else []
+    except (ValueError, RuntimeError) as e:
+        raise fail(e) from None
+
+
+def run_live(reporter: LiveReporter, run: Callable[[Reporter], Outcome], again: str,
+             messages: tuple[type[Exception], ...] = (), observers: list[Reporter] | None = None) -> Outcome:
+    """Run a campaign under the live table, ``run`` given the reporter to tell (the table and the
+    ``observers``, which are closed once it has decided). Ctrl-C (exit 130) and an error (exit 1)
+    say how to resume: the study holds every finished trial. ``messages``: errors shown without a
+    traceback. A missing optional extra is bad input (exit 2), with its ``pip install`` line."""
+    view = Tee(reporter, *(observers or []))
     try:
         with Live(reporter.render(), console=console, refresh_per_second=4) as live:
             reporter.live = live
-            outcome = run()
+            outcome = run(view)
             reporter.live = None
+        view.close()
     except KeyboardInterrupt:
         console.print(Text.assemble(("stopped. ", "bold yellow"), f"Resume with: {again}"))
         raise typer.Exit(130) from None

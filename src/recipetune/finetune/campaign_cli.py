@@ -15,7 +15,7 @@ from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome
-from recipetune.engine.live import Columns, LiveReporter, Tee, decision_panel, observer, option_overrides, run_live
+from recipetune.engine.live import Columns, LiveReporter, decision_panel, observers_for, option_overrides, run_live
 from recipetune.engine.plan import default_folder
 from recipetune.engine.store import CampaignStore
 
@@ -82,10 +82,7 @@ def finetune(
         runner = make_executor(campaign.settings.execute, 1, campaign.path, shared=shared_files(campaign, folder))
     except ConfigError as e:
         raise fail(e) from None
-    try:
-        observers = [observer("mlflow", folder, mlflow)] if mlflow else []
-    except (ValueError, RuntimeError) as e:  # no such observer in this program, or its extra is missing
-        raise fail(e) from None
+    observers = observers_for(folder, mlflow)
 
     metric = campaign.experiment.spec.task.metric
     columns = Columns(figure="train loss", score=f"val {metric}", check="diagnosis", figure_fmt=".3f",
@@ -95,10 +92,8 @@ def finetune(
         return campaign.space.describe(recipe, campaign.baseline)
 
     reporter = LiveReporter(columns, describe=describe)
-    view = Tee(reporter, *observers)
     # Every error is shown as a message (a failed baseline experiment is one): no traceback.
-    outcome = run_live(reporter, lambda: ft_job.run(checked, executor=runner, reporter=view), again,
-                       messages=(Exception,))
-    view.close()
+    outcome = run_live(reporter, lambda view: ft_job.run(checked, executor=runner, reporter=view), again,
+                       messages=(Exception,), observers=observers)
     console.line()
     console.print(verdict_panel(outcome, folder, describe, checked.store))

@@ -15,7 +15,7 @@ from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome
-from recipetune.engine.live import Columns, LiveReporter, Tee, decision_panel, observer, option_overrides, run_live
+from recipetune.engine.live import Columns, LiveReporter, decision_panel, observers_for, option_overrides, run_live
 from recipetune.engine.plan import default_folder
 from recipetune.engine.store import CampaignStore, DiskFull, StoreUnavailable
 from recipetune.execute.factory import make_executor
@@ -73,17 +73,12 @@ def tune(
                                shared=[folder, campaign.path])  # what every node of a cluster must see
     except ConfigError as e:
         raise fail(e) from None
-    try:
-        observers = [observer("mlflow", folder, mlflow)] if mlflow else []
-    except (ValueError, RuntimeError) as e:  # no such observer in this program, or its extra is missing
-        raise fail(e) from None
+    observers = observers_for(folder, mlflow)
 
     again = shlex.join(["recipetune", "tune", str(campaign_file), *extra, "--out", str(folder), "--resume"])
     reporter = LiveReporter(COLUMNS)
-    view = Tee(reporter, *observers)
     # The guard's own errors, a database that stays away and a full disk are messages, not bugs: no traceback.
-    outcome = run_live(reporter, lambda: speed_job.run(checked, executor=runner, reporter=view), again,
-                       messages=(GuardError, StoreUnavailable, DiskFull))
-    view.close()
+    outcome = run_live(reporter, lambda view: speed_job.run(checked, executor=runner, reporter=view), again,
+                       messages=(GuardError, StoreUnavailable, DiskFull), observers=observers)
     console.line()
     console.print(verdict_panel(outcome, folder, campaign.baseline, checked.store))
