@@ -23,6 +23,7 @@ import sys
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +90,16 @@ def follow_steps(out: Path, progress: Progress, done: threading.Event, every_s: 
 def plausible(report: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint with the most its metric could plausibly be: the upper end of the 95% interval of
     a proportion over the rows it scored (exact for exact match and accuracy, an approximation for
-    ROUGE-L or F1). A child is pruned only when even that is below the baseline's checkpoint."""
+    ROUGE-L or F1). A child is pruned only when even that is below the median of the finished trials
+    at that checkpoint (engine/loop.py: Search.prune)."""
     n = max(1, int(report["examples"]))
-    return {**report, "upper": proportion_ci(round(float(report["value"]) * n), n)[2]}
+    return {**report, "upper": _upper(round(float(report["value"]) * n), n)}
+
+
+@cache
+def _upper(k: int, n: int) -> float:
+    """(The watcher reads every checkpoint again at each poll: one exact interval per (k, n) is enough.)"""
+    return proportion_ci(k, n)[2]
 
 
 def run_child(file: str, overrides: list[str], child: dict[str, Any], out_dir: str, timeout_s: float,
