@@ -10,7 +10,7 @@ budget of experiments, over several search seeds:
     greedy      selection greedy (best-first), analyst
     sequential  selection sequential (each experiment a child of the last), analyst
     random      selection uct, random proposals
-    mcts-pruned mcts with the median pruner over 3 validation checkpoints per experiment
+    ARM-pruned  the arm with the median pruner over 3 validation checkpoints per experiment
 
 Experiments are deterministic at a fixed seed (same data order, same initialisation, one thread),
 so an experiment one arm ran is not run again for another: its folder is reused from a cache
@@ -35,6 +35,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from recipetune.core.process import STOP_FILE
 from recipetune.engine.job import Finished, Outcome, Reporter, Row, Services
 from recipetune.engine.loop import run_search
 from recipetune.execute.executor import LocalExecutor
@@ -46,44 +47,94 @@ ARMS = {
     "greedy": ["search.selection=greedy", "search.proposer=analyst"],
     "sequential": ["search.selection=sequential", "search.proposer=analyst"],
     "random": ["search.selection=uct", "search.proposer=random"],
-    "mcts-pruned": ["search.selection=uct", "search.proposer=analyst", "search.pruning.pruner=median",
-                    "search.pruning.checkpoints=3"],
 }
+PRUNED = ["search.pruning.pruner=median", "search.pruning.checkpoints=3"]
+ARMS |= {f"{arm}-pruned": [*ARMS[arm], *PRUNED] for arm in list(ARMS)}
 
 
 class MemoExecutor(LocalExecutor):
-    """Runs a child experiment once; the same experiment again is its cached folder."""
+    """Runs a child experiment once; the same experiment again is its cached folder.
 
-    def __init__(self, cache: Path):
-        self.cache, self.hits, self.misses = cache, 0, 0
+    A campaign with pruning replays a cached experiment's checkpoints to its pruner one at a time,
+    as the child would have written them, and stops where the pruner says: it counts the time the
+    child had run when it reached that checkpoint (``progress.jsonl``: ``time_s``). So a cached run
+    must have reported its checkpoints; an experiment not yet cached so is run to its end with them
+    (the training is the same with or without; tests/test_pruning.py), and a campaign without
+    pruning counts that run's time less what its reports cost (``eval_s``)."""
+
+    def __init__(self, cache: Path, settle_s: float = 2.0):
+        self.cache, self.hits, self.misses, self.settle_s = cache, 0, 0, settle_s
         self.seconds = 0.0  # what the experiments took (cached ones: their first run's time)
 
     def call(self, fn, workload, *args, **kwargs) -> Future:  # type: ignore[no-untyped-def,override]
         if fn is not ft.run_child:
             return super().call(fn, workload, *args, **kwargs)
-        file, overrides, child, out_dir, _timeout, checkpoints = args[:6]
+        file, overrides, child, out_dir, timeout_s, checkpoints = args[:6]
+        examples = args[6] if len(args) > 6 else 64
         kept = [o for o in overrides if not o.startswith("search.")]
         key = hashlib.sha256(json.dumps([file, kept, child], sort_keys=True).encode()).hexdigest()[:16]
-        cached = self.cache / key
-        if checkpoints or not (cached / "report.json").exists():
+        cached, out = self.cache / key, Path(out_dir)
+        lines = ft.progress_lines(cached) if (cached / "progress.jsonl").exists() else []
+        if not (cached / "report.json").exists() or (checkpoints and len(lines) != checkpoints):
             self.misses += 1
             t0 = time.perf_counter()
-            result = fn(*args, **kwargs)
-            (Path(out_dir) / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.2f}\n")
-            if isinstance(result, ft.Failed | ft.Pruned):
+            # to its end, reporting the checkpoints a pruned campaign replays (its own stop file unused)
+            result = fn(file, overrides, child, str(cached), timeout_s, checkpoints or 3, examples)
+            (cached / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.2f}\n")
+            if isinstance(result, ft.Failed):
+                shutil.copytree(cached, out, dirs_exist_ok=True)
+                shutil.rmtree(cached)  # (a failure is not kept: it may be the machine's)
                 self.seconds += time.perf_counter() - t0
-                future: Future = Future()
-                future.set_result(result)
-                return future
-            shutil.copytree(out_dir, cached, dirs_exist_ok=True)
+                return _done(result)
+            lines = ft.progress_lines(cached)
         else:
             self.hits += 1
-            shutil.copytree(cached, out_dir, dirs_exist_ok=True)
-        self.seconds += float((Path(out_dir) / "wall_s.txt").read_text())
-        report = ft.ExperimentReport.model_validate_json((Path(out_dir) / "report.json").read_text())
-        future = Future()
-        future.set_result(report.model_copy(update={"run_dir": str(out_dir)}))
-        return future
+        wall = float((cached / "wall_s.txt").read_text())
+        report = ft.ExperimentReport.model_validate_json((cached / "report.json").read_text())
+        if not checkpoints:  # a campaign without pruning: the run without its reports
+            shutil.copytree(cached, out, dirs_exist_ok=True)
+            (out / "progress.jsonl").unlink(missing_ok=True)
+            wall -= sum(float(x.get("eval_s", 0.0)) for x in lines)
+            (out / "wall_s.txt").write_text(f"{wall:.2f}\n")
+            self.seconds += wall
+            return _done(report.model_copy(update={"run_dir": str(out)}))
+        return _done(self.replay(cached, out, lines, wall, report))
+
+    def replay(self, cached: Path, out: Path, lines: list[dict], wall: float,
+               report: ft.ExperimentReport) -> ft.ExperimentReport | ft.Pruned:
+        """The child as the campaign's watcher (engine/job.py: watch) sees it: each checkpoint in turn,
+        and time for the pruner to answer before the next."""
+        out.mkdir(parents=True, exist_ok=True)
+        stop = out / STOP_FILE
+        stop.unlink(missing_ok=True)
+        progress = out / "progress.jsonl"
+        progress.unlink(missing_ok=True)
+        for line in lines:
+            with progress.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+            deadline = time.perf_counter() + self.settle_s
+            while time.perf_counter() < deadline and not stop.exists():
+                time.sleep(0.05)
+            if stop.exists():
+                at = json.loads(stop.read_text())
+                # the child's time to this checkpoint, and its start (the process, the imports)
+                start = max(0.0, wall - report.timings_s.get("total", wall))
+                spent = float(line.get("time_s", wall)) + start
+                (out / "wall_s.txt").write_text(f"{spent:.2f}\n")
+                self.seconds += spent
+                return ft.Pruned(at["checkpoint"], at["of"], at["value"], at["examples"])
+        for name in ("report.json", "train_log.jsonl", "predictions.jsonl", "recipe.json", "data_version.json"):
+            if (cached / name).exists():
+                shutil.copy2(cached / name, out / name)
+        (out / "wall_s.txt").write_text(f"{wall:.2f}\n")
+        self.seconds += wall
+        return report.model_copy(update={"run_dir": str(out)})
+
+
+def _done(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 class Quiet(Reporter):
@@ -191,12 +242,15 @@ def main() -> None:
     arms = args.arms.split(",")
     memo = MemoExecutor(args.out / "cache")
     rows = []
-    for file in args.files:
-        for seed in seeds:
+    # every task at a seed before the next seed: a sitting that stops early has compared the arms
+    for seed in seeds:
+        for file in args.files:
             for arm in arms:
                 rows.append(campaign(file, arm, seed, args.budget, args.out, memo,
                                      final=args.final and arm == "mcts" and seed == seeds[0]))
-                (args.out / "summary.json").write_text(json.dumps(rows, indent=2))
+                (args.out / f"summary-{'-'.join(f.stem for f in args.files)}.json").write_text(
+                    json.dumps(rows, indent=2))
+    for file in args.files:
         print(f"\n{file.stem}: best validation metric after {args.budget} experiments (mean over seeds {seeds})")
         for arm in arms:
             mine = [r for r in rows if r["task"] == file.stem and r["arm"] == arm]

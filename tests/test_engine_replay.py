@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,38 @@ def test_the_plain_baselines_run_through_the_engine(strategy, tmp_path):
     assert len({r.attrs["recipe_id"] for r in ran}) == len(ran)  # the loop never runs a recipe twice
     assert all(r.attrs["proposer"] == strategy for r in ran)
     store.storage.engine.dispose()
+
+
+
+def test_a_replay_with_pruning_stops_only_runs_two_aa_spreads_below_the_median(tmp_path):
+    """The speed job's windows in a replay (each the drawn run's rate; a table holds whole-run
+    figures): a run stops only when even two A/A spreads of the baseline's repeats above its rate
+    stays below the median of the finished trials at that window, and it costs only what it ran.
+    command-fake's baseline repeats spread ~48%, so only a recipe near half the speed can stop."""
+    import optuna
+
+    table = Table.load(ROOT / "benchmarks" / "table-command-fake.json")
+    oracle = Oracle(table, random.Random("command-fake-mcts-analyst-3"), tmp_path / "runs")
+    traj, _, store = run_replay(oracle, "mcts-analyst", 10, 3, tmp_path / "campaign", pruner="median")
+    trials = store.study.get_trials(deepcopy=False)
+    pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned and len(pruned) == sum(t.status == "pruned" for t in traj.trials)
+    for t in pruned:
+        step = max(t.intermediate_values)
+        finished = [f.intermediate_values[step] for f in trials if f.state == optuna.trial.TrialState.COMPLETE
+                    and step in f.intermediate_values and f.number < t.number]
+        upper = t.intermediate_values[step] * (1 + 2 * oracle.noise)
+        assert upper < statistics.median(finished)  # (the baseline's reference among them)
+    for t in traj.trials:
+        if t.status == "pruned":
+            full = max(m.wall_s for m in oracle.entries[t.recipe_id].runs)
+            assert t.observed is None and 0 < t.cost_s < full  # stopped early: no incumbent, less cost
+    store.storage.engine.dispose()
+
+
+def test_a_stopped_recipe_is_never_counted_as_reached():
+    from recipetune.bench.replay import Trajectory, Trial
+
+    traj = Trajectory("mcts-analyst", 0, [Trial("a", "pruned", None, 2.0, 1.0), Trial("b", "passed", 1.9, 2.0, 3.0)])
+    assert traj.to_reach(1.99) == (2, 4.0)  # the pruned one cost its time, the second one reached it
+    assert traj.incumbent(1) == 1.0

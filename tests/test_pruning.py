@@ -230,6 +230,9 @@ def test_checkpoints_report_as_the_child_trains_and_change_nothing_it_learns(tin
     watched, _ = train_and_validate(exp, tmp_path / "watched", checkpoints=3, checkpoint_examples=3)
     lines = ft.progress_lines(tmp_path / "watched")
     assert [(x["checkpoint"], x["step"], x["examples"]) for x in lines] == [(1, 2, 3), (2, 4, 3), (3, 6, 3)]
+    # when each was reached and what it cost: what a stop there saves, what reporting adds
+    assert [x["time_s"] for x in lines] == sorted(x["time_s"] for x in lines)
+    assert all(0 <= x["eval_s"] <= x["time_s"] for x in lines)
     assert watched.loss.points == plain.loss.points and watched.value == plain.value  # the training is the same
     assert not (tmp_path / "plain" / "progress.jsonl").exists()
     # the live view's step count: the last write is the last step

@@ -40,6 +40,7 @@ from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.strategy import Candidate, Strategy, Wait
 from recipetune.engine.tree import Node, reward
 from recipetune.execute.executor import LocalExecutor
+from recipetune.guard import stats
 from recipetune.speed.facts import BRIEFING, PLAYBOOK
 
 STRATEGIES = ("mcts-analyst", "mcts-analyst-model", "mcts-random", "greedy", "sequential", "tpe", "gp",
@@ -50,7 +51,7 @@ SAMPLERS = {"tpe": "tpe", "gp": "gp", "optuna-random": "random", "grid": "grid"}
 @dataclass
 class Trial:
     recipe_id: str
-    status: str  # passed | failed
+    status: str  # passed | failed | pruned
     observed: float | None  # the speed-up this trial measured (None when it failed)
     true: float  # the recipe's median speed-up over the table's repeats (0 when it never ran ok)
     cost_s: float  # the drawn run's wall time
@@ -81,7 +82,7 @@ class Trajectory:
         wall = 0.0
         for i, t in enumerate(self.trials, 1):
             wall += t.cost_s
-            if t.true >= target:
+            if t.true >= target and t.status != "pruned":  # a pruned recipe is not one the search has
                 return i, wall
         return None, None
 
@@ -102,6 +103,10 @@ class Oracle:
         self.baseline = Recipe(self.table.baseline)
         self.space = SearchSpace({n: tuple(v) for n, v in self.table.space.items()})
         self.relations = self.workload.relations()
+        # the baseline's A/A noise, as its profile measures it: the spread of consecutive repeats
+        tps = [m.tokens_per_s for m in self.table.baseline_entry().ok_runs() if m.tokens_per_s]
+        self.noise = stats.noise_margin([float(x) for x in stats.log_ratios(tps[1:], tps[:-1])], 0.0) \
+            if len(tps) > 1 else 0.0
 
     def entry(self, recipe: Recipe) -> Entry | None:
         e = self.entries.get(recipe.id)
@@ -156,7 +161,9 @@ class TableJob:
     def start(self, services: Services) -> Root:
         self.services = services
         e = self.oracle.table.baseline_entry()
-        return Root(self.oracle.result(e, e.ok_runs()[0]), 1.0)
+        n = self.cfg.pruning.checkpoints if self.cfg.pruning.pruner != "none" else 0
+        return Root(self.oracle.result(e, e.ok_runs()[0]), 1.0, noise=self.oracle.noise,
+                    curve={k: 1.0 for k in range(1, n + 1)})
 
     def check(self, recipe: Recipe) -> Checked:
         if self.oracle.entry(recipe) is None:
@@ -166,13 +173,37 @@ class TableJob:
     def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future:
         assert self.services is not None
         entry = self.oracle.entry(recipe)
-        return self.services.executor.call(lambda: (entry, self.oracle.draw(entry)), None)  # type: ignore[arg-type]
+        assert entry is not None
+        return self.services.executor.call(lambda: self.run(entry, progress), None)  # type: ignore[arg-type]
 
-    def land(self, result: tuple[Entry, Measurement], recipe: Recipe, run_dir: Path) -> Landing:
-        entry, m = result
+    def run(self, entry: Entry, progress: Progress) -> tuple[Entry, Measurement, int | None]:
+        """A drawn repeat; with pruning, its throughput windows go to the pruner as the speed job's
+        do (speed/job.py: windows), each the run's own rate (a table holds whole-run figures), its
+        upper bound two A/A spreads above. A run stopped at window k of N cost its start and k/(N+1)
+        of its measured steps."""
+        m = self.oracle.draw(entry)
+        n = self.cfg.pruning.checkpoints if self.cfg.pruning.pruner != "none" else 0
+        if not n or m.status != "ok" or not m.tokens_per_s:
+            return entry, m, None
+        value = m.tokens_per_s / self.oracle.base_tps
+        for k in range(1, n + 1):
+            if progress.report(k, value, value * (1 + 2 * self.oracle.noise)):
+                left = m.measured_steps - round(k * m.measured_steps / (n + 1)) if m.measured_steps else 0
+                cost = max(0.0, m.wall_s - left * (m.step_s or 0.0))
+                return entry, m.model_copy(update={"wall_s": cost}), k
+        return entry, m, None
+
+    def land(self, result: tuple[Entry, Measurement, int | None], recipe: Recipe, run_dir: Path) -> Landing:
+        entry, m, stopped_at = result
+        true = self.oracle.true_speedup(entry)
+        if stopped_at is not None:  # what it showed is its reward; it is no incumbent
+            shown = m.tokens_per_s / self.oracle.base_tps  # type: ignore[operator]
+            self.trajectory.trials.append(Trial(entry.id, "pruned", None, true, m.wall_s))
+            return Landing("pruned", None, reward(shown, True, self.reward_span, self.cfg.failure_penalty),
+                           f"pruned at window {stopped_at}: {shown:.2f}x", {"true": true, "cost_s": m.wall_s},
+                           self.oracle.result(entry, m))
         ok = m.status == "ok" and bool(m.tokens_per_s)
         observed = m.tokens_per_s / self.oracle.base_tps if ok else None  # type: ignore[operator]
-        true = self.oracle.true_speedup(entry)
         self.trajectory.trials.append(Trial(entry.id, "passed" if ok else "failed", observed, true, m.wall_s))
         return Landing("passed" if ok else "failed", observed,
                        reward(observed, ok, self.reward_span, self.cfg.failure_penalty), "" if ok else m.cause,
@@ -309,13 +340,14 @@ def sampler_for(strategy: str, oracle: Oracle, seed: int) -> optuna.samplers.Bas
 
 
 def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Path,
-               reporter: Reporter | None = None) -> tuple[Trajectory, Outcome, CampaignStore]:
-    """``strategy`` against ``oracle``'s table through the engine's loop, its study in ``folder``."""
+               reporter: Reporter | None = None, pruner: str = "none") -> tuple[Trajectory, Outcome, CampaignStore]:
+    """``strategy`` against ``oracle``'s table through the engine's loop, its study in ``folder``;
+    with ``pruner`` (search.pruning.pruner), each run's throughput windows go to it."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = TreeSearchConfig(strategy=SAMPLERS.get(strategy, "mcts"), seed=seed,  # type: ignore[arg-type]
-                           budget={"trials": budget})  # type: ignore[arg-type]
+                           budget={"trials": budget}, pruning={"pruner": pruner})  # type: ignore[arg-type]
     job = TableJob(oracle, cfg)
     job.trajectory = Trajectory(strategy, seed)
     store = CampaignStore(folder, None, sampler_for(strategy, oracle, seed))
@@ -333,10 +365,12 @@ def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Pa
     return job.trajectory, outcome, store
 
 
-def replay(table: Table, strategy: str, budget: int, seed: int) -> Trajectory:
-    """One replay of ``strategy`` against ``table``; deterministic for a given seed."""
+def replay(table: Table, strategy: str, budget: int, seed: int, pruner: str = "none") -> Trajectory:
+    """One replay of ``strategy`` against ``table``; deterministic for a given seed (and the same
+    draws with and without ``pruner``)."""
     with tempfile.TemporaryDirectory(prefix="recipetune-replay-") as scratch:
         oracle = Oracle(table, random.Random(f"{table.name}-{strategy}-{seed}"), Path(scratch) / "runs")
-        trajectory, _, store = run_replay(oracle, strategy, budget, seed, Path(scratch) / "campaign")
+        trajectory, _, store = run_replay(oracle, strategy, budget, seed, Path(scratch) / "campaign",
+                                          pruner=pruner)
         store.storage.engine.dispose()  # the study's file goes with the folder
         return trajectory

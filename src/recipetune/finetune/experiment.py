@@ -230,10 +230,14 @@ def train_and_validate(
         progress.unlink(missing_ok=True)
 
         def on_checkpoint(k: int, step: int) -> None:
+            t = time.perf_counter()
             value = evaluate(route, task, early, "validation", labels)[0].value
+            # when it was reached and what the report cost: what a stop here saves, and what
+            # reporting adds to a run that goes on
             with progress.open("a") as f:  # one line at a time: the driver reads it while this runs
                 f.write(json.dumps({"checkpoint": k, "of": checkpoints, "step": step, "value": value,
-                                    "examples": len(early)}) + "\n")
+                                    "examples": len(early), "time_s": round(time.perf_counter() - t0, 2),
+                                    "eval_s": round(time.perf_counter() - t, 2)}) + "\n")
     steps_file, last_write = out_dir / "steps.json", [0.0]
 
     def on_step(step: int, total: int) -> None:  # the live view's progress, at most twice a second
