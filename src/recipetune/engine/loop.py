@@ -309,8 +309,9 @@ class Search:
             kill_orphans(rec.attrs.get("run_dir"))
         mine = {p.number for p in self.inflight.values()}
         others = [r for r in self.store.records() if r.number not in mine]
-        fresh = [r for r in others if r.state in ("COMPLETE", "FAIL", "PRUNED") and "recipe" in r.attrs
-                 and r.recipe not in self.tree]
+        # (an interrupted trial is no node: it was reported once at resume, not again at every sync)
+        fresh = [r for r in others if r.state in ("COMPLETE", "FAIL", "PRUNED") and r.status in FINISHED
+                 and "recipe" in r.attrs and r.recipe not in self.tree]
         if fresh:
             self.rebuild(fresh, quiet=True)
         self.elsewhere = {r.attrs["recipe_id"] for r in others if r.state == "RUNNING" and "recipe_id" in r.attrs}
