@@ -72,6 +72,19 @@ def test_finetune_budget_is_bounded(tmp_path: Path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", [["tune", "tiny-campaign.yaml"], ["finetune", "ft-arith.yaml"]])
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("--budget-s", "0", ("search.budget.trial_s", "must be > 0 (got 0.0)")),
+    ("--pruner", "fastest", ("search.pruning.pruner", "'median'", "(got 'fastest')")),
+])
+def test_the_compute_budget_and_the_pruner_are_checked_through_the_file(tmp_path: Path, command, option, value,
+                                                                         words):
+    out = tmp_path / "never"
+    res = runner.invoke(app, [command[0], str(EXAMPLES / command[1]), option, value, "--out", str(out)])
+    _refused(res, *words)
+    assert not out.exists()
+
+
 def _points(tmp_path: Path) -> Path:
     table = tmp_path / "points.csv"
     table.write_text("batch_size,steps\n4,1000\n8,520\n16,280\n32,160\n64,100\n")

@@ -53,6 +53,11 @@ def finetune(
     overrides: list[str] = typer.Argument(None, help="key=value: a recipe knob (lr=1e-3), or a dotted field "
                                                      "(search.seed=3, task.max_eval_examples=100)"),
     budget: int | None = typer.Option(None, help="experiments to run (search.budget.trials)"),
+    budget_s: float | None = typer.Option(None, "--budget-s", help="seconds of trial time: no trial starts once "
+                                          "the trials have run this long (search.budget.trial_s)"),
+    pruner: str | None = typer.Option(None, help="stop early a trial that cannot plausibly win: none | median | "
+                                                 "percentile | successive_halving | hyperband | patient "
+                                                 "(search.pruning.pruner)"),
     strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | gp | random | grid"),
     proposer: str | None = typer.Option(None, help="analyst | random | llm (with --strategy mcts)"),
     selection: str | None = typer.Option(None, help="uct | greedy | sequential: which node mcts expands"),
@@ -72,7 +77,8 @@ def finetune(
     from recipetune.finetune.plan import load_finetune_campaign, plan
 
     extra = option_overrides(overrides, {
-        "search.budget.trials": budget, "search.strategy": strategy, "search.proposer": proposer,
+        "search.budget.trials": budget, "search.budget.trial_s": budget_s, "search.pruning.pruner": pruner,
+        "search.strategy": strategy, "search.proposer": proposer,
         "search.selection": selection, "execute.executor": executor, "execute.ray_address": ray_address,
         "execute.parallel": parallel})
     folder = out or default_folder(experiment_file)

@@ -49,6 +49,11 @@ def tune(
     campaign_file: Path = typer.Argument(..., help="campaign YAML"),
     overrides: list[str] = typer.Argument(None, help="key=value: a baseline knob, or a dotted field (search.seed=3)"),
     budget: int | None = typer.Option(None, help="runs to execute (search.budget.trials)"),
+    budget_s: float | None = typer.Option(None, "--budget-s", help="seconds of trial time: no trial starts once "
+                                          "the trials have run this long (search.budget.trial_s)"),
+    pruner: str | None = typer.Option(None, help="stop early a trial that cannot plausibly win: none | median | "
+                                                 "percentile | successive_halving | hyperband | patient "
+                                                 "(search.pruning.pruner)"),
     strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | gp | random | grid"),
     proposer: str | None = typer.Option(None, help="analyst | random | llm (with --strategy mcts)"),
     out: Path | None = typer.Option(None, help="campaign folder (default: campaigns/<file name>)"),
@@ -61,7 +66,8 @@ def tune(
 ) -> None:
     """Search faster recipes from the campaign's baseline; approve one only on the guard's evidence."""
     extra = option_overrides(overrides, {
-        "search.budget.trials": budget, "search.strategy": strategy, "search.proposer": proposer,
+        "search.budget.trials": budget, "search.budget.trial_s": budget_s, "search.pruning.pruner": pruner,
+        "search.strategy": strategy, "search.proposer": proposer,
         "execute.executor": executor, "execute.ray_address": ray_address, "execute.parallel": parallel})
     folder = out or default_folder(campaign_file)
     try:
