@@ -219,6 +219,18 @@ def test_three_bad_fields_of_each_file_kind_are_all_named(tmp_path: Path, comman
     assert not out.exists()
 
 
+def test_bad_fields_of_the_experiment_and_of_its_search_are_named_together(tmp_path: Path):
+    doc = yaml.safe_load((EXAMPLES / "ft-arith.yaml").read_text())
+    doc["recipe"]["lr"] = -1
+    doc["search"].update(selection="best", budget={"trials": 0})
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "never"
+    res = runner.invoke(app, ["finetune", str(path), "--out", str(out)])
+    _refused(res, "recipe.lr: must be > 0", "search.selection: must be one of", "search.budget.trials: must be >= 1")
+    assert not out.exists()
+
+
 def test_three_bad_fields_of_a_campaign_through_tune(tmp_path: Path):
     # run and verify: tests/test_errors.py; tune reads the same file through the same function
     bad = tmp_path / "c.yaml"

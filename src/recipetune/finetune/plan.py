@@ -74,11 +74,19 @@ def load_finetune_campaign(path: str | Path, overrides: list[str] | None = None)
     path = Path(path)
     overrides = list(overrides or [])
     raw, sections = read_experiment_file(path, overrides)
-    spec: ExperimentSpec = _validate(path, raw)
+    # the experiment's and the search's bad fields together: one fix-and-retry for all of them
+    bad: list[ConfigError] = []
+    try:
+        spec: ExperimentSpec = _validate(path, raw)
+    except ConfigError as e:
+        bad.append(e)
     try:
         settings = FinetuneSettings.model_validate(sections)
     except ValidationError as e:
-        raise validation_error(e, path) from None
+        bad.append(validation_error(e, path))
+    if bad:
+        first, rest = bad[0], bad[1:]
+        raise ConfigError(path, first.field, "; ".join([first.message, *(f"{e.field}: {e.message}" for e in rest)]))
     try:
         splits = load_splits(spec.task, path.resolve().parent)
         check_model(spec.model, path.resolve().parent)
