@@ -10,6 +10,12 @@ table holds whole-run figures, so each window is the run's own rate, its bound t
 the baseline's repeats above), and a stopped run costs only what it ran. For each arm: the trials
 and the trials' wall seconds until a recipe within 2% of the table's best had run (and was not
 stopped), the share of replays that got there, and how many trials were stopped.
+
+    python benchmarks/speed_pruning.py --live examples/tiny-campaign.yaml --budget 12 --out runs/speed-pruning
+
+runs one live `recipetune tune` campaign without and one with pruning (same file, same search seed)
+and prints the same figures from their studies: a trial's time is its study trial's duration, the
+best is the fastest passed screening of the two campaigns together.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from recipetune.bench.replay import Oracle, replay
@@ -29,9 +38,52 @@ def med(xs: list[float]) -> str:
     return f"{statistics.median(xs):.0f}" if xs else "–"
 
 
+def live(file: Path, budget: int, pruner: str, within: float, out: Path, seed: int) -> None:
+    """Two real campaigns of ``file``, without and with ``pruner``; their trials from the studies."""
+    import optuna
+
+    from recipetune.engine.store import CampaignStore
+
+    runs = {}
+    for arm in ("none", pruner):
+        folder = out / arm
+        t0 = time.perf_counter()
+        if not (folder / "verdict.json").exists():
+            subprocess.run([sys.executable, "-m", "recipetune", "tune", str(file), "--budget", str(budget),
+                            "--pruner", arm, f"search.seed={seed}", "--out", str(folder),
+                            *(["--resume"] if folder.exists() else [])], check=False)
+        wall = time.perf_counter() - t0
+        store = CampaignStore(folder)
+        trials = [t for t in store.study.get_trials(deepcopy=False) if t.user_attrs.get("status") != "reference"
+                  and t.user_attrs.get("ran")]
+        runs[arm] = (sorted(trials, key=lambda t: t.number), wall,
+                     json.loads((folder / "verdict.json").read_text()).get("decision", "?")
+                     if (folder / "verdict.json").exists() else "none")
+    best = max(t.user_attrs.get("speedup") or 0.0 for trials, _, _ in runs.values() for t in trials
+               if t.user_attrs.get("status") == "passed")
+    print(f"best screened speed-up of the two campaigns: {best:.3f}x; within {100 * within:.0f}%: "
+          f">= {(1 - within) * best:.3f}x")
+    print("| pruning | trials run | stopped | trials to reach | trial s to reach | trial s, all | "
+          "campaign wall s | decision |")
+    print("|---|---|---|---|---|---|---|---|")
+    for arm, (trials, wall, decision) in runs.items():
+        spent, reach = 0.0, None
+        for i, t in enumerate(trials, 1):
+            spent += t.duration.total_seconds() if t.duration else 0.0
+            if reach is None and t.user_attrs.get("status") == "passed" and \
+                    (t.user_attrs.get("speedup") or 0.0) >= (1 - within) * best:
+                reach = (i, spent)
+        stopped = sum(t.state == optuna.trial.TrialState.PRUNED for t in trials)
+        total = sum(t.duration.total_seconds() for t in trials if t.duration)
+        print(f"| {arm} | {len(trials)} | {stopped} | {reach[0] if reach else '–'} | "
+              f"{f'{reach[1]:.0f}' if reach else '–'} | {total:.0f} | {wall:.0f} | {decision} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("tables", nargs="+", type=Path)
+    parser.add_argument("tables", nargs="*", type=Path)
+    parser.add_argument("--live", type=Path, default=None, help="a campaign file: two live campaigns instead")
+    parser.add_argument("--seed", type=int, default=0, help="--live: the search seed of both")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--budget", type=int, default=32)
     parser.add_argument("--strategies", default="mcts-analyst,tpe,optuna-random")
@@ -39,6 +91,9 @@ def main() -> None:
     parser.add_argument("--within", type=float, default=0.02, help="how close to the table's best counts")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.live is not None:
+        live(args.live, args.budget, args.pruner, args.within, args.out or Path("runs/speed-pruning"), args.seed)
+        return
     rows = []
     print("| table | strategy | pruning | reached | trials to reach (median) | wall s to reach (median) | "
           "wall s, all trials (mean) | stopped trials (mean) |")
