@@ -122,3 +122,19 @@ def test_a_stopped_recipe_is_never_counted_as_reached():
     traj = Trajectory("mcts-analyst", 0, [Trial("a", "pruned", None, 2.0, 1.0), Trial("b", "passed", 1.9, 2.0, 3.0)])
     assert traj.to_reach(1.99) == (2, 4.0)  # the pruned one cost its time, the second one reached it
     assert traj.incumbent(1) == 1.0
+
+
+@pytest.mark.parametrize("strategy", ["tpe", "mcts-analyst"])
+def test_pruning_that_stops_nothing_changes_nothing_a_search_draws(strategy, tmp_path):
+    """reference's baseline repeats spread so far (3.6x to 0.5x of their median) that no window can
+    be shown slower: with the pruner on, the study also holds the baseline's reference curve, and a
+    model sampler must not read it as a trial (TPE counted it toward its startup trials)."""
+    table = Table.load(ROOT / "benchmarks" / "table-reference.json")
+    seen = {}
+    for pruner in ("none", "median"):
+        oracle = Oracle(table, random.Random(f"reference-{strategy}-1"), tmp_path / pruner / "runs")
+        traj, _, store = run_replay(oracle, strategy, 12, 1, tmp_path / pruner / "campaign", pruner=pruner)
+        store.storage.engine.dispose()
+        seen[pruner] = [(t.recipe_id, t.status, t.observed) for t in traj.trials]
+    assert all(status != "pruned" for _, status, _ in seen["median"])
+    assert seen["median"] == seen["none"]

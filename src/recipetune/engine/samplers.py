@@ -22,7 +22,7 @@ from optuna.distributions import BaseDistribution
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.core.relations import Relations
 from recipetune.engine.config import Pruning
-from recipetune.engine.store import distributions
+from recipetune.engine.store import distributions, is_reference
 
 STRATEGIES = ("mcts", "tpe", "gp", "random", "grid")
 
@@ -74,6 +74,56 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         self.base.reseed_rng()
 
 
+class _CampaignTrials:
+    """A study as a model sampler should read it: without the baseline's reference curve, which the
+    study holds for the pruner (store.add_reference), so that pruning which stops nothing changes
+    nothing a sampler draws (TPE's startup count and its good/bad split, GP's data)."""
+
+    def __init__(self, study: optuna.Study):
+        self._study = study
+
+    def _get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
+        return [t for t in self._study._get_trials(*args, **kwargs) if not is_reference(t)]
+
+    def get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
+        return [t for t in self._study.get_trials(*args, **kwargs) if not is_reference(t)]
+
+    @property
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
+        return self.get_trials()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+
+class ReferenceBlind(optuna.samplers.BaseSampler):
+    """A model sampler (TPE, GP) that reads the study's campaign trials only (``_CampaignTrials``)."""
+
+    def __init__(self, base: optuna.samplers.BaseSampler):
+        self.base = base
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> dict[str, BaseDistribution]:
+        return self.base.infer_relative_search_space(_CampaignTrials(study), trial)  # type: ignore[arg-type]
+
+    def sample_relative(self, study: optuna.Study, trial: Any, search_space: dict[str, BaseDistribution]
+                        ) -> dict[str, Any]:
+        return self.base.sample_relative(_CampaignTrials(study), trial, search_space)  # type: ignore[arg-type]
+
+    def sample_independent(self, study: optuna.Study, trial: Any, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self.base.sample_independent(_CampaignTrials(study), trial, param_name,  # type: ignore[arg-type]
+                                            param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: Any) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+
 def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
                  relations: Relations | None = None, parallel: int = 1) -> optuna.samplers.BaseSampler:
     """The sampler of ``strategy``; ``seed`` should differ per session so a resume draws afresh.
@@ -83,10 +133,10 @@ def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
     dists = distributions(space, baseline)
     sampler: optuna.samplers.BaseSampler
     if strategy == "tpe":
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)),
-                                             constant_liar=parallel > 1)
+        sampler = ReferenceBlind(optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)), constant_liar=parallel > 1))
     elif strategy == "gp":  # a Gaussian process over the categorical knobs (Optuna's GPSampler, torch)
-        sampler = optuna.samplers.GPSampler(seed=seed)
+        sampler = ReferenceBlind(optuna.samplers.GPSampler(seed=seed))
     elif strategy == "grid":
         grid = AskTellGridSampler({n: list(d.choices) for n, d in dists.items()}, seed=seed)  # type: ignore[attr-defined]
         if relations:  # the grid ids index the feasible points only

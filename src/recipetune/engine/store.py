@@ -56,6 +56,11 @@ from recipetune.core.recipe import Recipe, SearchSpace
 
 STUDY_NAME = "recipetune"
 INTERRUPTED = "interrupted: the campaign stopped while this trial ran"
+REFERENCE = "reference"  # the status of the baseline's curve in the study (add_reference): no campaign trial
+
+
+def is_reference(t: FrozenTrial) -> bool:
+    return t.user_attrs.get("status") == REFERENCE
 DRIVER = f"{socket.gethostname()}:{os.getpid()}"  # who runs a trial; a process is one driver
 
 CLAIMS = sa.Table(
@@ -358,7 +363,7 @@ class CampaignStore:
 
     def records(self) -> list[TrialRecord]:
         """The campaign's trials (not the baseline's reference curve, ``add_reference``)."""
-        return [_record(t) for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get("status") != "reference"]
+        return [_record(t) for t in self.study.get_trials(deepcopy=False) if not is_reference(t)]
 
     def fail_interrupted(self, mine: bool = True, gone: bool = True) -> list[TrialRecord]:
         """Mark trials left RUNNING by a stopped driver as failed; their recipes may run again.
@@ -569,10 +574,10 @@ class CampaignStore:
     def add_reference(self, values: dict[int, float], value: float) -> None:
         """The baseline's intermediate values, as a finished trial the pruner compares the others with
         (once per study; it has no recipe, so the search never reads it as a trial of its own)."""
-        if any(t.user_attrs.get("status") == "reference" for t in self.study.get_trials(deepcopy=False)):
+        if any(is_reference(t) for t in self.study.get_trials(deepcopy=False)):
             return
         self.study.add_trial(optuna.trial.create_trial(
-            value=value, intermediate_values=values, user_attrs={"status": "reference", "ran": False}))
+            value=value, intermediate_values=values, user_attrs={"status": REFERENCE, "ran": False}))
 
     # -- artifacts --------------------------------------------------------------------------
 
