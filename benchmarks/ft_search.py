@@ -156,46 +156,61 @@ class SearchOnly(ft.QualityJob):
         return Outcome("(search only)", [], finished.tree, runs=finished.runs)
 
 
-def trajectory(folder: Path, baseline: float) -> tuple[list[float], float]:
-    """Best validation metric after each experiment (the baseline before any), and the experiments'
-    own time (their reports' total, so a cached experiment counts what it took when it ran)."""
+def trajectory(folder: Path, baseline: float) -> tuple[list[float], list[float], int]:
+    """Best validation metric after each experiment (the baseline before any), the experiments' own
+    time so far after each (their ``wall_s.txt``: a cached experiment counts what it took when it
+    ran, a stopped one what it ran), and how many were stopped by the pruner."""
     from recipetune.engine.store import CampaignStore
 
-    best, out, seconds = baseline, [], 0.0
+    best, out, spent, seconds, pruned = baseline, [], [], 0.0, 0
     for rec in sorted(CampaignStore(folder).records(), key=lambda r: r.number):
         if not rec.attrs.get("ran") or rec.attrs.get("status") == "interrupted":
             continue
         value = rec.attrs.get("value") if rec.attrs.get("status") == "passed" else None
         best = max(best, value) if value is not None else best
+        pruned += rec.attrs.get("status") == "pruned"
         out.append(best)
         wall = Path(rec.attrs["run_dir"]) / "wall_s.txt" if rec.attrs.get("run_dir") else None
         seconds += float(wall.read_text()) if wall is not None and wall.exists() else rec.attrs.get("time_s") or 0.0
-    return out, seconds
+        spent.append(seconds)
+    return out, spent, pruned
 
 
 def table(out: Path, arms: list[str]) -> None:
-    """The ablation as markdown, from the campaign folders under ``out``."""
+    """The ablation as markdown, from the campaign folders under ``out``: per arm, over the search
+    seeds that ran to their budget (a campaign still running is left out)."""
     from recipetune.finetune.report import ExperimentReport
 
     for task_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name != "cache"):
         print(f"\n{task_dir.name}\n")
-        print("| arm | best validation, mean ± sd over seeds | per seed | experiments to reach it | "
-              "experiments' own time per campaign |")
-        print("|---|---|---|---|---|")
+        print("| arm | seeds | best validation, mean ± sd | per seed | experiments to reach it | "
+              "compute to reach it (s, mean) | compute per campaign (s, mean) | stopped early |")
+        print("|---|---|---|---|---|---|---|---|")
         for arm in arms:
-            bests, reach, secs = [], [], []
+            seeds, bests, reach, to_reach, secs, stops = [], [], [], [], [], []
             for folder in sorted(p for p in task_dir.glob(f"{arm}-*") if p.name.removeprefix(f"{arm}-").isdigit()):
+                meta = json.loads((folder / "campaign.json").read_text()) if (folder / "campaign.json").exists() else {}
                 base = ExperimentReport.model_validate_json((folder / "baseline" / "report.json").read_text())
-                traj, seconds = trajectory(folder, base.value or 0.0)
+                traj, spent, pruned = trajectory(folder, base.value or 0.0)
+                budget = meta.get("search", {}).get("budget", {}).get("trials") or len(traj)
+                if len(traj) < int(budget):
+                    continue  # still running
+                root_s = base.timings_s.get("total", 0.0)
                 best = max([base.value or 0.0, *traj])
+                seeds.append(folder.name.removeprefix(f"{arm}-"))
                 bests.append(best)
                 # experiments until the best was found; 0 when nothing beat the baseline
-                reach.append(next((i + 1 for i, v in enumerate(traj) if v >= best > (base.value or 0.0)), 0))
-                secs.append(seconds + base.timings_s.get("total", 0.0))
+                k = next((i + 1 for i, v in enumerate(traj) if v >= best > (base.value or 0.0)), 0)
+                reach.append(k)
+                to_reach.append(root_s + (spent[k - 1] if k else 0.0))
+                secs.append(root_s + (spent[-1] if spent else 0.0))
+                stops.append(pruned)
             if bests:
                 sd = statistics.stdev(bests) if len(bests) > 1 else 0.0
-                print(f"| {arm} | {statistics.fmean(bests):.4f} ± {sd:.4f} | {', '.join(f'{b:.4f}' for b in bests)} | "
-                      f"{', '.join(map(str, reach))} | {statistics.fmean(secs):.0f} s |")
+                print(f"| {arm} | {', '.join(seeds)} | {statistics.fmean(bests):.4f} ± {sd:.4f} | "
+                      f"{', '.join(f'{b:.4f}' for b in bests)} | {', '.join(map(str, reach))} | "
+                      f"{statistics.fmean(to_reach):.0f} | {statistics.fmean(secs):.0f} | "
+                      f"{', '.join(map(str, stops))} |")
 
 
 def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: MemoExecutor, final: bool) -> dict:
@@ -209,7 +224,8 @@ def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: Memo
     services = Services(p.store, memo, Quiet(f"{file.stem} {arm} {seed}"))
     outcome = run_search(job, c.cfg, services, meta=p.meta, snapshot=p.snapshot, resume=p.resume, proposer=p.proposer)
     root = outcome.tree.root.score or 0.0
-    traj, seconds = trajectory(folder, root)
+    traj, spent, _ = trajectory(folder, root)
+    seconds = spent[-1] if spent else 0.0
     best = outcome.tree.best()
     row: dict[str, Any] = {
         "task": file.stem, "arm": arm, "seed": seed, "baseline": root, "best": max([root, *traj]),
