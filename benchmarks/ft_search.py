@@ -14,13 +14,15 @@ budget of experiments, over several search seeds:
 
 Experiments are deterministic at a fixed seed (same data order, same initialisation, one thread),
 so an experiment one arm ran is not run again for another: its folder is reused from a cache
-(keyed by the experiment file, its overrides and the child's recipe and chain), and the wall time a
-campaign would have taken counts the cached experiment's own time. A pruned arm runs every
-experiment itself (whether a child is stopped depends on its campaign's study), and a child it
-stops counts the time it ran. ``--final`` also runs the
-decision of the first seed's MCTS campaign: its best node and the baseline on the test split over
-the file's ``search.seeds``. Writes ``summary.json`` and prints one table per task; ``--table`` prints
-the markdown table of docs/finetune.md from the campaign folders under ``--out``.
+(keyed by the experiment file, its overrides and the child's recipe and chain), and the time a
+campaign would have taken counts the cached experiment's own time. A cached experiment ran to its
+end with its validation checkpoints; a pruned arm replays them to its own pruner (``MemoExecutor``)
+and counts the time to where it stopped. ``--final`` also runs the decision of the first seed's
+MCTS campaign: its best node and the baseline on the test split over the file's ``search.seeds``;
+``--decide`` runs that decision for every campaign of the files, arms and seeds given that has run
+to its budget (arms that found the same best share its test runs). Writes ``summary-*.json`` and
+prints one table per task; ``--table`` prints the markdown table of docs/finetune.md from the
+campaign folders under ``--out``.
 """
 
 from __future__ import annotations
@@ -184,10 +186,10 @@ def table(out: Path, arms: list[str]) -> None:
     for task_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name != "cache"):
         print(f"\n{task_dir.name}\n")
         print("| arm | seeds | best validation, mean ± sd | per seed | experiments to reach it | "
-              "compute to reach it (s, mean) | compute per campaign (s, mean) | stopped early |")
-        print("|---|---|---|---|---|---|---|---|")
+              "compute to reach it (s, mean) | compute per campaign (s, mean) | stopped early | test-split decision |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for arm in arms:
-            seeds, bests, reach, to_reach, secs, stops = [], [], [], [], [], []
+            seeds, bests, reach, to_reach, secs, stops, decisions = [], [], [], [], [], [], []
             for folder in sorted(p for p in task_dir.glob(f"{arm}-*") if p.name.removeprefix(f"{arm}-").isdigit()):
                 meta = json.loads((folder / "campaign.json").read_text()) if (folder / "campaign.json").exists() else {}
                 base = ExperimentReport.model_validate_json((folder / "baseline" / "report.json").read_text())
@@ -205,12 +207,25 @@ def table(out: Path, arms: list[str]) -> None:
                 to_reach.append(root_s + (spent[k - 1] if k else 0.0))
                 secs.append(root_s + (spent[-1] if spent else 0.0))
                 stops.append(pruned)
+                verdict = json.loads((folder / "verdict.json").read_text()) if (folder / "verdict.json").exists() \
+                    else None
+                decisions.append(_decision(verdict))
             if bests:
                 sd = statistics.stdev(bests) if len(bests) > 1 else 0.0
                 print(f"| {arm} | {', '.join(seeds)} | {statistics.fmean(bests):.4f} ± {sd:.4f} | "
                       f"{', '.join(f'{b:.4f}' for b in bests)} | {', '.join(map(str, reach))} | "
                       f"{statistics.fmean(to_reach):.0f} | {statistics.fmean(secs):.0f} | "
-                      f"{', '.join(map(str, stops))} |")
+                      f"{', '.join(map(str, stops))} | {'; '.join(decisions)} |")
+
+
+def _decision(verdict: dict | None) -> str:
+    """``APPROVED +0.51 [+0.04, +0.98]`` from a campaign's verdict.json; ``–`` when not decided."""
+    if verdict is None:
+        return "–"
+    v = verdict.get("verdict") or {}
+    if v.get("gain") is None:
+        return verdict["decision"]
+    return f"{verdict['decision']} {v['gain']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]"
 
 
 def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: MemoExecutor, final: bool) -> dict:
@@ -241,6 +256,32 @@ def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: Memo
     return row
 
 
+def decide(file: Path, arm: str, seed: int, budget: int, out: Path, memo: MemoExecutor) -> None:
+    """The campaign's own decision (finetune/decide.py: its best node against the baseline on the
+    test split over the file's seeds), once it has run to its budget. The test evaluations of a
+    recipe are kept in ``out/final/<task>/<recipe id>`` and reused by the arms whose best it is too:
+    the same experiment at the same seeds gives the same figures."""
+    folder = out / file.stem / f"{arm}-{seed}"
+    if (folder / "verdict.json").exists() or not folder.exists():
+        return
+    from recipetune.engine.store import CampaignStore
+
+    ran = [r for r in CampaignStore(folder).records() if r.attrs.get("ran") and r.status != "interrupted"]
+    if len(ran) < budget:
+        print(f"  [{file.stem} {arm} {seed}] {len(ran)} of {budget} experiments: not decided yet")
+        return
+    shared = out / "final" / file.stem
+    shared.mkdir(parents=True, exist_ok=True)
+    for done in shared.iterdir():
+        if not (folder / "final" / done.name).exists():
+            shutil.copytree(done, folder / "final" / done.name)
+    row = campaign(file, arm, seed, budget, out, memo, final=True)
+    for mine in (folder / "final").iterdir() if (folder / "final").exists() else []:
+        if (mine / "final.json").exists() and not (shared / mine.name).exists():
+            shutil.copytree(mine, shared / mine.name)
+    print(f"  [{file.stem} {arm} {seed}] {row['decision']}: {'; '.join(row['final'].get('reasons', []))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
@@ -250,6 +291,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/ft-search"))
     parser.add_argument("--final", action="store_true", help="the test-split decision of the first MCTS campaign")
     parser.add_argument("--table", action="store_true", help="only print the markdown table of the campaigns in --out")
+    parser.add_argument("--decide", action="store_true",
+                        help="the test-split decision of each campaign of these files, arms and seeds that ran "
+                             "to its budget (a recipe's test evaluation is shared by the arms that found it)")
     args = parser.parse_args()
     if args.table:
         table(args.out, args.arms.split(","))
@@ -257,6 +301,12 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     arms = args.arms.split(",")
     memo = MemoExecutor(args.out / "cache")
+    if args.decide:
+        for file in args.files:
+            for seed in seeds:
+                for arm in arms:
+                    decide(file, arm, seed, args.budget, args.out, memo)
+        return
     rows = []
     # every task at a seed before the next seed: a sitting that stops early has compared the arms
     for seed in seeds:
