@@ -183,7 +183,7 @@ def table(out: Path, arms: list[str]) -> None:
     seeds that ran to their budget (a campaign still running is left out)."""
     from recipetune.finetune.report import ExperimentReport
 
-    for task_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name != "cache"):
+    for task_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name not in ("cache", "final")):
         print(f"\n{task_dir.name}\n")
         print("| arm | seeds | best validation, mean ± sd | per seed | experiments to reach it | "
               "compute to reach it (s, mean) | compute per campaign (s, mean) | stopped early | test-split decision |")
