@@ -89,7 +89,6 @@ def test_the_plain_baselines_run_through_the_engine(strategy, tmp_path):
     store.storage.engine.dispose()
 
 
-
 def test_a_replay_with_pruning_stops_only_runs_two_aa_spreads_below_the_median(tmp_path):
     """The speed job's windows in a replay (each the drawn run's rate; a table holds whole-run
     figures): a run stops only when even two A/A spreads of the baseline's repeats above its rate

@@ -57,11 +57,13 @@ from recipetune.core.recipe import Recipe, SearchSpace
 STUDY_NAME = "recipetune"
 INTERRUPTED = "interrupted: the campaign stopped while this trial ran"
 REFERENCE = "reference"  # the status of the baseline's curve in the study (add_reference): no campaign trial
+DRIVER = f"{socket.gethostname()}:{os.getpid()}"  # who runs a trial; a process is one driver
 
 
 def is_reference(t: FrozenTrial) -> bool:
+    """The baseline's curve (``add_reference``): a study trial that is none of the campaign's."""
     return t.user_attrs.get("status") == REFERENCE
-DRIVER = f"{socket.gethostname()}:{os.getpid()}"  # who runs a trial; a process is one driver
+
 
 CLAIMS = sa.Table(
     "recipetune_claims", sa.MetaData(),
