@@ -72,6 +72,7 @@ class Search:
         self.root = Root(None, None)  # the baseline, once start() measured it
         self.trial_s = 0.0  # seconds the trials have run, this session and before (budget.trial_s)
         self.spent = False  # every run slot of the study's shared budget is taken (store.take_run)
+        self.spent_checked = False  # a sync has looked for a dead driver's slots since it was spent
         self.elapsed_before = 0.0
         self.started = time.monotonic()
 
@@ -163,7 +164,7 @@ class Search:
             store.finish(number, None, {"status": "unrun", "ran": False,
                                         "cause": "the shared budget was spent by other drivers' runs"})
             store.unclaim(c.recipe.id)
-            self.spent = True
+            self.spent, self.spent_checked = True, False
             return None
         run_dir = store.run_dir(number, c.recipe)
         store.set_running(number, {"run_dir": str(run_dir), "ran": True, **checked.plan})
@@ -350,6 +351,10 @@ class Search:
             elif waiting and self.elsewhere:
                 time.sleep(1.0)  # polls the study while another driver runs what is left to try
                 self.last_sync = 0.0
+            elif self.spent and not self.spent_checked:
+                # the slots looked taken, maybe by a driver that died mid-trial: only a sync (at most
+                # every few seconds) frees them, so look once more before calling the budget spent
+                self.spent_checked, self.last_sync = True, 0.0
             else:
                 if stop:
                     self.reporter.phase(f"stopped: {stop}")
