@@ -35,7 +35,22 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
         pass
 
 
-class FeasibleSampler(optuna.samplers.BaseSampler):
+class _Wrapper(optuna.samplers.BaseSampler):
+    """A sampler around another one: the trial's life cycle goes to the wrapped sampler as it is."""
+
+    base: optuna.samplers.BaseSampler
+
+    def before_trial(self, study: optuna.Study, trial: Any) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+
+class FeasibleSampler(_Wrapper):
     """Draws the searched knobs jointly, each from the wrapped sampler's own choice for it, until
     the point keeps every relation; after ``tries`` draws the last one is repaired to the nearest
     feasible point (the fewest knobs moved). The study records what ran: always a feasible point."""
@@ -64,15 +79,6 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
                            param_distribution: BaseDistribution) -> Any:
         return self.base.sample_independent(study, trial, param_name, param_distribution)
 
-    def before_trial(self, study: optuna.Study, trial: Any) -> None:
-        self.base.before_trial(study, trial)
-
-    def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
-        self.base.after_trial(study, trial, state, values)
-
-    def reseed_rng(self) -> None:
-        self.base.reseed_rng()
-
 
 class _CampaignTrials:
     """A study as a model sampler should read it: without the baseline's reference curve, which the
@@ -96,7 +102,7 @@ class _CampaignTrials:
         return getattr(self._study, name)
 
 
-class ReferenceBlind(optuna.samplers.BaseSampler):
+class ReferenceBlind(_Wrapper):
     """A model sampler (TPE, GP) that reads the study's campaign trials only (``_CampaignTrials``)."""
 
     def __init__(self, base: optuna.samplers.BaseSampler):
@@ -113,15 +119,6 @@ class ReferenceBlind(optuna.samplers.BaseSampler):
                            param_distribution: BaseDistribution) -> Any:
         return self.base.sample_independent(_CampaignTrials(study), trial, param_name,  # type: ignore[arg-type]
                                             param_distribution)
-
-    def before_trial(self, study: optuna.Study, trial: Any) -> None:
-        self.base.before_trial(study, trial)
-
-    def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
-        self.base.after_trial(study, trial, state, values)
-
-    def reseed_rng(self) -> None:
-        self.base.reseed_rng()
 
 
 def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
