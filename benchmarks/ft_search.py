@@ -264,11 +264,9 @@ def decide(file: Path, arm: str, seed: int, budget: int, out: Path, memo: MemoEx
     folder = out / file.stem / f"{arm}-{seed}"
     if (folder / "verdict.json").exists() or not folder.exists():
         return
-    from recipetune.engine.store import CampaignStore
-
-    ran = [r for r in CampaignStore(folder).records() if r.attrs.get("ran") and r.status != "interrupted"]
-    if len(ran) < budget:
-        print(f"  [{file.stem} {arm} {seed}] {len(ran)} of {budget} experiments: not decided yet")
+    ran = len(trajectory(folder, 0.0)[0])  # the experiments that ran (not an interrupted one)
+    if ran < budget:
+        print(f"  [{file.stem} {arm} {seed}] {ran} of {budget} experiments: not decided yet")
         return
     shared = out / "final" / file.stem
     shared.mkdir(parents=True, exist_ok=True)

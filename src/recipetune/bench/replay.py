@@ -161,7 +161,7 @@ class TableJob:
     def start(self, services: Services) -> Root:
         self.services = services
         e = self.oracle.table.baseline_entry()
-        n = self.cfg.pruning.checkpoints if self.cfg.pruning.pruner != "none" else 0
+        n = self.cfg.pruning.reports
         return Root(self.oracle.result(e, e.ok_runs()[0]), 1.0, noise=self.oracle.noise,
                     curve={k: 1.0 for k in range(1, n + 1)})
 
@@ -182,7 +182,7 @@ class TableJob:
         upper bound two A/A spreads above. A run stopped at window k of N cost its start and k/(N+1)
         of its measured steps."""
         m = self.oracle.draw(entry)
-        n = self.cfg.pruning.checkpoints if self.cfg.pruning.pruner != "none" else 0
+        n = self.cfg.pruning.reports
         if not n or m.status != "ok" or not m.tokens_per_s:
             return entry, m, None
         value = m.tokens_per_s / self.oracle.base_tps

@@ -41,6 +41,11 @@ class Pruning(BaseModel):
                                                          "`eval_examples` rows at this many points of training)")
     eval_examples: int = Field(64, ge=1, description="the quality job: validation rows scored at a checkpoint")
 
+    @property
+    def reports(self) -> int:
+        """The reports a trial makes: ``checkpoints`` with a pruner, none without one."""
+        return self.checkpoints if self.pruner != "none" else 0
+
 
 class LLMSettings(BaseModel):
     """An OpenAI-compatible chat endpoint; empty fields fall back to RECIPETUNE_LLM_* variables."""

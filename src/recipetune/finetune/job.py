@@ -163,7 +163,7 @@ class QualityJob:
         """Run one child; with pruning, its checkpoints go to the pruner as it trains (``watch``)."""
         assert self.services is not None
         pruning = self.cfg.pruning
-        n = pruning.checkpoints if pruning.pruner != "none" else 0
+        n = pruning.reports
         done = threading.Event()
         if progress is not None:
             threading.Thread(target=follow_steps, args=(run_dir, progress, done), daemon=True).start()

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 from recipetune.engine.job import Reporter, Row
+from recipetune.engine.loop import FINISHED
 from recipetune.report.mlflow_export import export, require_mlflow
-
-LANDED = ("passed", "rejected", "failed", "pruned")
 
 
 class MlflowLive(Reporter):
@@ -32,7 +31,7 @@ class MlflowLive(Reporter):
                   f"`recipetune report {self.folder} --mlflow {self.uri}` exports it later", file=sys.stderr)
 
     def row(self, row: Row) -> None:
-        if row.number is not None and row.status in LANDED:
+        if row.number is not None and row.status in FINISHED:
             self._export()
 
     def close(self) -> None:
