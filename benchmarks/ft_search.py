@@ -49,6 +49,7 @@ ARMS = {
     "greedy": ["search.selection=greedy", "search.proposer=analyst"],
     "sequential": ["search.selection=sequential", "search.proposer=analyst"],
     "random": ["search.selection=uct", "search.proposer=random"],
+    "mcts-max": ["search.selection=uct", "search.proposer=analyst", "search.backup=max"],
 }
 PRUNED = ["search.pruning.pruner=median", "search.pruning.checkpoints=3"]
 ARMS |= {f"{arm}-pruned": [*ARMS[arm], *PRUNED] for arm in list(ARMS)}

@@ -380,6 +380,16 @@ def test_resume_refuses_a_changed_campaign(tmp_path):
         plan(make_campaign(tmp_path, {"impl": ["a", "b"]}), tmp_path / "campaign")
     with pytest.raises(ConfigError, match="no campaign to resume"):
         plan(make_campaign(tmp_path, {"impl": ["a", "b"]}), tmp_path / "elsewhere", resume=True)
+    with pytest.raises(ConfigError, match="backup"):  # what the tree's statistics mean changes the search
+        plan(make_campaign(tmp_path, {"impl": ["a", "b"]}, backup="max"), tmp_path / "campaign", resume=True)
+    # A campaign stored before the setting was recorded ran with the default: it resumes.
+    store = CampaignStore(tmp_path / "campaign")
+    meta = dict(store.study.user_attrs["campaign"])
+    del meta["backup"]
+    store.set_meta("campaign", meta)
+    plan(make_campaign(tmp_path, {"impl": ["a", "b"]}), tmp_path / "campaign", resume=True)
+    with pytest.raises(ConfigError, match="backup"):
+        plan(make_campaign(tmp_path, {"impl": ["a", "b"]}, backup="max"), tmp_path / "campaign", resume=True)
 
 
 # -- through the command line ---------------------------------------------------------------------------

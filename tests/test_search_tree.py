@@ -97,6 +97,80 @@ def test_exploration_term_can_beat_a_higher_mean():
     assert tree.select() is b
 
 
+def fair_branch_and_lucky_branch(backup: str) -> Tree:
+    """Rewards a few hundredths apart, as near a baseline: branch ``a`` holds the best node among two
+    poor siblings, branch ``b`` four fair ones. Mean-UCT prefers ``b`` (0.510 > 0.5025)."""
+    tree = Tree(BASE, exploration=C, backup=backup)  # type: ignore[arg-type]
+    tree.root.exhausted = True  # the choice is between the branches
+    a = tree.add(BASE.with_(a=2), tree.root, "passed", 0.52)
+    for i, r in enumerate((0.55, 0.47, 0.47)):
+        tree.add(a.recipe.with_(b=f"a{i}"), a, "passed", r)
+    b = tree.add(BASE.with_(a=3), tree.root, "passed", 0.51)
+    for i in range(3):
+        tree.add(b.recipe.with_(b=f"b{i}"), b, "passed", 0.51)
+    return tree
+
+
+def test_max_backup_deepens_the_branch_that_holds_the_best_node():
+    mean, best = fair_branch_and_lucky_branch("mean"), fair_branch_and_lucky_branch("max")
+    a_mean, a_best = mean.nodes[BASE.with_(a=2).id], best.nodes[BASE.with_(a=2).id]
+    assert mean.path(mean.select())[1] is not a_mean  # fooled by the best node's siblings
+    top = best.select()
+    assert best.path(top)[1] is a_best and top.reward == 0.55  # the best node itself is expanded
+
+
+@pytest.mark.parametrize("backup", ["mean", "max"])
+def test_max_backup_reads_rewards_at_any_scale(backup):
+    """A well-visited branch with the best rewards against one visited once with poor ones. Whether a
+    gain of 0.01 or 0.45 in reward, the scaled values rank alike; mean-UCT's choice flips with the
+    scale, since its exploration term does not shrink with the rewards' spread."""
+    picks = []
+    for eps in (0.01, 0.45):
+        tree = Tree(BASE, exploration=C, backup=backup)
+        tree.root.exhausted = True
+        w = tree.add(BASE.with_(a=2), tree.root, "passed", 0.5 + eps)
+        for i in range(5):
+            tree.add(w.recipe.with_(b=f"w{i}"), w, "passed", 0.5 + eps).exhausted = True
+        tree.add(BASE.with_(a=3), tree.root, "passed", 0.5 - eps)
+        picks.append(tree.path(tree.select())[1].recipe["a"])
+    if backup == "max":
+        assert picks == [2, 2]
+    else:
+        assert picks == [3, 2]
+
+
+def test_max_backup_still_explores_a_branch_seldom_visited():
+    """The equivalent case max must not lose: a branch tried once, at the median reward, beside a
+    well-explored branch with the best one, is tried again (the exploration term is not scaled away)."""
+    tree = Tree(BASE, exploration=C, backup="max")
+    tree.root.exhausted = True
+    top = tree.add(BASE.with_(a=2), tree.root, "passed", 0.6)
+    for i, r in enumerate((0.58, 0.56, 0.55, 0.54, 0.53, 0.52, 0.51, 0.5, 0.45)):
+        tree.add(top.recipe.with_(b=f"t{i}"), top, "passed", r).exhausted = True
+    top.exhausted = True
+    once = tree.add(BASE.with_(a=3), tree.root, "passed", 0.52)
+    assert tree.select() is once
+
+
+def test_max_backup_keeps_the_virtual_loss():
+    tree = Tree(BASE, exploration=C, backup="max")
+    tree.root.exhausted = True
+    a = tree.add(BASE.with_(a=2), tree.root, "passed", 0.6)
+    b = tree.add(BASE.with_(a=3), tree.root, "passed", 0.6)
+    first = tree.select()
+    tree.reserve(first)  # a trial under it is running: the next worker goes elsewhere
+    assert {first, tree.select()} == {a, b}
+    tree.release(first)
+    assert tree.select() is first
+
+
+def test_max_backup_with_equal_rewards_is_exploration_alone():
+    tree = Tree(BASE, exploration=C, backup="max")
+    assert tree.scaled(0.5) == 0.5  # one reward so far: no range to scale by
+    a = tree.add(BASE.with_(a=2), tree.root, "passed", 0.5)
+    assert tree.value(a) == 0.5 and tree.own_value(a) == 0.5
+
+
 def test_best_is_the_highest_screened_speedup_among_passed():
     tree = Tree(BASE)
     tree.add(BASE.with_(a=2), tree.root, "passed", 0.7, score=1.4)

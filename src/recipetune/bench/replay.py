@@ -43,8 +43,8 @@ from recipetune.execute.executor import LocalExecutor
 from recipetune.guard import stats
 from recipetune.speed.facts import BRIEFING, PLAYBOOK
 
-STRATEGIES = ("mcts-analyst", "mcts-analyst-model", "mcts-random", "greedy", "sequential", "tpe", "gp",
-              "optuna-random", "grid")
+STRATEGIES = ("mcts-analyst", "mcts-analyst-model", "mcts-analyst-max", "mcts-random", "greedy", "sequential",
+              "tpe", "gp", "optuna-random", "grid")
 SAMPLERS = {"tpe": "tpe", "gp": "gp", "optuna-random": "random", "grid": "grid"}
 
 
@@ -346,14 +346,16 @@ def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Pa
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # mcts-analyst-model: the analyst whose explore rule asks TPE fitted to the tree (search.explore: model);
+    # mcts-analyst-max: UCT on each subtree's best reward (search.backup: max)
+    name, _, mode = strategy.removeprefix("mcts-").partition("-")
     cfg = TreeSearchConfig(strategy=SAMPLERS.get(strategy, "mcts"), seed=seed,  # type: ignore[arg-type]
-                           budget={"trials": budget}, pruning={"pruner": pruner})  # type: ignore[arg-type]
+                           budget={"trials": budget}, pruning={"pruner": pruner},  # type: ignore[arg-type]
+                           backup="max" if mode == "max" else "mean")
     job = TableJob(oracle, cfg)
     job.trajectory = Trajectory(strategy, seed)
     store = CampaignStore(folder, None, sampler_for(strategy, oracle, seed))
     services = Services(store, LocalExecutor(), reporter or Reporter())
-    # mcts-analyst-model: the analyst whose explore rule asks TPE fitted to the tree (search.explore: model)
-    name, _, mode = strategy.removeprefix("mcts-").partition("-")
     explore: Explore = "model" if mode == "model" else "random"
     proposer = make_proposer(name, seed, builtin=PLAYBOOK, explore=explore) if strategy.startswith("mcts-") else None
     plain: dict[str, Callable[[Search], Strategy]] = {

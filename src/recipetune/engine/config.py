@@ -104,6 +104,9 @@ class TreeSearchConfig(BaseModel):
     )
     selection: Literal["uct", "greedy", "sequential"] = Field(
         "uct", description="which node mcts expands: uct (MCTS), or the ablation's greedy best-first / sequential")
+    backup: Literal["mean", "max"] = Field(
+        "mean", description="what a subtree is worth to uct: mean (its mean reward, classic UCT) or max (its best "
+                            "reward, min-max scaled over the tree's rewards: the campaign's result is its best node)")
     failure_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward of a rejected or failed trial")
     playbook: str | None = Field(None, description="extra analyst rules (YAML), added before the built-in ones")
     explore: Literal["model", "random"] = Field(

@@ -99,7 +99,7 @@ class Search:
             store.create(self.meta)
             store.write_json("campaign.json", self.snapshot)
         root = self.root = self.job.start(self.services)
-        self.tree = Tree(self.baseline, root.result, self.cfg.exploration, score=root.score)
+        self.tree = Tree(self.baseline, root.result, self.cfg.exploration, score=root.score, backup=self.cfg.backup)
         if root.curve and self.cfg.pruning.pruner != "none" and root.score is not None:
             store.add_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
         self.rebuild(store.records())

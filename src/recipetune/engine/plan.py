@@ -90,6 +90,10 @@ def build_proposer(cfg: TreeSearchConfig, file: Path, builtin: str | None = None
         raise ConfigError(file, f"search.{'llm' if cfg.proposer == 'llm' else 'proposer'}", str(e)) from None
 
 
+# Settings recorded since campaigns were first stored: a campaign without one ran with this value.
+ADDED_KEYS: dict[str, Any] = {"backup": "mean"}
+
+
 def check_folder(folder: Path, cfg: TreeSearchConfig, meta: dict[str, Any], resume: bool, keys: tuple[str, ...],
                  file: Path) -> int:
     """A new campaign needs an empty folder, a resumed one the same settings (``keys`` of ``meta``).
@@ -104,7 +108,7 @@ def check_folder(folder: Path, cfg: TreeSearchConfig, meta: dict[str, Any], resu
         return 0
     old_meta, n_done = CampaignStore(folder, cfg.storage).peek()
     for key in keys:
-        if old_meta.get(key) != meta[key]:
+        if old_meta.get(key, ADDED_KEYS.get(key)) != meta[key]:
             raise ConfigError(file, key.replace("_id", ""),
                               f"differs from the campaign being resumed in {folder} "
                               f"(was {json.dumps(old_meta.get(key))}); resume with the same file and overrides")

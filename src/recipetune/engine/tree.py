@@ -19,6 +19,17 @@ the job's normalised gain over the baseline. Rewards lie in [0, 1] and the basel
 A rejected or failed trial earns the penalty (0 by default) in both. On rewards in [0, 1] the
 classic exploration constant is c = 1/sqrt(2) (Kocsis & Szepesvari 2006).
 
+What a subtree is worth to UCT (``backup``):
+
+- ``mean``: the mean reward of its experiments, as in classic UCT, which estimates an arm's
+  expected payoff. A branch whose one excellent node sits among poor siblings scores below a branch
+  of uniformly fair ones, though the campaign's result is its single best node.
+- ``max``: the best reward in the subtree, scaled to [0, 1] between the lowest and highest reward in
+  the tree (min-max, as MuZero normalises its values). The best node is what a campaign returns, so
+  the branch that holds it is the one to deepen; and the scaling keeps the exploration term in
+  proportion, where rewards near the baseline differ by hundredths and c * sqrt(ln N / n) by tenths.
+  The measured case is in docs/finetune.md (the TREX ablation at 20 experiments).
+
 Parallel search uses virtual loss (Chaslot et al. 2008): while a trial runs, every node on its
 parent's path counts one more visit with reward 0 (``pending``), so the next selection sees that
 path as less promising and spreads the other workers over the tree instead of picking the same
@@ -36,6 +47,7 @@ from typing import Any, Literal
 from recipetune.core.recipe import Recipe
 
 NodeStatus = Literal["baseline", "passed", "rejected", "failed", "pruned"]
+Backup = Literal["mean", "max"]
 
 
 def reward(speedup: float | None, passed: bool, span: float = 4.0, penalty: float = 0.0) -> float:
@@ -72,8 +84,10 @@ class Node:
     trial: int | None = None  # the study's trial number
     result: Any = None  # what its run reported, for the proposer: a RunResult, an ExperimentReport
     children: list[Node] = field(default_factory=list)
+    reward: float | None = None  # its own reward; None for a recipe that never ran
     visits: int = 0
     total: float = 0.0
+    best: float = -math.inf  # the highest reward in its subtree
     pending: int = 0  # trials in flight below this node: virtual visits with reward 0
     exhausted: bool = False  # the proposer had nothing new to offer here
 
@@ -106,8 +120,9 @@ class Tree:
     """Every recipe a campaign tried, by id; a recipe is never added (hence never run) twice."""
 
     def __init__(self, baseline: Recipe, result: Any = None, exploration: float = 1 / math.sqrt(2),
-                 score: float | None = 1.0):
-        self.exploration = exploration
+                 score: float | None = 1.0, backup: Backup = "mean"):
+        self.exploration, self.backup = exploration, backup
+        self.low, self.high = math.inf, -math.inf  # the range of the rewards so far (backup: max)
         self.root = Node(baseline, None, "baseline", score=score, result=result)
         self.nodes: dict[str, Node] = {baseline.id: self.root}
         self.backpropagate(self.root, 0.5)  # the baseline's reward in every job
@@ -137,11 +152,34 @@ class Tree:
         return node
 
     def backpropagate(self, node: Node, value: float) -> None:
+        node.reward = value
+        self.low, self.high = min(self.low, value), max(self.high, value)
         walk: Node | None = node
         while walk is not None:
             walk.visits += 1
             walk.total += value
+            walk.best = max(walk.best, value)
             walk = walk.parent
+
+    def scaled(self, value: float) -> float:
+        """``value`` min-max scaled over the tree's rewards; 0.5 while they are all equal."""
+        return (value - self.low) / (self.high - self.low) if self.high > self.low else 0.5
+
+    def value(self, node: Node) -> float:
+        """What ``node``'s subtree is worth to UCT (``backup``), visits in flight counted as losses."""
+        n = node.visits + node.pending
+        if not node.visits:
+            return 0.0
+        if self.backup == "max":
+            return self.scaled(node.best) * node.visits / n
+        return node.total / n
+
+    def own_value(self, node: Node) -> float:
+        """What expanding ``node`` once more is worth: its subtree's mean (backup: mean), or its own
+        scaled reward (backup: max: its subtree's best is its children's to claim)."""
+        if self.backup == "max":
+            return self.scaled(node.reward) if node.reward is not None else 0.0
+        return self.value(node)
 
     def reserve(self, node: Node) -> None:
         """A trial under ``node`` started: a virtual loss on its path until ``release``."""
@@ -181,9 +219,8 @@ class Tree:
             return None
         c = self.exploration
 
-        def score(k: Node, parent_visits: int) -> float:  # visits in flight count as losses
-            n = k.visits + k.pending
-            return uct(k.total / n if n else 0.0, n, parent_visits, c)
+        def score(k: Node, parent_visits: int) -> float:
+            return uct(self.value(k), k.visits + k.pending, parent_visits, c)
 
         while True:
             kids = [k for k in node.children if self.live(k)]
@@ -192,9 +229,7 @@ class Tree:
             n_parent = node.visits + node.pending
             best = max(kids, key=lambda k: score(k, n_parent))
             if node.expandable:
-                n_self = node.visits + node.pending
-                widen = uct(node.total / n_self if n_self else 0.0, 1 + len(node.children) + node.pending,
-                            n_parent, c)
+                widen = uct(self.own_value(node), 1 + len(node.children) + node.pending, n_parent, c)
                 if widen > score(best, n_parent):
                     return node
             node = best

@@ -152,7 +152,7 @@ class FinetunePlan(Plan):
 
 # What a resumed campaign must keep. Not the final seeds: a close call can be settled by resuming with
 # more (search.seeds), and the seeds already evaluated are reused (finetune/final.py).
-RESUME_KEYS = ("baseline_id", "space", "strategy", "selection", "experiment", "data_steps")
+RESUME_KEYS = ("baseline_id", "space", "strategy", "selection", "backup", "experiment", "data_steps")
 
 
 def plan(c: FinetuneCampaign, folder: Path, resume: bool = False) -> FinetunePlan:
@@ -165,7 +165,8 @@ def plan(c: FinetuneCampaign, folder: Path, resume: bool = False) -> FinetunePla
         "job": "quality", "file": str(c.path.resolve()), "task": spec.task.name, "metric": spec.task.metric,
         "baseline": dict(c.baseline), "baseline_id": c.baseline.id, "experiment": c.experiment.id,
         "space": {n: list(v) for n, v in space.values.items()}, "data_steps": c.space.data_steps,
-        "strategy": cfg.strategy, "selection": cfg.selection, "proposer": cfg.proposer, "seeds": cfg.seeds,
+        "strategy": cfg.strategy, "selection": cfg.selection, "backup": cfg.backup, "proposer": cfg.proposer,
+        "seeds": cfg.seeds,
     }
     n_done = check_folder(folder, cfg, meta, resume, RESUME_KEYS, c.path)
     sampler = make_sampler(cfg.strategy, space, c.baseline, cfg.seed + n_done, c.space.relations(),

@@ -102,12 +102,12 @@ def campaign_meta(campaign: Campaign, space: SearchSpace, batch: BatchRule | Non
         "job": "speed", "file": str(campaign.path.resolve()), "workload": campaign.workload.kind,
         "baseline": dict(campaign.baseline), "baseline_id": campaign.baseline.id,
         "space": {n: list(v) for n, v in space.values.items()}, "allow_semantic": sorted(cfg.allow_semantic),
-        "strategy": cfg.strategy, "steps_per_trial": cfg.steps_per_trial,
+        "strategy": cfg.strategy, "backup": cfg.backup, "steps_per_trial": cfg.steps_per_trial,
         "global_batch": batch.meta() if batch is not None else None,
     }
 
 
-RESUME_KEYS = ("baseline_id", "space", "strategy", "steps_per_trial", "allow_semantic", "global_batch")
+RESUME_KEYS = ("baseline_id", "space", "strategy", "backup", "steps_per_trial", "allow_semantic", "global_batch")
 
 
 def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
