@@ -242,11 +242,6 @@ def decision_panel(outcome: Outcome, lines: list[Text], folder: Path, store: Cam
     return Panel(Group(*lines), title=f"[bold {style}]{outcome.decision}", border_style=style, expand=False)
 
 
-def option_overrides(overrides: list[str] | None, options: dict[str, object]) -> list[str]:
-    """The command line's ``key=value`` overrides, then a ``field=value`` for each option given."""
-    return [*(overrides or []), *(f"{key}={value}" for key, value in options.items() if value is not None)]
-
-
 def observers_for(folder: Path, mlflow: str | None) -> list[Reporter]:
     """The observers a campaign command's options ask for (``--mlflow``); bad input (exit 2), before
     anything is written, when this program has none or its extra is missing."""

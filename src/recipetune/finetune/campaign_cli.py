@@ -14,8 +14,9 @@ from rich.text import Text
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
+from recipetune.engine import options as opt
 from recipetune.engine.job import Outcome
-from recipetune.engine.live import Columns, LiveReporter, decision_panel, observers_for, option_overrides, run_live
+from recipetune.engine.live import Columns, LiveReporter, decision_panel, observers_for, run_live
 from recipetune.engine.plan import default_folder
 from recipetune.engine.store import CampaignStore
 
@@ -52,22 +53,18 @@ def finetune(
                                                      "section"),
     overrides: list[str] = typer.Argument(None, help="key=value: a recipe knob (lr=1e-3), or a dotted field "
                                                      "(search.seed=3, task.max_eval_examples=100)"),
-    budget: int | None = typer.Option(None, help="experiments to run (search.budget.trials)"),
-    budget_s: float | None = typer.Option(None, "--budget-s", help="seconds of trial time: no trial starts once "
-                                          "the trials have run this long (search.budget.trial_s)"),
-    pruner: str | None = typer.Option(None, help="stop early a trial that cannot plausibly win: none | median | "
-                                                 "percentile | successive_halving | hyperband | patient "
-                                                 "(search.pruning.pruner)"),
-    strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | gp | random | grid"),
-    proposer: str | None = typer.Option(None, help="analyst | random | llm (with --strategy mcts)"),
+    budget: opt.Budget = None,
+    budget_s: opt.BudgetS = None,
+    pruner: opt.Pruner = None,
+    strategy: opt.Strategy = None,
+    proposer: opt.Proposer = None,
     selection: str | None = typer.Option(None, help="uct | greedy | sequential: which node mcts expands"),
-    out: Path | None = typer.Option(None, help="campaign folder (default: campaigns/<file name>)"),
-    resume: bool = typer.Option(False, "--resume", help="continue the campaign in the folder"),
-    executor: str | None = typer.Option(None, help="local (default) | ray (execute.executor)"),
-    ray_address: str | None = typer.Option(None, help="'auto', ray://host:10001 (execute.ray_address)"),
-    parallel: int | None = typer.Option(None, help="experiments in flight at once, with --executor ray"),
-    mlflow: str | None = typer.Option(None, help="also log each experiment to this MLflow tracking URI as it "
-                                                 "lands (e.g. sqlite:///mlflow.db); needs the mlflow extra"),
+    out: opt.Out = None,
+    resume: opt.Resume = False,
+    executor: opt.Executor = None,
+    ray_address: opt.RayAddress = None,
+    parallel: opt.Parallel = None,
+    mlflow: opt.MLflow = None,
 ) -> None:
     """Search fine-tuning experiments (data chain + training recipe) from the file's baseline; approve
     one only on the test split, over seeds, with the gain's confidence interval above zero."""
@@ -76,11 +73,9 @@ def finetune(
     from recipetune.finetune import job as ft_job
     from recipetune.finetune.plan import load_finetune_campaign, plan
 
-    extra = option_overrides(overrides, {
-        "search.budget.trials": budget, "search.budget.trial_s": budget_s, "search.pruning.pruner": pruner,
-        "search.strategy": strategy, "search.proposer": proposer,
-        "search.selection": selection, "execute.executor": executor, "execute.ray_address": ray_address,
-        "execute.parallel": parallel})
+    extra = opt.option_overrides(overrides, dict(
+        budget=budget, budget_s=budget_s, pruner=pruner, strategy=strategy, proposer=proposer, executor=executor,
+        ray_address=ray_address, parallel=parallel, **{"search.selection": selection}))
     folder = out or default_folder(experiment_file)
     try:
         campaign = load_finetune_campaign(experiment_file, extra)

@@ -14,8 +14,9 @@ from recipetune.config import load_campaign
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
+from recipetune.engine import options as opt
 from recipetune.engine.job import Outcome
-from recipetune.engine.live import Columns, LiveReporter, decision_panel, observers_for, option_overrides, run_live
+from recipetune.engine.live import Columns, LiveReporter, decision_panel, observers_for, run_live
 from recipetune.engine.plan import default_folder
 from recipetune.engine.store import CampaignStore, DiskFull, StoreUnavailable
 from recipetune.execute.factory import make_executor
@@ -48,27 +49,22 @@ def verdict_panel(outcome: Outcome, folder: Path, baseline: Recipe, store: Campa
 def tune(
     campaign_file: Path = typer.Argument(..., help="campaign YAML"),
     overrides: list[str] = typer.Argument(None, help="key=value: a baseline knob, or a dotted field (search.seed=3)"),
-    budget: int | None = typer.Option(None, help="runs to execute (search.budget.trials)"),
-    budget_s: float | None = typer.Option(None, "--budget-s", help="seconds of trial time: no trial starts once "
-                                          "the trials have run this long (search.budget.trial_s)"),
-    pruner: str | None = typer.Option(None, help="stop early a trial that cannot plausibly win: none | median | "
-                                                 "percentile | successive_halving | hyperband | patient "
-                                                 "(search.pruning.pruner)"),
-    strategy: str | None = typer.Option(None, help="mcts (tree search) | tpe | gp | random | grid"),
-    proposer: str | None = typer.Option(None, help="analyst | random | llm (with --strategy mcts)"),
-    out: Path | None = typer.Option(None, help="campaign folder (default: campaigns/<file name>)"),
-    resume: bool = typer.Option(False, "--resume", help="continue the campaign in the folder"),
-    executor: str | None = typer.Option(None, help="local (default: one trial at a time) | ray (execute.executor)"),
-    ray_address: str | None = typer.Option(None, help="'auto', ray://host:10001 (execute.ray_address)"),
-    parallel: int | None = typer.Option(None, help="trials in flight at once, with --executor ray (execute.parallel)"),
-    mlflow: str | None = typer.Option(None, help="also log each trial to this MLflow tracking URI as it lands "
-                                                 "(e.g. sqlite:///mlflow.db); needs the mlflow extra"),
+    budget: opt.Budget = None,
+    budget_s: opt.BudgetS = None,
+    pruner: opt.Pruner = None,
+    strategy: opt.Strategy = None,
+    proposer: opt.Proposer = None,
+    out: opt.Out = None,
+    resume: opt.Resume = False,
+    executor: opt.Executor = None,
+    ray_address: opt.RayAddress = None,
+    parallel: opt.Parallel = None,
+    mlflow: opt.MLflow = None,
 ) -> None:
     """Search faster recipes from the campaign's baseline; approve one only on the guard's evidence."""
-    extra = option_overrides(overrides, {
-        "search.budget.trials": budget, "search.budget.trial_s": budget_s, "search.pruning.pruner": pruner,
-        "search.strategy": strategy, "search.proposer": proposer,
-        "execute.executor": executor, "execute.ray_address": ray_address, "execute.parallel": parallel})
+    extra = opt.option_overrides(overrides, dict(
+        budget=budget, budget_s=budget_s, pruner=pruner, strategy=strategy, proposer=proposer, executor=executor,
+        ray_address=ray_address, parallel=parallel))
     folder = out or default_folder(campaign_file)
     try:
         campaign = load_campaign(campaign_file, extra)
