@@ -105,8 +105,7 @@ class Oracle:
         self.relations = self.workload.relations()
         # the baseline's A/A noise, as its profile measures it: the spread of consecutive repeats
         tps = [m.tokens_per_s for m in self.table.baseline_entry().ok_runs() if m.tokens_per_s]
-        self.noise = stats.noise_margin([float(x) for x in stats.log_ratios(tps[1:], tps[:-1])], 0.0) \
-            if len(tps) > 1 else 0.0
+        self.noise = stats.noise_margin(stats.aa_log_ratios(tps), 0.0)
 
     def entry(self, recipe: Recipe) -> Entry | None:
         e = self.entries.get(recipe.id)

@@ -83,7 +83,7 @@ def build_profile(
     parity = settings.parity
     distinct = loss.independent_repeats(seeds, runs)
     throughputs = [r.summary().tokens_per_s_per_device for r in runs]
-    aa = [float(x) for x in stats.log_ratios(throughputs[1:], throughputs[:-1])] if len(runs) > 1 else []
+    aa = stats.aa_log_ratios(throughputs)
     tol, reference, kind = loss.tolerance(runs, parity, False, None, distinct)
     finals = [stats.mean_with_error([s.loss for s in loss.tail(r, loss.tokens(r)[-1], parity.tail)]).mean
               for r in runs]
@@ -129,7 +129,7 @@ def remeasure_throughput(
     runs = [run_checked(workload, with_seed(recipe, profile.seeds[0]), settings.speed.steps, out_dir / f"again-{k}",
                         settings, "baseline throughput run") for k in range(n)]
     rates = [r.summary().tokens_per_s_per_device for r in runs]
-    aa = [float(x) for x in stats.log_ratios(rates[1:], rates[:-1])]
+    aa = stats.aa_log_ratios(rates)
     noise = stats.noise_margin(aa, 0.0)
     note = (f"A/A noise {100 * before:.0f}% over the profile runs refused (above speed.max_noise "
             f"{100 * settings.speed.max_noise:.0f}%); measured again over {n} runs: {100 * noise:.0f}%")

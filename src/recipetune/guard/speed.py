@@ -91,8 +91,7 @@ def _pairs(workload: Workload, baseline: Recipe, candidate: Recipe, settings: Gu
 
 def own_aa(pairs: list[Pair]) -> list[float]:
     """A/A log ratios of the pairs' consecutive baseline runs."""
-    base = [p.baseline_tokens_per_s for p in pairs]
-    return [float(x) for x in stats.log_ratios(base[1:], base[:-1])] if len(base) > 1 else []
+    return stats.aa_log_ratios([p.baseline_tokens_per_s for p in pairs])
 
 
 def measure_speed(

@@ -241,6 +241,14 @@ def clears(ci: SpeedupCI, margin: float) -> bool:
     return ci.low > 1 + margin
 
 
+def aa_log_ratios(throughputs: Sequence[float]) -> list[float]:
+    """log(run i+1 / run i) over consecutive runs of one recipe: the A/A comparisons they hold
+    (none under two runs)."""
+    if len(throughputs) < 2:
+        return []
+    return [float(x) for x in log_ratios(throughputs[1:], throughputs[:-1])]
+
+
 def aa_spread(aa_log_ratios: Sequence[float]) -> float:
     """RMS of baseline-vs-baseline log ratios: how much one throughput comparison moves when nothing
     changed. RMS rather than standard deviation: an A/A ratio is expected to be 1, so any offset
