@@ -34,6 +34,7 @@ import shutil
 import statistics
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,44 +180,64 @@ def trajectory(folder: Path, baseline: float) -> tuple[list[float], list[float],
     return out, spent, pruned
 
 
-def table(out: Path, arms: list[str]) -> None:
-    """The ablation as markdown, from the campaign folders under ``out``: per arm, over the search
-    seeds that ran to their budget (a campaign still running is left out)."""
+@dataclass
+class Finish:
+    """One campaign that ran to its budget, as the table reads it."""
+
+    best: float
+    reach: int  # experiments until the best was found; 0 when nothing beat the baseline
+    to_reach_s: float
+    total_s: float
+    stopped: int
+    decision: str
+
+
+def finished_campaign(folder: Path) -> Finish | None:
+    """The campaign in ``folder``, or None while it is still running."""
     from recipetune.finetune.report import ExperimentReport
 
+    meta = json.loads((folder / "campaign.json").read_text()) if (folder / "campaign.json").exists() else {}
+    base = ExperimentReport.model_validate_json((folder / "baseline" / "report.json").read_text())
+    traj, spent, pruned = trajectory(folder, base.value or 0.0)
+    if len(traj) < int(meta.get("search", {}).get("budget", {}).get("trials") or len(traj)):
+        return None
+    root_s = base.timings_s.get("total", 0.0)
+    best = max([base.value or 0.0, *traj])
+    k = next((i + 1 for i, v in enumerate(traj) if v >= best > (base.value or 0.0)), 0)
+    verdict = json.loads((folder / "verdict.json").read_text()) if (folder / "verdict.json").exists() else None
+    return Finish(best, k, root_s + (spent[k - 1] if k else 0.0), root_s + (spent[-1] if spent else 0.0), pruned,
+                  _decision(verdict))
+
+
+def table(out: Path, arms: list[str]) -> None:
+    """The ablation as markdown, from the campaign folders under ``out``: per arm, over the search
+    seeds that ran to their budget (a campaign still running is left out). "Best arm" counts the
+    seeds where every arm of the table finished and this one's best was the highest (ties count)."""
     for task_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name not in ("cache", "final")):
-        print(f"\n{task_dir.name}\n")
-        print("| arm | seeds | best validation, mean ± sd | per seed | experiments to reach it | "
-              "compute to reach it (s, mean) | compute per campaign (s, mean) | stopped early | test-split decision |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        runs: dict[str, dict[str, Finish]] = {}
         for arm in arms:
-            seeds, bests, reach, to_reach, secs, stops, decisions = [], [], [], [], [], [], []
             for folder in sorted(p for p in task_dir.glob(f"{arm}-*") if p.name.removeprefix(f"{arm}-").isdigit()):
-                meta = json.loads((folder / "campaign.json").read_text()) if (folder / "campaign.json").exists() else {}
-                base = ExperimentReport.model_validate_json((folder / "baseline" / "report.json").read_text())
-                traj, spent, pruned = trajectory(folder, base.value or 0.0)
-                budget = meta.get("search", {}).get("budget", {}).get("trials") or len(traj)
-                if len(traj) < int(budget):
-                    continue  # still running
-                root_s = base.timings_s.get("total", 0.0)
-                best = max([base.value or 0.0, *traj])
-                seeds.append(folder.name.removeprefix(f"{arm}-"))
-                bests.append(best)
-                # experiments until the best was found; 0 when nothing beat the baseline
-                k = next((i + 1 for i, v in enumerate(traj) if v >= best > (base.value or 0.0)), 0)
-                reach.append(k)
-                to_reach.append(root_s + (spent[k - 1] if k else 0.0))
-                secs.append(root_s + (spent[-1] if spent else 0.0))
-                stops.append(pruned)
-                verdict = json.loads((folder / "verdict.json").read_text()) if (folder / "verdict.json").exists() \
-                    else None
-                decisions.append(_decision(verdict))
-            if bests:
-                sd = statistics.stdev(bests) if len(bests) > 1 else 0.0
-                print(f"| {arm} | {', '.join(seeds)} | {statistics.fmean(bests):.4f} ± {sd:.4f} | "
-                      f"{', '.join(f'{b:.4f}' for b in bests)} | {', '.join(map(str, reach))} | "
-                      f"{statistics.fmean(to_reach):.0f} | {statistics.fmean(secs):.0f} | "
-                      f"{', '.join(map(str, stops))} | {'; '.join(decisions)} |")
+                if (done := finished_campaign(folder)) is not None:
+                    runs.setdefault(arm, {})[folder.name.removeprefix(f"{arm}-")] = done
+        common = sorted(set.intersection(*(set(runs.get(arm, {})) for arm in arms)))
+        top = {seed: max(runs[arm][seed].best for arm in arms) for seed in common}
+        print(f"\n{task_dir.name}\n")
+        print("| arm | seeds | best validation, mean ± sd | per seed | best arm | experiments to reach it | "
+              "compute to reach it (s) | compute per campaign (s, mean) | stopped early | test-split decision |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for arm in arms:
+            done = runs.get(arm, {})
+            if not done:
+                continue
+            rows = list(done.values())
+            bests = [r.best for r in rows]
+            sd = statistics.stdev(bests) if len(bests) > 1 else 0.0
+            wins = sum(1 for seed in common if done[seed].best >= top[seed] - 1e-9)
+            print(f"| {arm} | {', '.join(done)} | {statistics.fmean(bests):.4f} ± {sd:.4f} | "
+                  f"{', '.join(f'{b:.4f}' for b in bests)} | {wins} of {len(common)} | "
+                  f"{', '.join(str(r.reach) for r in rows)} | {', '.join(f'{r.to_reach_s:.0f}' for r in rows)} | "
+                  f"{statistics.fmean(r.total_s for r in rows):.0f} | {', '.join(str(r.stopped) for r in rows)} | "
+                  f"{'; '.join(r.decision for r in rows)} |")
 
 
 def _decision(verdict: dict | None) -> str:
