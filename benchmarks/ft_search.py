@@ -51,6 +51,9 @@ ARMS = {
     "sequential": ["search.selection=sequential", "search.proposer=analyst"],
     "random": ["search.selection=uct", "search.proposer=random"],
     "mcts-max": ["search.selection=uct", "search.proposer=analyst", "search.backup=max"],
+    # a third of the default exploration: between mcts-max and greedy (c = 0 is best-first on the best reward)
+    "mcts-max-c0.25": ["search.selection=uct", "search.proposer=analyst", "search.backup=max",
+                       "search.exploration=0.25"],
 }
 PRUNED = ["search.pruning.pruner=median", "search.pruning.checkpoints=3"]
 ARMS |= {f"{arm}-pruned": [*ARMS[arm], *PRUNED] for arm in list(ARMS)}
