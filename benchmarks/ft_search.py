@@ -199,6 +199,8 @@ def finished_campaign(folder: Path) -> Finish | None:
     """The campaign in ``folder``, or None while it is still running."""
     from recipetune.finetune.report import ExperimentReport
 
+    if not (folder / "baseline" / "report.json").exists():
+        return None  # its baseline is still running
     meta = json.loads((folder / "campaign.json").read_text()) if (folder / "campaign.json").exists() else {}
     base = ExperimentReport.model_validate_json((folder / "baseline" / "report.json").read_text())
     traj, spent, pruned = trajectory(folder, base.value or 0.0)
@@ -214,16 +216,16 @@ def finished_campaign(folder: Path) -> Finish | None:
 
 def table(out: Path, arms: list[str]) -> None:
     """The ablation as markdown, from the campaign folders under ``out``: per arm, over the search
-    seeds that ran to their budget (a campaign still running is left out). "Best arm" counts the
-    seeds where every arm of the table finished and this one's best was the highest (ties count)."""
+    seeds that ran to their budget (a campaign still running is left out). "Best arm": at how many
+    of its seeds this arm's best was the highest of every arm that finished that seed (ties count)."""
     for task_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name not in ("cache", "final")):
         runs: dict[str, dict[str, Finish]] = {}
         for arm in arms:
             for folder in sorted(p for p in task_dir.glob(f"{arm}-*") if p.name.removeprefix(f"{arm}-").isdigit()):
                 if (done := finished_campaign(folder)) is not None:
                     runs.setdefault(arm, {})[folder.name.removeprefix(f"{arm}-")] = done
-        common = sorted(set.intersection(*(set(runs.get(arm, {})) for arm in arms)))
-        top = {seed: max(runs[arm][seed].best for arm in arms) for seed in common}
+        seeds = {seed for done in runs.values() for seed in done}
+        top = {seed: max(done[seed].best for done in runs.values() if seed in done) for seed in seeds}
         print(f"\n{task_dir.name}\n")
         print("| arm | seeds | best validation, mean ± sd | per seed | best arm | experiments to reach it | "
               "compute to reach it (s) | compute per campaign (s, mean) | stopped early | test-split decision |")
@@ -235,9 +237,9 @@ def table(out: Path, arms: list[str]) -> None:
             rows = list(done.values())
             bests = [r.best for r in rows]
             sd = statistics.stdev(bests) if len(bests) > 1 else 0.0
-            wins = sum(1 for seed in common if done[seed].best >= top[seed] - 1e-9)
+            wins = sum(1 for seed, r in done.items() if r.best >= top[seed] - 1e-9)
             print(f"| {arm} | {', '.join(done)} | {statistics.fmean(bests):.4f} ± {sd:.4f} | "
-                  f"{', '.join(f'{b:.4f}' for b in bests)} | {wins} of {len(common)} | "
+                  f"{', '.join(f'{b:.4f}' for b in bests)} | {wins} of {len(done)} | "
                   f"{', '.join(str(r.reach) for r in rows)} | {', '.join(f'{r.to_reach_s:.0f}' for r in rows)} | "
                   f"{statistics.fmean(r.total_s for r in rows):.0f} | {', '.join(str(r.stopped) for r in rows)} | "
                   f"{'; '.join(r.decision for r in rows)} |")
