@@ -193,6 +193,7 @@ class Finish:
     total_s: float
     stopped: int
     decision: str
+    test_gain: float | None  # the decision's gain on the test split (None: not decided)
 
 
 def finished_campaign(folder: Path) -> Finish | None:
@@ -211,7 +212,7 @@ def finished_campaign(folder: Path) -> Finish | None:
     k = next((i + 1 for i, v in enumerate(traj) if v >= best > (base.value or 0.0)), 0)
     verdict = json.loads((folder / "verdict.json").read_text()) if (folder / "verdict.json").exists() else None
     return Finish(best, k, root_s + (spent[k - 1] if k else 0.0), root_s + (spent[-1] if spent else 0.0), pruned,
-                  _decision(verdict))
+                  _decision(verdict), ((verdict or {}).get("verdict") or {}).get("gain"))
 
 
 def table(out: Path, arms: list[str]) -> None:
@@ -228,8 +229,9 @@ def table(out: Path, arms: list[str]) -> None:
         top = {seed: max(done[seed].best for done in runs.values() if seed in done) for seed in seeds}
         print(f"\n{task_dir.name}\n")
         print("| arm | seeds | best validation, mean ± sd | per seed | best arm | experiments to reach it | "
-              "compute to reach it (s) | compute per campaign (s, mean) | stopped early | test-split decision |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "compute to reach it (s) | compute per campaign (s, mean) | stopped early | test gain, mean | "
+              "test-split decision |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for arm in arms:
             done = runs.get(arm, {})
             if not done:
@@ -242,7 +244,13 @@ def table(out: Path, arms: list[str]) -> None:
                   f"{', '.join(f'{b:.4f}' for b in bests)} | {wins} of {len(done)} | "
                   f"{', '.join(str(r.reach) for r in rows)} | {', '.join(f'{r.to_reach_s:.0f}' for r in rows)} | "
                   f"{statistics.fmean(r.total_s for r in rows):.0f} | {', '.join(str(r.stopped) for r in rows)} | "
-                  f"{'; '.join(r.decision for r in rows)} |")
+                  f"{_mean([r.test_gain for r in rows])} | {'; '.join(r.decision for r in rows)} |")
+
+
+def _mean(gains: list[float | None]) -> str:
+    """``+0.133 (3)``: the mean over the decided seeds and how many they are; ``–`` when none is."""
+    known = [g for g in gains if g is not None]
+    return f"{statistics.fmean(known):+.3f} ({len(known)})" if known else "–"
 
 
 def _decision(verdict: dict | None) -> str:
