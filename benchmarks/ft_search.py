@@ -12,7 +12,8 @@ budget of experiments, over several search seeds:
     random      selection uct, random proposals
     ARM-pruned  the arm with the median pruner over 3 validation checkpoints per experiment
 
-Experiments are deterministic at a fixed seed (same data order, same initialisation, one thread),
+Experiments are deterministic at a fixed seed on one machine (same data order, same initialisation,
+one thread; another machine's CPU may round otherwise: keep a cache on the machine that filled it),
 so an experiment one arm ran is not run again for another: its folder is reused from a cache
 (keyed by the experiment file, its overrides and the child's recipe and chain), and the time a
 campaign would have taken counts the cached experiment's own time. A cached experiment ran to its
@@ -22,7 +23,7 @@ MCTS campaign: its best node and the baseline on the test split over the file's 
 ``--decide`` runs that decision for every campaign of the files, arms and seeds given that has run
 to its budget (arms that found the same best share its test runs). Writes ``summary-*.json`` and
 prints one table per task; ``--table`` prints the markdown table of docs/finetune.md from the
-campaign folders under ``--out``.
+campaign folders under ``--out`` (and ``--json FILE`` keeps its figures, trajectories included).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import shutil
 import statistics
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,9 @@ class Finish:
     stopped: int
     decision: str
     test_gain: float | None  # the decision's gain on the test split (None: not decided)
+    baseline: float = 0.0
+    trajectory: list[float] = field(default_factory=list)  # the best so far after each experiment
+    spent_s: list[float] = field(default_factory=list)  # the experiments' own seconds so far after each
 
 
 def finished_campaign(folder: Path) -> Finish | None:
@@ -212,19 +216,23 @@ def finished_campaign(folder: Path) -> Finish | None:
     k = next((i + 1 for i, v in enumerate(traj) if v >= best > (base.value or 0.0)), 0)
     verdict = json.loads((folder / "verdict.json").read_text()) if (folder / "verdict.json").exists() else None
     return Finish(best, k, root_s + (spent[k - 1] if k else 0.0), root_s + (spent[-1] if spent else 0.0), pruned,
-                  _decision(verdict), ((verdict or {}).get("verdict") or {}).get("gain"))
+                  _decision(verdict), ((verdict or {}).get("verdict") or {}).get("gain"),
+                  base.value or 0.0, traj, [round(s, 1) for s in spent])
 
 
-def table(out: Path, arms: list[str]) -> None:
+def table(out: Path, arms: list[str]) -> dict[str, dict[str, dict[str, Finish]]]:
     """The ablation as markdown, from the campaign folders under ``out``: per arm, over the search
     seeds that ran to their budget (a campaign still running is left out). "Best arm": at how many
-    of its seeds this arm's best was the highest of every arm that finished that seed (ties count)."""
+    of its seeds this arm's best was the highest of every arm that finished that seed (ties count).
+    Returns what it read, task -> arm -> seed -> campaign (``--json`` keeps it)."""
+    every: dict[str, dict[str, dict[str, Finish]]] = {}
     for task_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name not in ("cache", "final")):
         runs: dict[str, dict[str, Finish]] = {}
         for arm in arms:
             for folder in sorted(p for p in task_dir.glob(f"{arm}-*") if p.name.removeprefix(f"{arm}-").isdigit()):
                 if (done := finished_campaign(folder)) is not None:
                     runs.setdefault(arm, {})[folder.name.removeprefix(f"{arm}-")] = done
+        every[task_dir.name] = runs
         seeds = {seed for done in runs.values() for seed in done}
         top = {seed: max(done[seed].best for done in runs.values() if seed in done) for seed in seeds}
         print(f"\n{task_dir.name}\n")
@@ -245,6 +253,7 @@ def table(out: Path, arms: list[str]) -> None:
                   f"{', '.join(str(r.reach) for r in rows)} | {', '.join(f'{r.to_reach_s:.0f}' for r in rows)} | "
                   f"{statistics.fmean(r.total_s for r in rows):.0f} | {', '.join(str(r.stopped) for r in rows)} | "
                   f"{_mean([r.test_gain for r in rows])} | {'; '.join(r.decision for r in rows)} |")
+    return every
 
 
 def _mean(gains: list[float | None]) -> str:
@@ -324,12 +333,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/ft-search"))
     parser.add_argument("--final", action="store_true", help="the test-split decision of the first MCTS campaign")
     parser.add_argument("--table", action="store_true", help="only print the markdown table of the campaigns in --out")
+    parser.add_argument("--json", type=Path, help="with --table: also write every campaign's figures here")
     parser.add_argument("--decide", action="store_true",
                         help="the test-split decision of each campaign of these files, arms and seeds that ran "
                              "to its budget (a recipe's test evaluation is shared by the arms that found it)")
     args = parser.parse_args()
     if args.table:
-        table(args.out, args.arms.split(","))
+        every = table(args.out, args.arms.split(","))
+        if args.json:
+            args.json.write_text(json.dumps({task: {arm: {seed: asdict(f) for seed, f in done.items()}
+                                                    for arm, done in runs.items()} for task, runs in every.items()},
+                                            indent=1) + "\n")
         return
     seeds = [int(s) for s in args.seeds.split(",")]
     arms = args.arms.split(",")
