@@ -350,3 +350,27 @@ def test_a_speed_window_is_stoppable_only_beyond_two_aa_spreads(slower, stops, t
     assert [r["checkpoint"] for r in reports] == [1, 2, 3]
     assert all(r["value"] == pytest.approx(slower) for r in reports)
     assert all((r["upper"] < 1.0) == stops for r in reports)  # Search.prune: stopped only when upper < median
+
+
+def test_a_pruned_childs_reward_is_its_gain_over_the_baseline_at_the_same_checkpoint(tiny_ft):
+    # Early in training every run scores low. Baseline: 0.09 at checkpoint 1 of 3 (64 rows), 0.45 at
+    # its end. A child stopped at checkpoint 1 at the baseline's own 0.09 has lost nothing so far; scored
+    # against the final 0.45 it earned 0.10, the reward of a child that lost 80% of the baseline, and
+    # UCT shunned its branch (stdlib-module, search seed 1). One two rows behind the baseline at that
+    # checkpoint (2-3 times the 64-row noise would be 0.03-0.05 below) still earns less than 0.5.
+    tmp_path, files, model = tiny_ft
+    file = experiment_file(tmp_path, files, model, search={"knobs": {"lr": [1e-3, 3e-3]},
+                                                           "pruning": {"pruner": "median"}})
+    c = ftp.load_finetune_campaign(file)
+    job = ft.QualityJob(ftp.plan(c, tmp_path / "camp"))
+    job.root_value, job.root_curve = 0.45, {1: 6 / 64, 2: 19 / 64, 3: 28 / 64}
+    level = job.land(ft.Pruned(1, 3, 6 / 64, 64), c.baseline, tmp_path)
+    behind = job.land(ft.Pruned(1, 3, 4 / 64, 64), c.baseline, tmp_path)
+    later = job.land(ft.Pruned(2, 3, 17 / 64, 64), c.baseline, tmp_path)
+    assert level.status == behind.status == "pruned" and level.reward == 0.5
+    assert metric_reward(6 / 64, 0.45, True) < 0.15  # what the final value as reference made of it
+    assert behind.reward == metric_reward(4 / 64, 6 / 64, True) < 0.5
+    assert later.reward == metric_reward(17 / 64, 19 / 64, True) and later.figures["baseline_at_prune"] == 19 / 64
+    # a baseline that reported no checkpoints (pruning turned on for a resumed campaign): its final value
+    job.root_curve = {}
+    assert job.land(ft.Pruned(1, 3, 6 / 64, 64), c.baseline, tmp_path).reward == metric_reward(6 / 64, 0.45, True)

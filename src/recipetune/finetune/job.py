@@ -157,6 +157,7 @@ class QualityJob:
         self.briefing = {"facts": experiment_facts, "goal": GOAL, "profile": PROFILE, "details": worst_cases,
                          "score_name": f"validation_{self.metric}", "max_chars": self.cfg.context_chars}
         self.root_value = 0.0
+        self.root_curve: dict[int, float] = {}  # the baseline's checkpoints, when it reported them
         self.services: Services | None = None
 
     def child(self, recipe: Recipe, run_dir: Path, progress: Progress | None = None) -> Future:
@@ -195,8 +196,8 @@ class QualityJob:
                        f"({report.validation.n_examples} examples; {diagnosis(report) or 'no errors'}); "  # type: ignore[union-attr]
                        f"data version {report.data.id}, {report.data.rows_out} rows")
         # the baseline's checkpoints: what the pruner compares every child with at the same checkpoint
-        curve = {int(x["checkpoint"]): float(x["value"]) for x in progress_lines(folder)}
-        return Root(report, self.root_value, curve=curve)
+        self.root_curve = {int(x["checkpoint"]): float(x["value"]) for x in progress_lines(folder)}
+        return Root(report, self.root_value, curve=self.root_curve)
 
     def check(self, recipe: Recipe) -> Checked:
         try:
@@ -222,8 +223,14 @@ class QualityJob:
             at = f"checkpoint {result.checkpoint}/{result.of}"
             cause = (f"pruned at {at}: validation {self.metric} {result.value:.4f} on {result.examples} rows "
                      f"({self.cfg.pruning.pruner} pruner)")
-            return Landing("pruned", None, metric_reward(result.value, self.root_value, True, penalty), cause,
-                           {"run_status": "pruned", "pruned_at": result.checkpoint, "value_at_prune": result.value})
+            # Its gain is over the baseline at the same checkpoint, on the same rows: a third of the way in
+            # every run scores low, the baseline too, so against the baseline's final value a child that
+            # kept pace with it would earn the reward of one that lost most of it, and UCT would shun its
+            # branch. (A baseline that reported no checkpoints leaves only its final value to compare.)
+            reference = self.root_curve.get(result.checkpoint, self.root_value)
+            return Landing("pruned", None, metric_reward(result.value, reference, True, penalty), cause,
+                           {"run_status": "pruned", "pruned_at": result.checkpoint, "value_at_prune": result.value,
+                            "baseline_at_prune": reference})
         if isinstance(result, Failed):
             return Landing("failed", None, penalty, f"{result.status}: {result.cause}", {"run_status": result.status})
         figures = experiment_figures(result, self.root_value)
