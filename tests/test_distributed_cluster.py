@@ -82,7 +82,10 @@ def remove_node_when_training(cluster: Cluster, trials: Path, killed: dict) -> t
 
 
 def test_trials_spread_over_nodes_and_a_node_killed_mid_trial_reruns_elsewhere(cluster, tmp_path):
-    camp = load_campaign(campaign_file(tmp_path, budget=4, delay=0.15))  # parallel 2, one CPU a trial
+    # parallel 2, one CPU a trial. Each step takes 0.4 s so that the kill, which comes two steps in,
+    # lands seconds before the run would end: with 0.15 s a loaded CI machine once let trial 0 finish on
+    # the node before the node was gone, and there was no second attempt to check.
+    camp = load_campaign(campaign_file(tmp_path, budget=4, delay=0.4))
     p = plan(camp, tmp_path / "out")
     executor = RayExecutor(camp.config.execute, 1, camp.path, shared=[p.store.folder, camp.path])
     killed: dict = {}

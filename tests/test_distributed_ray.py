@@ -220,3 +220,25 @@ def test_parallel_that_would_share_hardware_is_refused(cluster, tmp_path):
     assert "--parallel" in text and f"holds {CPUS} at once" in text and not out.exists()
     with pytest.raises(ConfigError, match="execute.resources: no 1 node"):
         RayExecutor(load_campaign(f, ["execute.resources.gpus=1"]).config.execute, 1, f)
+
+
+def test_a_node_gone_between_listing_and_probe_is_skipped_but_a_live_one_that_fails_is_not(cluster, tmp_path,
+                                                                                              monkeypatch):
+    """The cluster test's shape (a worker node removed just before the next campaign starts) on one
+    node: a listing that still shows a node that has already left. Its probe cannot be placed; the
+    check goes on with the nodes that remain. The same unplaceable probe on a node the cluster still
+    calls alive is a fault and is raised, not skipped."""
+    import recipetune.execute.ray as ray_mod
+
+    f = campaign_file(tmp_path, budget=1)
+    real = ray.nodes
+    phantom = {**next(n for n in real() if n["Alive"]), "NodeID": "ab" * 28}  # a node id no raylet has
+
+    monkeypatch.setattr(ray_mod.ray, "nodes", lambda: [*real(), phantom])
+    monkeypatch.setattr(ray_mod, "_alive", lambda node_id: False)  # it left: the re-listing no longer has it
+    ray_mod.check_shared([f, tmp_path / "out"], f, timeout_s=60)  # the live node sees everything: passes
+    assert not list(tmp_path.glob(".recipetune-shared-check-*"))
+
+    monkeypatch.setattr(ray_mod, "_alive", lambda node_id: True)  # still listed alive: not skipped
+    with pytest.raises(ray.exceptions.TaskUnschedulableError):
+        ray_mod.check_shared([f], f, timeout_s=60)

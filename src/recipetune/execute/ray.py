@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import RayError, RayTaskError
+from ray.exceptions import NodeDiedError, RayError, RayTaskError, TaskUnschedulableError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -144,7 +144,17 @@ def check_shared(paths: Sequence[Path], file: str | Path, timeout_s: float = 120
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         refs = [_probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
                 .remote(expected) for n in nodes]
-        answers = ray.get(refs, timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        answers: list[list[str] | None] = []
+        for node, ref in zip(nodes, refs, strict=True):
+            try:
+                answers.append(ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0)))
+            except (TaskUnschedulableError, NodeDiedError):
+                # The node left between the listing and the probe: it runs nothing of this campaign.
+                # One still alive that cannot take the probe is a cluster fault, not a gap to skip.
+                if _alive(node["NodeID"]):
+                    raise
+                answers.append(None)
     finally:
         for token in tokens:
             token.unlink(missing_ok=True)
@@ -155,6 +165,10 @@ def check_shared(paths: Sequence[Path], file: str | Path, timeout_s: float = 120
                               f"does: {'; '.join(problems)}. Every node needs the campaign folder and the files "
                               "the runs read at the same paths: put them on a filesystem the whole cluster "
                               "mounts (docs/distributed.md)")
+
+
+def _alive(node_id: str) -> bool:
+    return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
 
 
 @contextlib.contextmanager
