@@ -6,6 +6,7 @@ import json
 
 import optuna
 import pytest
+import sqlalchemy as sa
 
 from recipetune.core.recipe import Knob, KnobSet, Recipe, SearchSpace
 from recipetune.engine.store import INTERRUPTED, CampaignStore, distributions
@@ -86,3 +87,25 @@ def test_ask_lets_the_sampler_choose(tmp_path):
     n = store.begin(recipe, dists, {"parent": BASE.id}, trial)
     store.finish(n, 1.1, {"status": "passed"})
     assert store.records()[0].recipe == recipe
+
+
+def test_a_schema_another_process_stamped_meanwhile_is_used_not_a_crash(tmp_path, monkeypatch):
+    """The race a campaign once lost on CI: `recipetune show` (or a second driver) opened the study
+    file just as the campaign created it; both saw no schema version and both stamped it, and the
+    second stamp failed (UNIQUE constraint failed: alembic_version.version_num)."""
+    from optuna.storages._rdb.storage import _VersionManager
+
+    real = _VersionManager._set_alembic_revision
+    raced: list[str] = []
+
+    def the_other_process_first(self, revision):  # type: ignore[no-untyped-def]
+        if not raced:  # the other process's stamp lands between our look and our own insert
+            raced.append(revision)
+            real(self, revision)
+            raise sa.exc.IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed"))
+        real(self, revision)
+
+    monkeypatch.setattr(_VersionManager, "_set_alembic_revision", the_other_process_first)
+    store = CampaignStore(tmp_path / "c")
+    store.create({"baseline_id": BASE.id})
+    assert raced and store.exists() and CampaignStore(tmp_path / "c").peek()[0]["baseline_id"] == BASE.id

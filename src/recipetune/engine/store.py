@@ -302,10 +302,20 @@ class CampaignStore:
             engine_kwargs = {} if sqlite else {"pool_pre_ping": True}
 
             def connect() -> optuna.storages.RDBStorage:
-                with warnings.catch_warnings():  # heartbeats are marked experimental
-                    warnings.simplefilter("ignore")
-                    storage = _PatientStorage(self.url, engine_kwargs=engine_kwargs,
-                                              heartbeat_interval=self.heartbeat_s, grace_period=2 * self.heartbeat_s)
+                for attempt in range(3):
+                    try:
+                        with warnings.catch_warnings():  # heartbeats are marked experimental
+                            warnings.simplefilter("ignore")
+                            storage = _PatientStorage(self.url, engine_kwargs=engine_kwargs,
+                                                      heartbeat_interval=self.heartbeat_s,
+                                                      grace_period=2 * self.heartbeat_s)
+                        break
+                    except sa.exc.IntegrityError:
+                        # Another process (a second driver, `recipetune show` on a campaign just
+                        # starting) stamped the new schema's version between Optuna's look and its
+                        # own stamp: the schema is complete now, and the next look finds it so.
+                        if attempt == 2:
+                            raise
                 storage.retry_s = self.db_retry_s
                 return storage
 
