@@ -141,6 +141,26 @@ def test_analyst_reads_the_executor_report(tiny_ft, tmp_path):
     assert {"data_near_dedup": True} in edits
 
 
+
+def test_two_moves_that_each_helped_are_one_child_apart(tiny_ft, tmp_path):
+    """The shape of stdlib-module at seed 1 (docs/finetune.md, "MCTS against the other arms"): lr and a
+    data step each beat the baseline; expanding the lr node, the built-in playbook's first child adds
+    the data step, ahead of the report's own rules. A data step that hurt is not carried over."""
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft, data={
+        "near_dedup": {"op": "dedup_near", "threshold": 0.9}, "exact": {"op": "dedup_exact"}}))
+    p = ftp.plan(c, tmp_path / "camp")
+    tree = Tree(c.baseline, fake_report(tmp_path / "r0", {"wrong": 0.6}), score=0.417)
+    ctx = SearchContext(c.space, c.baseline, p.space, tree, facts=experiment_facts)
+    lr = tree.add(c.baseline.with_(lr=0.003), tree.root, "passed", 0.55, score=0.464,
+                  result=fake_report(tmp_path / "r1", {"wrong": 0.5}, loss=(2.0, 1.6), value=0.464))
+    tree.add(c.baseline.with_(data_near_dedup=True), tree.root, "passed", 0.52, score=0.437)
+    tree.add(c.baseline.with_(data_exact=True), tree.root, "passed", 0.4, score=0.384)
+    proposals = make_proposer("analyst", builtin=ftp.PLAYBOOK).propose(lr, ctx, 4)
+    assert proposals[0].edits == {"data_near_dedup": True}, [pr.rationale for pr in proposals]
+    assert proposals[0].rationale.startswith("combine-what-helped: data_near_dedup=true raised the baseline "
+                                             "0.417 -> 0.437 (+0.02); made here on [lr=0.003]")
+    assert {"data_exact": True} not in [pr.edits for pr in proposals[:1]]
+
 def test_llm_context_is_compressed_within_its_size(tiny_ft, tmp_path):
     c = ftp.load_finetune_campaign(campaign_file(tiny_ft))
     p = ftp.plan(c, tmp_path / "camp")

@@ -162,6 +162,15 @@ def _fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else json.dumps(value)
 
 
+def _show(edits: dict[str, Scalar]) -> str:
+    return ", ".join(f"{n}={_fmt(v)}" for n, v in edits.items())
+
+
+def _where(node: Node, root: Node) -> str:
+    """A node as a rationale names it: the baseline, or its changes from the baseline."""
+    return "the baseline" if node is root or node.parent is None else f"[{node.recipe.describe_diff(root.recipe)}]"
+
+
 # ---------------------------------------------------------------------------------------------
 # The analyst: rules from a playbook.
 
@@ -175,28 +184,35 @@ class Action(BaseModel):
     move: Literal["up", "down"] | None = None
     each: bool = False
     to: str | None = Field(None, description="an expression over the facts, e.g. 'global_batch_size // nproc'")
+    helped: bool = Field(False, description="each move (of these knobs) that raised its parent's score elsewhere "
+                                            "in the tree, made on this node; the largest gain first")
 
     @model_validator(mode="after")
     def _one_kind(self) -> Action:
-        kinds = (self.set is not None) + (self.move is not None) + self.each + (self.to is not None)
+        kinds = (self.set is not None) + (self.move is not None) + self.each + (self.to is not None) + self.helped
         if kinds != 1:
-            raise ValueError("an action needs exactly one of: set: VALUE, move: up|down, each: true, to: EXPR")
-        if self.knob == "*" and not self.each:
-            raise ValueError("knob '*' only works with each: true")
+            raise ValueError("an action needs exactly one of: set: VALUE, move: up|down, each: true, to: EXPR, "
+                             "helped: true")
+        if self.knob == "*" and not (self.each or self.helped):
+            raise ValueError("knob '*' only works with each: true or helped: true")
         if self.knob.endswith("*") and self.move is not None:
             raise ValueError("a knob pattern ending in '*' works with set or each, not move")
         if self.to is not None:
             parse(self.to)
         return self
 
+    def knobs(self, space: SearchSpace, glossary: Glossary | None = None) -> list[str]:
+        """The knobs the action may change: a playbook name maps to the knob that means it."""
+        if self.knob.endswith("*"):  # "*": every searchable knob; "data_*": those named data_...
+            return [k for k in space.values if k.startswith(self.knob[:-1])]
+        return [glossary.knob(self.knob) if glossary else self.knob]
+
     def edits(self, recipe: Recipe, space: SearchSpace, facts: dict[str, Any],
               glossary: Glossary | None = None) -> Iterator[dict[str, Scalar]]:
-        """Edits of the workload's own knobs: a playbook name maps to the knob that means it."""
-        if self.knob.endswith("*"):  # "*": every searchable knob; "data_*": those named data_...
-            knobs = [k for k in space.values if k.startswith(self.knob[:-1])]
-        else:
-            knobs = [glossary.knob(self.knob) if glossary else self.knob]
-        for knob in knobs:
+        """Edits of the workload's own knobs (``helped`` reads the tree: ``helped_moves``)."""
+        if self.helped:
+            return
+        for knob in self.knobs(space, glossary):
             values = space.values.get(knob)
             if not values:
                 continue  # not searchable in this campaign
@@ -289,6 +305,31 @@ def load_playbook(path: str | Path | None = None, builtin: str | None = None) ->
         raise validation_error(e, where, error=PlaybookError) from None
 
 
+def helped_moves(tree: Tree, knobs: list[str]) -> list[tuple[dict[str, Scalar], Node, float]]:
+    """Every move in the tree that raised its parent's score: (the knobs it changed, as the child
+    has them; the child; its gain on the parent), the largest gain first, each move once (at its
+    largest gain). Only a node that ran to its end counts: a pruned child's value is from a
+    checkpoint, a failed or refused one has none. Only moves within ``knobs``.
+
+    Made on another node, such a move is a step the tree has already seen pay off: where two moves
+    each helped on their own, their combination is one child away instead of two expansions deep."""
+    best: dict[str, tuple[dict[str, Scalar], Node, float]] = {}
+    allowed = set(knobs)
+    for child in tree:
+        parent = child.parent
+        if (parent is None or child.status != "passed" or child.score is None or parent.score is None
+                or not math.isfinite(child.score) or not math.isfinite(parent.score)):
+            continue
+        gain = child.score - parent.score
+        move = {n: new for n, (_, new) in child.recipe.diff(parent.recipe).items()}
+        if gain <= 0 or not move or not set(move) <= allowed:
+            continue
+        key = json.dumps(move, sort_keys=True, default=str)
+        if key not in best or gain > best[key][2]:
+            best[key] = (move, child, gain)
+    return sorted(best.values(), key=lambda m: -m[2])
+
+
 def _gamma(n: int) -> int:
     """How many of ``n`` nodes TPE counts as good: Optuna's default ``gamma``, for the rationale."""
     return min(math.ceil(0.1 * n), 25)
@@ -347,12 +388,15 @@ class SpaceModel:
 
 
 # One child an analyst rule offers: the edits, whether those knobs stay as asked when relations are
-# repaired, and the model's note where the model drew it.
+# repaired, and its own account where the model drew it or it is a move that helped elsewhere.
 Option = tuple[dict[str, Scalar], bool, str]
 
 
 class AnalystProposer:
     """Rules over the node's profile, in playbook order, one proposal per fired rule per pass.
+
+    A ``helped`` rule proposes, on this node, the moves that raised their parent's score elsewhere in
+    the tree (``helped_moves``; its rationale names the move, where it helped and by how much).
 
     The undirected rule (``knob: "*"``, the playbooks' last, ``explore``) proposes, with ``explore:
     model``, what ``SpaceModel`` draws first (its rationale says so), then, as with ``random``, one
@@ -381,9 +425,17 @@ class AnalystProposer:
         for rule in self.fired(facts):
             options: list[Option] = [(e, True, "") for e in
                                      rule.action.edits(node.recipe, context.space, facts, context.glossary)]
-            if rule.action.knob.endswith("*"):
+            if rule.action.helped:
+                root = context.tree.root
+                options = [(move, True, f"{_show(move)} raised {_where(child.parent, root)} "
+                                        f"{_fmt(child.parent.score)} -> {_fmt(child.score)} (+{_fmt(gain)}); "
+                                        f"made here on {_where(node, root)}")
+                           for move, child, gain in helped_moves(context.tree,
+                                                                 rule.action.knobs(context.space, context.glossary))
+                           if child.parent is not None]
+            if rule.action.knob.endswith("*") and rule.action.each:
                 rng.shuffle(options)  # undirected exploration: no knob goes first by accident
-            if rule.action.knob == "*" and self.explore == "model":
+            if rule.action.knob == "*" and rule.action.each and self.explore == "model":
                 fitted = self.model.fit(node, context, k)
                 if fitted is not None:
                     draws, note = fitted
@@ -395,14 +447,14 @@ class AnalystProposer:
         while len(out) < k and any(opts for _, opts in queues):
             for rule, options in queues:  # round-robin: diverse children before a second idea per rule
                 while options and len(out) < k:
-                    edits, keep, model = options.pop(0)
+                    edits, keep, said = options.pop(0)
                     fresh = fresh_recipe(node, edits, context, taken, keep)
                     if fresh is None:
                         continue
                     recipe, edits, note = fresh
                     taken.add(recipe.id)
-                    if model:
-                        out.append(Proposal(edits, with_note(f"{rule.name}: {model}", note), self.name))
+                    if said:  # the model's draw, a move that helped: its own account
+                        out.append(Proposal(edits, with_note(f"{rule.name}: {said}", note), self.name))
                         break
                     shown = ", ".join(f"{n}={_fmt(facts[n])}" for n in sorted(names(rule.when)) if n in facts)
                     why = " ".join(rule.why.split())
