@@ -10,6 +10,7 @@ budget of experiments, over several search seeds:
     greedy      selection greedy (best-first), analyst
     sequential  selection sequential (each experiment a child of the last), analyst
     random      selection uct, random proposals
+    ARM-model   mcts, greedy or sequential with search.explore: model (the analyst's explore rule from TPE)
     ARM-pruned  the arm with the median pruner over 3 validation checkpoints per experiment
 
 Experiments are deterministic at a fixed seed on one machine (same data order, same initialisation,
@@ -56,6 +57,8 @@ ARMS = {
     "mcts-max-c0.25": ["search.selection=uct", "search.proposer=analyst", "search.backup=max",
                        "search.exploration=0.25"],
 }
+# the analyst's undirected rule from TPE over the tree (search.explore: model) instead of a seeded choice
+ARMS |= {f"{arm}-model": [*ARMS[arm], "search.explore=model"] for arm in ("mcts", "greedy", "sequential")}
 PRUNED = ["search.pruning.pruner=median", "search.pruning.checkpoints=3"]
 ARMS |= {f"{arm}-pruned": [*ARMS[arm], *PRUNED] for arm in list(ARMS)}
 
