@@ -66,7 +66,7 @@ def test_model_proposals_are_deterministic_at_a_seed_and_say_they_came_from_the_
 
     first = propose(0)
     assert len(first) == 3 and first == propose(0)
-    assert all(why.startswith("explore: model: TPE over 9 nodes (0 failed or refused) draws near the best 1 "
+    assert all(why.startswith("explore: model: TPE over 9 nodes (0 failed, refused or stopped) draws near the best 1 "
                               "(score >= 2)") for _, why in first)
 
 

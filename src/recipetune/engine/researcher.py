@@ -382,7 +382,7 @@ class SpaceModel:
                 draws.append(draw)
         good = _gamma(len(trials))
         failed = len(trials) - len(scored)
-        note = (f"model: TPE over {len(trials)} nodes ({failed} failed or refused) draws near the best "
+        note = (f"model: TPE over {len(trials)} nodes ({failed} failed, refused or stopped) draws near the best "
                 f"{good} (score >= {_fmt(scored[min(good, len(scored)) - 1])})")
         return draws, note
 
