@@ -322,7 +322,7 @@ class SequentialStrategy:
 
 def _candidate(search: Search, recipe: Recipe, why: str) -> Candidate:
     root = search.tree.root
-    edits = {n: new for n, (_, new) in recipe.diff(root.recipe).items()}
+    edits = recipe.edits_from(root.recipe)
     return Candidate(recipe, root, Proposal(edits, why, why.split(":")[0]))
 
 

@@ -172,11 +172,15 @@ class Recipe(Mapping[str, Scalar]):
             n: (base.get(n), self.get(n)) for n in names if base.get(n) != self.get(n)
         }
 
+    def edits_from(self, base: Recipe) -> dict[str, Scalar | None]:
+        """The edits that make this recipe from ``base``: name -> this value, for the knobs that differ."""
+        return {n: new for n, (_, new) in self.diff(base).items()}
+
     def describe_diff(self, base: Recipe) -> str:
-        changes = self.diff(base)
+        changes = self.edits_from(base)
         if not changes:
             return "(baseline)"
-        return ", ".join(f"{n}={json.dumps(new)}" for n, (_, new) in changes.items())
+        return ", ".join(f"{n}={json.dumps(new)}" for n, new in changes.items())
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ not already measured (or {{"proposals": []}} if you have nothing new)."""
 
 
 def _node_view(node: Node, baseline: Recipe, score_name: str = "speedup") -> dict[str, Any]:
-    view: dict[str, Any] = {"changes": {n: new for n, (_, new) in node.recipe.diff(baseline).items()},
+    view: dict[str, Any] = {"changes": node.recipe.edits_from(baseline),
                             "status": node.status}
     if node.score is not None:
         view[score_name] = round(node.score, 4)

@@ -137,7 +137,7 @@ def fresh_recipe(node: Node, edits: dict[str, Scalar], context: SearchContext, t
     recipe, note = context.complete(node.recipe, edits, keep)
     if recipe == node.recipe or context.seen(recipe) or recipe.id in taken:
         return None
-    return recipe, {n: new for n, (_, new) in recipe.diff(node.recipe).items()}, note
+    return recipe, recipe.edits_from(node.recipe), note
 
 
 def with_note(rationale: str, note: str) -> str:
@@ -168,7 +168,7 @@ def _show(edits: dict[str, Scalar]) -> str:
 
 def _where(node: Node, root: Node) -> str:
     """A node as a rationale names it: the baseline, or its changes from the baseline."""
-    return "the baseline" if node is root or node.parent is None else f"[{node.recipe.describe_diff(root.recipe)}]"
+    return "the baseline" if node.parent is None else f"[{node.recipe.describe_diff(root.recipe)}]"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def helped_moves(tree: Tree, knobs: list[str]) -> list[tuple[dict[str, Scalar], 
                 or not math.isfinite(child.score) or not math.isfinite(parent.score)):
             continue
         gain = child.score - parent.score
-        move = {n: new for n, (_, new) in child.recipe.diff(parent.recipe).items()}
+        move = child.recipe.edits_from(parent.recipe)
         if gain <= 0 or not move or not set(move) <= allowed:
             continue
         key = json.dumps(move, sort_keys=True, default=str)

@@ -167,7 +167,7 @@ class SamplerStrategy:
                     or self.repeats > self.MAX_REPEATS:
                 return None
             trial, recipe = self.draw()
-            edits = {n: new for n, (_, new) in recipe.diff(self.baseline).items()}
+            edits = recipe.edits_from(self.baseline)
             proposal = Proposal(edits, f"{self.name} sampler", self.name)
             recipe, note = view.couple(recipe)
             candidate = Candidate(recipe, tree.root, proposal, note, trial)
