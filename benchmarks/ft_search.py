@@ -12,6 +12,7 @@ budget of experiments, over several search seeds:
     random      selection uct, random proposals
     ARM-model   mcts, greedy or sequential with search.explore: model (the analyst's explore rule from TPE)
     ARM-pruned  the arm with the median pruner over 3 validation checkpoints per experiment
+    ARM-top-pruned  mcts, mcts-model or greedy with the percentile pruner keeping the top quarter
 
 Experiments are deterministic at a fixed seed on one machine (same data order, same initialisation,
 one thread; another machine's CPU may round otherwise: keep a cache on the machine that filled it),
@@ -60,7 +61,11 @@ ARMS = {
 # the analyst's undirected rule from TPE over the tree (search.explore: model) instead of a seeded choice
 ARMS |= {f"{arm}-model": [*ARMS[arm], "search.explore=model"] for arm in ("mcts", "greedy", "sequential")}
 PRUNED = ["search.pruning.pruner=median", "search.pruning.checkpoints=3"]
-ARMS |= {f"{arm}-pruned": [*ARMS[arm], *PRUNED] for arm in list(ARMS)}
+# Optuna's percentile pruner keeping the top quarter: a child runs on while it may reach the 75th
+# percentile of the finished experiments at its checkpoint
+TOP = ["search.pruning.pruner=percentile", "search.pruning.percentile=25", "search.pruning.checkpoints=3"]
+ARMS |= {f"{arm}-top-pruned": [*ARMS[arm], *TOP] for arm in ("mcts", "mcts-model", "greedy")}
+ARMS |= {f"{arm}-pruned": [*ARMS[arm], *PRUNED] for arm in list(ARMS) if not arm.endswith("-top-pruned")}
 
 
 class MemoExecutor(LocalExecutor):

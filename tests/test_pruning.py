@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 from ft_fixtures import experiment_file
 
@@ -52,39 +53,43 @@ CURVES = {  # knob q -> the validation metric at checkpoints 1, 2, 3, then the f
 
 
 class Subject:
+    def __init__(self, curves: dict[int, list[float]]) -> None:
+        self.curves = curves
+
     def knobs(self) -> KnobSet:
-        return KnobSet([Knob("q", 0, choices=tuple(CURVES))])
+        return KnobSet([Knob("q", 0, choices=tuple(self.curves))])
 
     def relations(self) -> Relations:
         return Relations(self.knobs())
 
 
 class CurveJob:
-    """Reports CURVES[q] one checkpoint at a time and stops when told."""
+    """Reports curves[q] one checkpoint at a time and stops when told."""
 
     name = "curve"
 
-    def __init__(self, noise: float | None = None) -> None:
+    def __init__(self, noise: float | None = None, curves: dict[int, list[float]] = CURVES) -> None:
         self.noise = noise  # a report's plausible upper bound is value + noise (None: no bound given)
-        self.subject = Subject()
+        self.curves = curves
+        self.subject = Subject(curves)
         self.baseline = Recipe({"q": 0})
-        self.space = SearchSpace({"q": tuple(CURVES)})
+        self.space = SearchSpace({"q": tuple(curves)})
         self.briefing: dict[str, Any] = {}
         self.reported: dict[int, list[float]] = {}  # q -> what it got to report
 
     def start(self, services: Services) -> Root:
-        return Root(None, BASE, curve=dict(enumerate(CURVES[0], 1)))
+        return Root(None, BASE, curve=dict(enumerate(self.curves[0], 1)))
 
     def check(self, recipe: Recipe) -> Checked:
         return Checked(recipe)
 
     def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future:
-        q, shown = int(recipe["q"]), []
+        q, shown, curve = int(recipe["q"]), [], self.curves[int(recipe["q"])]
         future: Future = Future()
-        for k, value in enumerate(CURVES[q], 1):
+        for k, value in enumerate(curve, 1):
             shown.append(value)
             upper = None if self.noise is None else value + self.noise
-            if k < len(CURVES[q]) and progress.report(k, value, upper):  # the last value is the final one
+            if k < len(curve) and progress.report(k, value, upper):  # the last value is the final one
                 break
         self.reported[q] = shown
         future.set_result((q, progress.pruned))
@@ -94,7 +99,7 @@ class CurveJob:
         q, pruned = result
         if pruned is not None:
             return Landing("pruned", None, metric_reward(pruned[1], BASE, True), f"pruned at {pruned[0]}")
-        final = CURVES[q][-1]
+        final = self.curves[q][-1]
         return Landing("passed", final, metric_reward(final, BASE, True))
 
     def load(self, run_dir: Path) -> None:
@@ -116,11 +121,28 @@ class Phases(Reporter):
         self.phases.append(text)
 
 
+class InOrder(optuna.samplers.BaseSampler):
+    """Draws the given values of the one knob in their order: which trials finished before a trial
+    reports is part of what a pruning test sets up."""
+
+    def __init__(self, values: list[int]) -> None:
+        self.values = list(values)
+
+    def infer_relative_search_space(self, study: Any, trial: Any) -> dict:
+        return {}
+
+    def sample_relative(self, study: Any, trial: Any, space: Any) -> dict:
+        return {}
+
+    def sample_independent(self, study: Any, trial: Any, name: str, distribution: Any) -> Any:
+        return self.values.pop(0)
+
+
 def campaign(folder: Path, job: CurveJob, resume: bool = False, reporter: Reporter | None = None,
-             **search: Any) -> tuple[Outcome, CampaignStore]:
+             order: list[int] | None = None, **search: Any) -> tuple[Outcome, CampaignStore]:
     cfg = TreeSearchConfig.model_validate({"strategy": "grid", "budget": {"trials": 4}, **search})
-    store = CampaignStore(folder, None, make_sampler("grid", job.space, job.baseline, 0), 30,
-                          pruner=make_pruner(cfg.pruning))
+    sampler = InOrder(order) if order else make_sampler("grid", job.space, job.baseline, 0)
+    store = CampaignStore(folder, None, sampler, 30, pruner=make_pruner(cfg.pruning))
     services = Services(store, LocalExecutor(), reporter or Reporter())
     return run_search(job, cfg, services, meta={"job": "curve"}, snapshot={}, resume=resume), store
 
@@ -156,6 +178,60 @@ def test_noise_alone_never_stops_a_trial(tmp_path):
     job = CurveJob(noise=0.005)
     _, store = campaign(tmp_path / "b", job, pruning={"pruner": "median", "startup_trials": 1})
     assert by_q(store)[2].status == by_q(store)[4].status == "pruned" and job.reported[2] == [0.49]
+
+
+# Flat curves, run in the order 1, 2, 3, 4 after the baseline (0.50), each report known to +-0.02:
+# when q=3 reports 0.65, the finished trials stand at 0.50, 0.70, 0.66 (median 0.66, 75th percentile
+# 0.68); when q=4 reports 0.67 they stand as they did for q=3 if q=3 was stopped.
+RANKS = {0: [BASE] * 4, 1: [0.70] * 4, 2: [0.66] * 4, 3: [0.65] * 4, 4: [0.67] * 4}
+
+
+@pytest.mark.parametrize(("pruning", "noise", "stopped"), [
+    # the median: q=3 is below it (0.65 < 0.66) but could reach it (0.67): runs on; nothing stops
+    ({"pruner": "median"}, 0.02, set()),
+    # the top quarter: its bar is the 75th percentile, 0.68. q=3 cannot reach it (0.67) and stops;
+    # q=4 is below it too (0.67), yet could reach it (0.69): runs on. A bar at the median would stop neither
+    ({"pruner": "percentile", "percentile": 25}, 0.02, {3}),
+    ({"pruner": "percentile", "percentile": 25}, 0.005, {3, 4}),  # known to +-0.005, q=4 (0.675) cannot
+    ({"pruner": "percentile", "percentile": 50}, 0.02, set()),  # percentile 50 is the median
+    # successive halving keeps the top third of a rung: here the best finished trial, 0.70. Every trial
+    # after q=1 is below it; known to +-0.02 none can reach it, known to +-0.035 q=4 (0.705) could
+    ({"pruner": "successive_halving"}, 0.02, {2, 3, 4}),
+    ({"pruner": "successive_halving"}, 0.035, {2, 3}),
+])
+def test_a_trial_is_stopped_only_below_the_bar_its_own_pruner_keeps(tmp_path, pruning, noise, stopped):
+    job = CurveJob(noise=noise, curves=RANKS)
+    _, store = campaign(tmp_path / "c", job, order=[1, 2, 3, 4], pruning=pruning)
+    trials = by_q(store)
+    assert {q for q, r in trials.items() if r.status == "pruned"} == stopped
+    assert all(job.reported[q] == RANKS[q] for q in set(trials) - stopped)  # the others ran to their end
+    assert all(job.reported[q] == RANKS[q][:1] for q in stopped)  # stopped at their first report
+
+
+@pytest.mark.parametrize("pruning", [{"pruner": "median"}, {"pruner": "percentile", "percentile": 25},
+                                     {"pruner": "percentile", "percentile": 80}])
+def test_the_bar_is_where_optunas_own_pruner_draws_its_line(pruning):
+    # finished trials' reports drawn at random; a new trial just under, at and just over the bar:
+    # Optuna's pruner must say stop to the first only
+    import random
+
+    from recipetune.engine.config import Pruning
+    from recipetune.engine.samplers import pruning_bar
+
+    p = Pruning(**pruning, startup_trials=0)
+    rng = random.Random(0)
+    for _ in range(20):
+        values = [round(rng.uniform(0, 1), 3) for _ in range(rng.randint(1, 9))]
+        bar = pruning_bar(p, values)
+        assert bar is not None
+        for value, stops in ((bar - 1e-9, True), (bar, False), (bar + 1e-9, False)):
+            study = optuna.create_study(direction="maximize", pruner=make_pruner(p))
+            for v in values:
+                study.add_trial(optuna.trial.create_trial(value=v, intermediate_values={1: v}))
+            trial = study.ask()
+            trial.report(value, 1)
+            assert trial.should_prune() == stops, (values, value)
+    assert pruning_bar(p, []) is None
 
 
 def test_the_patient_pruner_keeps_a_trial_that_is_improving(tmp_path):

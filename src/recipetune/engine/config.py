@@ -33,7 +33,8 @@ class Pruning(BaseModel):
                             "successive_halving | hyperband | patient (median, after `patience` bad reports)")
     startup_trials: int = Field(2, ge=0, description="trials that finish (the baseline counts) before any is pruned")
     warmup_steps: int = Field(0, ge=0, description="reports of a trial before it may be pruned")
-    percentile: float = Field(50.0, gt=0, lt=100, description="percentile: prune below this percentile")
+    percentile: float = Field(50.0, gt=0, lt=100, description="percentile: keep the top this-many percent of the "
+                                                              "trials at a report (25: the top quarter; 50: median)")
     patience: int = Field(1, ge=1, description="patient: reports in a row below the median before pruning")
     min_resource: int = Field(1, ge=1, description="successive_halving, hyperband: the first rung's step")
     reduction_factor: int = Field(3, ge=2, description="successive_halving, hyperband: keep 1 of this many per rung")

@@ -77,8 +77,9 @@ class Progress:
     """What a running trial tells the engine: steps done (the live view), and intermediate values
     (``report``: True means stop it now; the job then ends the run and lands it as ``pruned``).
     ``upper`` is the most the value could plausibly be, given its noise: a trial is stopped only when
-    the pruner says so and even that bound stays below the median of the finished trials (the
-    baseline's curve among them) at the same report (engine/loop.py: Search.prune).
+    the pruner says so and even that bound stays below the bar that pruner keeps the finished trials
+    (the baseline's curve among them) above at the same report: their median for ``median``
+    (engine/loop.py: Search.prune; engine/samplers.py: pruning_bar).
     Called from the thread that watches the run."""
 
     def __init__(self, step: Callable[[int, int], None], report: Callable[[int, float, float | None], bool]):

@@ -29,6 +29,7 @@ from recipetune.core.recipe import Recipe
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.job import Checked, Finished, Job, Landing, Outcome, Progress, Root, Row, Services
 from recipetune.engine.researcher import Proposer, SearchContext
+from recipetune.engine.samplers import pruning_bar
 from recipetune.engine.store import NO_SPACE, DiskFull, TrialRecord, distributions
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
 from recipetune.engine.tree import Node, Tree
@@ -216,10 +217,11 @@ class Search:
         """Whether a running trial stops at this report: the study's pruner says so (Optuna's, over
         the finished trials and the baseline's curve at ``step``), and the trial cannot plausibly
         reach what it is compared with: ``upper``, the most its value could be given its noise, is
-        below the median of the finished trials there. Noise alone never stops a trial."""
+        below the bar that pruner keeps trials above there (the median, a percentile, a rung's top
+        share: ``pruning_bar``). Noise alone never stops a trial."""
         if not self.store.report(number, step, value):
             return False
-        bar = self.store.median_at(step) if upper is not None else None
+        bar = pruning_bar(self.cfg.pruning, self.store.values_at(step)) if upper is not None else None
         return upper is None or bar is None or upper < bar
 
     def stop_rule(self) -> str:

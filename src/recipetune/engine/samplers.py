@@ -13,9 +13,11 @@ feasible point. Derived knobs are never sampled: they are computed from the samp
 
 from __future__ import annotations
 
+import statistics
 import warnings
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
 
@@ -170,3 +172,21 @@ def make_pruner(p: Pruning) -> optuna.pruners.BasePruner:
                                                       reduction_factor=p.reduction_factor)
     return optuna.pruners.HyperbandPruner(min_resource=p.min_resource, max_resource=p.checkpoints,
                                           reduction_factor=p.reduction_factor)
+
+
+def pruning_bar(p: Pruning, values: list[float]) -> float | None:
+    """What the pruner ``p`` keeps a trial above at a report, from the finished trials' reports at
+    the same step (the baseline's among them): the bar a running trial's plausible value must fall
+    below before it is stopped (engine/loop.py: Search.prune). The median for ``median`` and
+    ``patient``; for ``percentile``, the percentile Optuna's pruner keeps (``percentile: 25`` keeps
+    the top quarter, so its bar is the 75th percentile, interpolated as numpy does); for
+    ``successive_halving`` and ``hyperband``, the lowest value still among the top
+    1/``reduction_factor`` (Optuna's promotion rule). None where no trial has finished there."""
+    if not values:
+        return None
+    if p.pruner == "percentile":
+        return float(np.percentile(values, 100.0 - p.percentile))
+    if p.pruner in ("successive_halving", "hyperband"):
+        ranked = sorted(values, reverse=True)
+        return float(ranked[max(len(ranked) // p.reduction_factor - 1, 0)])
+    return float(statistics.median(values))

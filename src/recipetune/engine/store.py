@@ -35,7 +35,6 @@ import json
 import math
 import os
 import socket
-import statistics
 import sys
 import threading
 import time
@@ -576,12 +575,11 @@ class CampaignStore:
         trial.report(value, step)
         return trial.should_prune()
 
-    def median_at(self, step: int) -> float | None:
-        """The median of the finished trials' reports at ``step`` (the baseline's reference included):
-        what the median pruner compares a running trial with."""
+    def values_at(self, step: int) -> list[float]:
+        """The finished trials' reports at ``step`` (the baseline's reference included): what a
+        pruner compares a running trial with (engine/samplers.py: pruning_bar)."""
         finished = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        values = [t.intermediate_values[step] for t in finished if step in t.intermediate_values]
-        return float(statistics.median(values)) if values else None
+        return [t.intermediate_values[step] for t in finished if step in t.intermediate_values]
 
     def add_reference(self, values: dict[int, float], value: float) -> None:
         """The baseline's intermediate values, as a finished trial the pruner compares the others with

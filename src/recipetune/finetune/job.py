@@ -90,8 +90,8 @@ def follow_steps(out: Path, progress: Progress, done: threading.Event, every_s: 
 def plausible(report: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint with the most its metric could plausibly be: the upper end of the 95% interval of
     a proportion over the rows it scored (exact for exact match and accuracy, an approximation for
-    ROUGE-L or F1). A child is pruned only when even that is below the median of the finished trials
-    at that checkpoint (engine/loop.py: Search.prune)."""
+    ROUGE-L or F1). A child is pruned only when even that is below what the pruner keeps the finished
+    trials above at that checkpoint, e.g. their median (engine/loop.py: Search.prune)."""
     n = max(1, int(report["examples"]))
     return {**report, "upper": _upper(round(float(report["value"]) * n), n)}
 
