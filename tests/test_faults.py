@@ -45,8 +45,9 @@ def server():
     pg.stop()
 
 
-def tune(f: Path, out: Path, *extra: str, delay: float = 0.0, **popen) -> subprocess.Popen:
-    env = {**os.environ, "FAKE_STEP_DELAY": str(delay)}
+def tune(f: Path, out: Path, *extra: str, delay: float = 0.0, gate: Path | None = None,
+         **popen) -> subprocess.Popen:
+    env = {**os.environ, "FAKE_STEP_DELAY": str(delay), **({"FAKE_GATE": str(gate)} if gate else {})}
     return subprocess.Popen([sys.executable, DRIVER, "tune", str(f), "--out", str(out), *extra], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **popen)
 
@@ -131,9 +132,15 @@ def test_two_drivers_on_one_study_never_exceed_the_shared_budget(server, tmp_pat
     url = server.create_database("budget")
     budget = 4
     f, out = write_campaign_file(tmp_path, budget=budget), tmp_path / "campaign"
-    first = tune(f, out, f"search.storage={url}", "--executor", "local", delay=0.3)
+    # Every trial waits at a gate until both drivers hold one running: on a loaded machine the first
+    # driver could otherwise spend the whole budget before the second has imported torch.
+    gate = tmp_path / "gate"
+    first = tune(f, out, f"search.storage={url}", "--executor", "local", delay=0.3, gate=gate)
     wait_for(lambda: (out / "baseline_profile.json").exists(), first, "the first driver did not start")
-    second = tune(f, out, f"search.storage={url}", "--resume", delay=0.3)
+    second = tune(f, out, f"search.storage={url}", "--resume", delay=0.3, gate=gate)
+    wait_for(lambda: len({r.attrs.get("driver") for r in records(out, url) if r.status == "running"}) == 2,
+             second, "the two drivers never had a trial running each", timeout=120)
+    gate.touch()
     codes = [first.wait(timeout=120), second.wait(timeout=120)]
     assert codes == [0, 0], first.stderr.read().decode()[-2000:] + second.stderr.read().decode()[-2000:]
     recs = records(out, url)
