@@ -181,7 +181,8 @@ def pruning_bar(p: Pruning, values: list[float]) -> float | None:
     ``patient``; for ``percentile``, the percentile Optuna's pruner keeps (``percentile: 25`` keeps
     the top quarter, so its bar is the 75th percentile, interpolated as numpy does); for
     ``successive_halving`` and ``hyperband``, the lowest value still among the top
-    1/``reduction_factor`` (Optuna's promotion rule). None where no trial has finished there."""
+    1/``reduction_factor`` (Optuna's promotion rule, here over the finished trials rather than a
+    rung's or a bracket's own). None where no trial has finished there."""
     if not values:
         return None
     if p.pruner == "percentile":
