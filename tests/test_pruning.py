@@ -5,6 +5,7 @@ report a known curve, then the quality job's checkpoints in a real child experim
 from __future__ import annotations
 
 import json
+import random
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -17,7 +18,7 @@ from ft_fixtures import experiment_file
 from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Knob, KnobSet, Recipe, SearchSpace
 from recipetune.core.relations import Relations
-from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.config import Pruning, TreeSearchConfig
 from recipetune.engine.job import (
     Checked,
     Finished,
@@ -32,7 +33,7 @@ from recipetune.engine.job import (
     watch,
 )
 from recipetune.engine.loop import run_search
-from recipetune.engine.samplers import make_pruner, make_sampler
+from recipetune.engine.samplers import make_pruner, make_sampler, pruning_bar
 from recipetune.engine.store import CampaignStore
 from recipetune.engine.tree import metric_reward
 from recipetune.execute.executor import LocalExecutor
@@ -213,11 +214,6 @@ def test_a_trial_is_stopped_only_below_the_bar_its_own_pruner_keeps(tmp_path, pr
 def test_the_bar_is_where_optunas_own_pruner_draws_its_line(pruning):
     # finished trials' reports drawn at random; a new trial just under, at and just over the bar:
     # Optuna's pruner must say stop to the first only
-    import random
-
-    from recipetune.engine.config import Pruning
-    from recipetune.engine.samplers import pruning_bar
-
     p = Pruning(**pruning, startup_trials=0)
     rng = random.Random(0)
     for _ in range(20):
@@ -338,10 +334,6 @@ def test_a_pruned_child_is_stopped_by_its_runner_and_lands_as_pruned(tiny_ft):
 
 @pytest.mark.parametrize("pruner", ["median", "percentile", "patient", "successive_halving", "hyperband"])
 def test_every_pruner_named_in_the_settings_is_optunas(pruner):
-    import optuna
-
-    from recipetune.engine.config import Pruning
-
     assert isinstance(make_pruner(Pruning(pruner=pruner)), optuna.pruners.BasePruner)
     assert isinstance(make_pruner(Pruning()), optuna.pruners.NopPruner)
 
