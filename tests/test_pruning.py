@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -18,6 +20,7 @@ from ft_fixtures import experiment_file
 from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Knob, KnobSet, Recipe, SearchSpace
 from recipetune.core.relations import Relations
+from recipetune.engine import loop
 from recipetune.engine.config import Pruning, TreeSearchConfig
 from recipetune.engine.job import (
     Checked,
@@ -278,10 +281,31 @@ def test_a_plateau_stops_the_campaign_and_a_gain_at_the_margin_does_not_count(tm
     assert at.runs == 3 and under.runs == 4
 
 
-def test_a_compute_budget_stops_starting_trials(tmp_path):
+class TimedJob(CurveJob):
+    """Each trial takes 10 s of the search's clock, inside ``submit``: as the local executor runs a
+    trial, before submit returns."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future:
+        self.clock[0] += 10.0
+        return super().submit(recipe, run_dir, plan, progress)
+
+
+@pytest.mark.parametrize(("trial_s", "runs"), [(25.0, 3), (20.0, 2), (20.5, 3)])
+def test_a_compute_budget_counts_the_time_the_trials_ran(tmp_path, monkeypatch, trial_s, runs):
+    # 10 s a trial: a budget of 25 s starts a third trial at 20 s and none at 30 s; at 20 s a budget
+    # of 20 s is spent. (The clock once started after a local trial had run: every budget read 0 s.)
+    clock = [0.0]
+    monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time,
+                                                      monotonic_ns=time.monotonic_ns, sleep=time.sleep))
     reporter = Phases()
-    outcome, _ = campaign(tmp_path / "c", CurveJob(), reporter=reporter, budget={"trials": 4, "trial_s": 1e-9})
-    assert outcome.runs == 1 and any(p.startswith("stopped: the compute budget is spent") for p in reporter.phases)
+    outcome, store = campaign(tmp_path / "c", TimedJob(clock), reporter=reporter,
+                              budget={"trials": 4, "trial_s": trial_s})
+    assert outcome.runs == runs and store.study.user_attrs["search_trial_s"] == 10.0 * runs
+    assert f"stopped: the compute budget is spent: the trials ran {10 * runs} s of {trial_s:.0f} s" in reporter.phases
 
 
 # -- the quality job's checkpoints -------------------------------------------------------------------------

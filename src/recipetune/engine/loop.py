@@ -174,9 +174,10 @@ class Search:
         tree.reserve(c.parent)  # virtual loss while it runs: parallel selection looks elsewhere
         progress = Progress(lambda done, total: self.reporter.progress(key, done, total),
                             lambda step, value, upper: self.prune(number, step, value, upper))
-        # (the local executor runs the trial right here, before submit returns)
+        # the clock starts before submit: the local executor runs the trial right here, before it returns
+        started = time.monotonic()
         future = job.submit(c.recipe, run_dir, checked.plan, progress)
-        return Pending(number, c, run_dir, future, time.monotonic())
+        return Pending(number, c, run_dir, future, started)
 
     def land(self, pending: Pending) -> Node:
         """A submitted run has ended: the job judges it; reward, store, and add its node."""
