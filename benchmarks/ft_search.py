@@ -192,6 +192,49 @@ def trajectory(folder: Path, baseline: float) -> tuple[list[float], list[float],
     return out, spent, pruned
 
 
+def first_checkpoint_s(run_dir: Path) -> float | None:
+    """When an experiment reached its first checkpoint, counted as a stop there counts it
+    (``MemoExecutor.replay``: its time to the checkpoint and its start); None without checkpoints."""
+    lines = ft.progress_lines(run_dir)
+    wall = run_dir / "wall_s.txt"
+    if not lines or not wall.exists():
+        return None
+    if (run_dir / "report.json").exists():  # ran to its end: its start is its wall time less its own
+        total = ft.ExperimentReport.model_validate_json((run_dir / "report.json").read_text()).timings_s["total"]
+        start = float(wall.read_text()) - total
+    else:  # stopped at its last line, with its start
+        start = float(wall.read_text()) - float(lines[-1]["time_s"])
+    return float(lines[0]["time_s"]) + max(0.0, start)
+
+
+def least_compute_s(folder: Path, reach: int) -> float | None:
+    """The compute a pruner that knew every experiment's end would have spent to reach the same best
+    in the same campaign: the best and its ancestors run to their end (a stopped node is never
+    expanded), every other experiment stops at its first checkpoint. Not the baseline's time. The
+    floor no rule reading these checkpoints can go under; None when an experiment reported none."""
+    from recipetune.engine.store import CampaignStore
+
+    ran = [r for r in sorted(CampaignStore(folder).records(), key=lambda r: r.number)
+           if r.attrs.get("ran") and r.attrs.get("status") != "interrupted"][:reach]
+    if not ran:
+        return None
+    path, parent = set(), {r.attrs.get("recipe_id"): r.attrs.get("parent") for r in ran}
+    node = ran[-1].attrs.get("recipe_id")
+    while node in parent:
+        path.add(node)
+        node = parent[node]
+    spent = 0.0
+    for rec in ran:
+        run_dir = Path(rec.attrs["run_dir"])
+        if rec.attrs.get("recipe_id") in path:
+            spent += float((run_dir / "wall_s.txt").read_text())
+        elif (first := first_checkpoint_s(run_dir)) is None:
+            return None
+        else:
+            spent += first
+    return spent
+
+
 @dataclass
 class Finish:
     """One campaign that ran to its budget, as the table reads it."""
@@ -206,6 +249,7 @@ class Finish:
     baseline: float = 0.0
     trajectory: list[float] = field(default_factory=list)  # the best so far after each experiment
     spent_s: list[float] = field(default_factory=list)  # the experiments' own seconds so far after each
+    least_s: float | None = None  # to_reach_s for a pruner that knew each end (least_compute_s)
 
 
 def finished_campaign(folder: Path) -> Finish | None:
@@ -225,7 +269,8 @@ def finished_campaign(folder: Path) -> Finish | None:
     verdict = json.loads((folder / "verdict.json").read_text()) if (folder / "verdict.json").exists() else None
     return Finish(best, k, root_s + (spent[k - 1] if k else 0.0), root_s + (spent[-1] if spent else 0.0), pruned,
                   _decision(verdict), ((verdict or {}).get("verdict") or {}).get("gain"),
-                  base.value or 0.0, traj, [round(s, 1) for s in spent])
+                  base.value or 0.0, traj, [round(s, 1) for s in spent],
+                  root_s + least if k and (least := least_compute_s(folder, k)) is not None else None)
 
 
 def table(out: Path, arms: list[str]) -> dict[str, dict[str, dict[str, Finish]]]:
@@ -245,9 +290,9 @@ def table(out: Path, arms: list[str]) -> dict[str, dict[str, dict[str, Finish]]]
         top = {seed: max(done[seed].best for done in runs.values() if seed in done) for seed in seeds}
         print(f"\n{task_dir.name}\n")
         print("| arm | seeds | best validation, mean ± sd | per seed | best arm | experiments to reach it | "
-              "compute to reach it (s) | compute per campaign (s, mean) | stopped early | test gain, mean | "
-              "test-split decision |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+              "compute to reach it (s) | the least any pruner could (s) | compute per campaign (s, mean) | "
+              "stopped early | test gain, mean | test-split decision |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for arm in arms:
             done = runs.get(arm, {})
             if not done:
@@ -259,6 +304,7 @@ def table(out: Path, arms: list[str]) -> dict[str, dict[str, dict[str, Finish]]]
             print(f"| {arm} | {', '.join(done)} | {statistics.fmean(bests):.4f} ± {sd:.4f} | "
                   f"{', '.join(f'{b:.4f}' for b in bests)} | {wins} of {len(done)} | "
                   f"{', '.join(str(r.reach) for r in rows)} | {', '.join(f'{r.to_reach_s:.0f}' for r in rows)} | "
+                  f"{', '.join('–' if r.least_s is None else f'{r.least_s:.0f}' for r in rows)} | "
                   f"{statistics.fmean(r.total_s for r in rows):.0f} | {', '.join(str(r.stopped) for r in rows)} | "
                   f"{_mean([r.test_gain for r in rows])} | {'; '.join(r.decision for r in rows)} |")
     return every
