@@ -109,3 +109,39 @@ def test_a_schema_another_process_stamped_meanwhile_is_used_not_a_crash(tmp_path
     store = CampaignStore(tmp_path / "c")
     store.create({"baseline_id": BASE.id})
     assert raced and store.exists() and CampaignStore(tmp_path / "c").peek()[0]["baseline_id"] == BASE.id
+
+
+def test_a_table_another_process_created_meanwhile_is_used_not_a_crash(tmp_path, monkeypatch):
+    """The same race a step earlier (a fresh-clone CI run, a test polling a campaign being created):
+    the other process created a table between Optuna's look and its CREATE TABLE, and SQLite said
+    "table trial_user_attributes already exists"."""
+    import sqlite3
+
+    from optuna.storages._rdb import models
+
+    metadata = models.BaseModel.metadata
+    real = metadata.create_all
+    raced: list[bool] = []
+
+    def the_other_process_first(bind, **kw):  # type: ignore[no-untyped-def]
+        real(bind, **kw)
+        if not raced:
+            raced.append(True)
+            raise sa.exc.OperationalError("CREATE TABLE trial_user_attributes", {},
+                                          sqlite3.OperationalError("table trial_user_attributes already exists"))
+
+    monkeypatch.setattr(metadata, "create_all", the_other_process_first)
+    store = CampaignStore(tmp_path / "c")
+    store.create({"baseline_id": BASE.id})
+    assert raced and store.exists() and CampaignStore(tmp_path / "c").peek()[0]["baseline_id"] == BASE.id
+
+
+def test_a_schema_error_that_is_no_race_is_raised(tmp_path, monkeypatch):
+    from optuna.storages._rdb import models
+
+    def broken(bind, **kw):  # type: ignore[no-untyped-def]
+        raise sa.exc.OperationalError("CREATE TABLE studies", {}, Exception("attempt to write a readonly database"))
+
+    monkeypatch.setattr(models.BaseModel.metadata, "create_all", broken)
+    with pytest.raises(sa.exc.OperationalError, match="readonly"):
+        CampaignStore(tmp_path / "c").create({"baseline_id": BASE.id})

@@ -118,6 +118,13 @@ def _connection_lost(e: BaseException) -> bool:
     return False
 
 
+def _schema_race(e: sa.exc.DBAPIError) -> bool:
+    """Whether creating the study's schema failed because another process made that part first: its
+    version stamp (a UNIQUE constraint), or a table (SQLite: "table ... already exists"; PostgreSQL:
+    "relation ... already exists")."""
+    return isinstance(e, sa.exc.IntegrityError) or "already exists" in str(e.orig)
+
+
 def _redact(url: str) -> str:
     with contextlib.suppress(Exception):
         return sa.engine.make_url(url).render_as_string(hide_password=True)
@@ -309,11 +316,11 @@ class CampaignStore:
                                                       heartbeat_interval=self.heartbeat_s,
                                                       grace_period=2 * self.heartbeat_s)
                         break
-                    except sa.exc.IntegrityError:
+                    except sa.exc.DBAPIError as e:
                         # Another process (a second driver, `recipetune show` on a campaign just
-                        # starting) stamped the new schema's version between Optuna's look and its
-                        # own stamp: the schema is complete now, and the next look finds it so.
-                        if attempt == 2:
+                        # starting) created a table of the new schema, or stamped its version,
+                        # between Optuna's look and its own statement: the next look finds it so.
+                        if attempt == 2 or not _schema_race(e):
                             raise
                 storage.retry_s = self.db_retry_s
                 return storage
