@@ -88,3 +88,5 @@ def test_a_running_trial_shows_its_steps_time_and_eta_and_the_campaign_its_runs(
     assert reporter.campaign_text.plain == "2/8 runs, 2:05 of search, eta 6:15"
     reporter.campaign(8, 8, 4000.0)
     assert reporter.campaign_text.plain == "8/8 runs, 1:06:40 of search"
+    reporter.campaign(4, 8, 70.0, ended=True)  # a stop rule ended it: no time to go
+    assert reporter.campaign_text.plain == "4/8 runs, 1:10 of search"

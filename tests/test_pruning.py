@@ -120,9 +120,13 @@ class CurveJob:
 class Phases(Reporter):
     def __init__(self) -> None:
         self.phases: list[str] = []
+        self.campaigns: list[tuple[int, int, bool]] = []  # (done, total, ended): the live view's k/N
 
     def phase(self, text: str) -> None:
         self.phases.append(text)
+
+    def campaign(self, done: int, total: int, elapsed_s: float, ended: bool = False) -> None:
+        self.campaigns.append((done, total, ended))
 
 
 class InOrder(optuna.samplers.BaseSampler):
@@ -306,6 +310,7 @@ def test_a_compute_budget_counts_the_time_the_trials_ran(tmp_path, monkeypatch, 
                               budget={"trials": 4, "trial_s": trial_s})
     assert outcome.runs == runs and store.study.user_attrs["search_trial_s"] == 10.0 * runs
     assert f"stopped: the compute budget is spent: the trials ran {10 * runs} s of {trial_s:.0f} s" in reporter.phases
+    assert reporter.campaigns[-1] == (runs, 4, True)  # the live view says it ended: no time to go
 
 
 # -- the quality job's checkpoints -------------------------------------------------------------------------

@@ -57,8 +57,9 @@ class Reporter:
 
     def best(self, node: Node | None, baseline: Recipe) -> None: ...
 
-    def campaign(self, done: int, total: int, elapsed_s: float) -> None:
-        """Runs finished of the budget's ``total``, and the search's time so far (resumes included)."""
+    def campaign(self, done: int, total: int, elapsed_s: float, ended: bool = False) -> None:
+        """Runs finished of the budget's ``total``, and the search's time so far (resumes included);
+        ``ended``: the search starts no more (a stop rule, or nothing left to try)."""
 
     def close(self) -> None:
         """The campaign has ended (its decision written, or stopped)."""

@@ -82,9 +82,9 @@ class Tee(Reporter):
         for r in self.reporters:
             r.best(node, baseline)
 
-    def campaign(self, done: int, total: int, elapsed_s: float) -> None:
+    def campaign(self, done: int, total: int, elapsed_s: float, ended: bool = False) -> None:
         for r in self.reporters:
-            r.campaign(done, total, elapsed_s)
+            r.campaign(done, total, elapsed_s, ended)
 
     def close(self) -> None:
         for r in self.reporters:
@@ -201,8 +201,8 @@ class LiveReporter(Reporter):
                                   f"{format(node.score, c.score_fmt)}{c.unit} (trial {node.trial})", style="bold green")
         self._refresh()
 
-    def campaign(self, done: int, total: int, elapsed_s: float) -> None:
-        eta = f", eta {_clock(elapsed_s / done * (total - done))}" if 0 < done < total else ""
+    def campaign(self, done: int, total: int, elapsed_s: float, ended: bool = False) -> None:
+        eta = f", eta {_clock(elapsed_s / done * (total - done))}" if 0 < done < total and not ended else ""
         self.campaign_text = Text(f"{done}/{total} runs, {_clock(elapsed_s)} of search{eta}", style="dim")
         self._refresh()
 

@@ -359,6 +359,7 @@ class Search:
                 # every few seconds) frees them, so look once more before calling the budget spent
                 self.spent_checked, self.last_sync = True, 0.0
             else:
+                self.reporter.campaign(self.runs, self.cfg.budget.trials, self.elapsed(), ended=True)
                 if stop:
                     self.reporter.phase(f"stopped: {stop}")
                 elif self.budget_left() and not waiting:
