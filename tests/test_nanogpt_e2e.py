@@ -71,7 +71,7 @@ def test_aa_is_not_approved(campaign):
 
 
 @pytest.mark.slow
-def test_tune_from_2x16_approves_a_no_accumulation_recipe(tmp_path):
+def test_tune_from_2x16_proposes_no_accumulation_and_never_rejects_it(tmp_path):
     # The analyst knows the flags through `means:`; its first proposal is the coupled move 32 x 1.
     # Its loss parity is decided by the losses alone; its speed-up by timing, which a busy machine
     # can make too noisy to approve (A/A ratios of -0.37 and +0.43 in one CI run: a 2.9x speed-up
