@@ -44,6 +44,7 @@ from typing import Any
 from recipetune.core.process import STOP_FILE
 from recipetune.engine.job import Finished, Outcome, Reporter, Row, Services
 from recipetune.engine.loop import run_search
+from recipetune.engine.store import CampaignStore, TrialRecord
 from recipetune.execute.executor import LocalExecutor
 from recipetune.finetune import job as ft
 from recipetune.finetune import plan as ftp
@@ -172,22 +173,29 @@ class SearchOnly(ft.QualityJob):
         return Outcome("(search only)", [], finished.tree, runs=finished.runs)
 
 
-def trajectory(folder: Path, baseline: float) -> tuple[list[float], list[float], int]:
-    """Best validation metric after each experiment (the baseline before any), the experiments' own
-    time so far after each (their ``wall_s.txt``: a cached experiment counts what it took when it
-    ran, a stopped one what it ran), and how many were stopped by the pruner."""
-    from recipetune.engine.store import CampaignStore
+def experiments(folder: Path) -> list[TrialRecord]:
+    """The campaign's experiments that ran, in order (not one a stop interrupted)."""
+    return [rec for rec in sorted(CampaignStore(folder).records(), key=lambda r: r.number)
+            if rec.attrs.get("ran") and rec.attrs.get("status") != "interrupted"]
 
+
+def experiment_s(rec: TrialRecord) -> float:
+    """An experiment's own time (its ``wall_s.txt``: a cached experiment counts what it took when it
+    ran, a stopped one what it ran)."""
+    wall = Path(rec.attrs["run_dir"]) / "wall_s.txt" if rec.attrs.get("run_dir") else None
+    return float(wall.read_text()) if wall is not None and wall.exists() else rec.attrs.get("time_s") or 0.0
+
+
+def trajectory(ran: list[TrialRecord], baseline: float) -> tuple[list[float], list[float], int]:
+    """Best validation metric after each experiment of ``ran`` (the baseline before any), the
+    experiments' own time so far after each, and how many were stopped by the pruner."""
     best, out, spent, seconds, pruned = baseline, [], [], 0.0, 0
-    for rec in sorted(CampaignStore(folder).records(), key=lambda r: r.number):
-        if not rec.attrs.get("ran") or rec.attrs.get("status") == "interrupted":
-            continue
+    for rec in ran:
         value = rec.attrs.get("value") if rec.attrs.get("status") == "passed" else None
         best = max(best, value) if value is not None else best
         pruned += rec.attrs.get("status") == "pruned"
         out.append(best)
-        wall = Path(rec.attrs["run_dir"]) / "wall_s.txt" if rec.attrs.get("run_dir") else None
-        seconds += float(wall.read_text()) if wall is not None and wall.exists() else rec.attrs.get("time_s") or 0.0
+        seconds += experiment_s(rec)
         spent.append(seconds)
     return out, spent, pruned
 
@@ -207,15 +215,12 @@ def first_checkpoint_s(run_dir: Path) -> float | None:
     return float(lines[0]["time_s"]) + max(0.0, start)
 
 
-def least_compute_s(folder: Path, reach: int) -> float | None:
-    """The compute a pruner that knew every experiment's end would have spent to reach the same best
-    in the same campaign: the best and its ancestors run to their end (a stopped node is never
-    expanded), every other experiment stops at its first checkpoint. Not the baseline's time. The
-    floor no rule reading these checkpoints can go under; None when an experiment reported none."""
-    from recipetune.engine.store import CampaignStore
-
-    ran = [r for r in sorted(CampaignStore(folder).records(), key=lambda r: r.number)
-           if r.attrs.get("ran") and r.attrs.get("status") != "interrupted"][:reach]
+def least_compute_s(ran: list[TrialRecord]) -> float | None:
+    """The compute a pruner that knew every experiment's end would have spent to reach the best,
+    the last of ``ran``, in the same campaign: the best and its ancestors run to their end (a
+    stopped node is never expanded), every other experiment stops at its first checkpoint. Not the
+    baseline's time. The floor no rule reading these checkpoints can go under; None when an
+    experiment reported none."""
     if not ran:
         return None
     path, parent = set(), {r.attrs.get("recipe_id"): r.attrs.get("parent") for r in ran}
@@ -225,10 +230,9 @@ def least_compute_s(folder: Path, reach: int) -> float | None:
         node = parent[node]
     spent = 0.0
     for rec in ran:
-        run_dir = Path(rec.attrs["run_dir"])
         if rec.attrs.get("recipe_id") in path:
-            spent += float((run_dir / "wall_s.txt").read_text())
-        elif (first := first_checkpoint_s(run_dir)) is None:
+            spent += experiment_s(rec)
+        elif (first := first_checkpoint_s(Path(rec.attrs["run_dir"]))) is None:
             return None
         else:
             spent += first
@@ -260,7 +264,8 @@ def finished_campaign(folder: Path) -> Finish | None:
         return None  # its baseline is still running
     meta = json.loads((folder / "campaign.json").read_text()) if (folder / "campaign.json").exists() else {}
     base = ExperimentReport.model_validate_json((folder / "baseline" / "report.json").read_text())
-    traj, spent, pruned = trajectory(folder, base.value or 0.0)
+    ran = experiments(folder)
+    traj, spent, pruned = trajectory(ran, base.value or 0.0)
     if len(traj) < int(meta.get("search", {}).get("budget", {}).get("trials") or len(traj)):
         return None
     root_s = base.timings_s.get("total", 0.0)
@@ -270,7 +275,7 @@ def finished_campaign(folder: Path) -> Finish | None:
     return Finish(best, k, root_s + (spent[k - 1] if k else 0.0), root_s + (spent[-1] if spent else 0.0), pruned,
                   _decision(verdict), ((verdict or {}).get("verdict") or {}).get("gain"),
                   base.value or 0.0, traj, [round(s, 1) for s in spent],
-                  root_s + least if k and (least := least_compute_s(folder, k)) is not None else None)
+                  root_s + least if k and (least := least_compute_s(ran[:k])) is not None else None)
 
 
 def table(out: Path, arms: list[str]) -> dict[str, dict[str, dict[str, Finish]]]:
@@ -337,7 +342,7 @@ def campaign(file: Path, arm: str, seed: int, budget: int, out: Path, memo: Memo
     services = Services(p.store, memo, Quiet(f"{file.stem} {arm} {seed}"))
     outcome = run_search(job, c.cfg, services, meta=p.meta, snapshot=p.snapshot, resume=p.resume, proposer=p.proposer)
     root = outcome.tree.root.score or 0.0
-    traj, spent, _ = trajectory(folder, root)
+    traj, spent, _ = trajectory(experiments(folder), root)
     seconds = spent[-1] if spent else 0.0
     best = outcome.tree.best()
     row: dict[str, Any] = {
@@ -362,7 +367,7 @@ def decide(file: Path, arm: str, seed: int, budget: int, out: Path, memo: MemoEx
     folder = out / file.stem / f"{arm}-{seed}"
     if (folder / "verdict.json").exists() or not folder.exists():
         return
-    ran = len(trajectory(folder, 0.0)[0])  # the experiments that ran (not an interrupted one)
+    ran = len(experiments(folder))
     if ran < budget:
         print(f"  [{file.stem} {arm} {seed}] {ran} of {budget} experiments: not decided yet")
         return
