@@ -6,11 +6,12 @@
 Each arm is a real `recipetune finetune` campaign (the same engine, job and Researcher) at an equal
 budget of experiments, over several search seeds:
 
-    mcts        selection uct, analyst Researcher (the default)
-    greedy      selection greedy (best-first), analyst
-    sequential  selection sequential (each experiment a child of the last), analyst
+    mcts        selection uct, analyst Researcher with its seeded explore rule (search.explore: random)
+    greedy      selection greedy (best-first), analyst, seeded
+    sequential  selection sequential (each experiment a child of the last), analyst, seeded
     random      selection uct, random proposals
-    ARM-model   mcts, greedy or sequential with search.explore: model (the analyst's explore rule from TPE)
+    ARM-model   mcts, greedy or sequential with search.explore: model (the analyst's explore rule from
+                TPE); mcts-model is what a finetune campaign does by default
     ARM-pruned  the arm with the median pruner over 3 validation checkpoints per experiment
     ARM-top-pruned  mcts, mcts-model or greedy with the percentile pruner keeping the top quarter
 
@@ -49,18 +50,21 @@ from recipetune.execute.executor import LocalExecutor
 from recipetune.finetune import job as ft
 from recipetune.finetune import plan as ftp
 
+# The plain arms ask for the analyst's seeded undirected rule (search.explore: random), as they did
+# before the quality job's default became the model: the arms keep their meaning and their results.
+ANALYST = ["search.proposer=analyst", "search.explore=random"]
 ARMS = {
-    "mcts": ["search.selection=uct", "search.proposer=analyst"],
-    "greedy": ["search.selection=greedy", "search.proposer=analyst"],
-    "sequential": ["search.selection=sequential", "search.proposer=analyst"],
+    "mcts": ["search.selection=uct", *ANALYST],
+    "greedy": ["search.selection=greedy", *ANALYST],
+    "sequential": ["search.selection=sequential", *ANALYST],
     "random": ["search.selection=uct", "search.proposer=random"],
-    "mcts-max": ["search.selection=uct", "search.proposer=analyst", "search.backup=max"],
+    "mcts-max": ["search.selection=uct", *ANALYST, "search.backup=max"],
     # a third of the default exploration: between mcts-max and greedy (c = 0 is best-first on the best reward)
-    "mcts-max-c0.25": ["search.selection=uct", "search.proposer=analyst", "search.backup=max",
-                       "search.exploration=0.25"],
+    "mcts-max-c0.25": ["search.selection=uct", *ANALYST, "search.backup=max", "search.exploration=0.25"],
 }
-# the analyst's undirected rule from TPE over the tree (search.explore: model) instead of a seeded choice
-ARMS |= {f"{arm}-model": [*ARMS[arm], "search.explore=model"] for arm in ("mcts", "greedy", "sequential")}
+# the analyst's undirected rule from TPE over the tree (search.explore: model, the default of a
+# finetune campaign) instead of a seeded choice
+ARMS |= {f"{arm}-model": [*ARMS[arm][:-1], "search.explore=model"] for arm in ("mcts", "greedy", "sequential")}
 PRUNED = ["search.pruning.pruner=median", "search.pruning.checkpoints=3"]
 # Optuna's percentile pruner keeping the top quarter: a child runs on while it may reach the 75th
 # percentile of the finished experiments at its checkpoint

@@ -127,8 +127,8 @@ def test_model_proposals_keep_the_relations():
         assert recipe not in tree
 
 
-def test_the_setting_reaches_the_analyst_random_by_default(tmp_path):
-    assert TreeSearchConfig().explore == "random"
+def test_the_setting_reaches_the_analyst_random_by_the_engines_default(tmp_path):
+    assert TreeSearchConfig().explore == "random"  # a finetune campaign's is the model: test_finetune_search.py
     proposer = build_proposer(TreeSearchConfig(explore="model"), tmp_path / "c.yaml", builtin=PLAYBOOK)
     assert isinstance(proposer, AnalystProposer) and proposer.explore == "model"
     assert make_proposer("analyst", builtin=PLAYBOOK).explore == "random"  # type: ignore[attr-defined]
