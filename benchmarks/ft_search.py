@@ -64,7 +64,8 @@ ARMS = {
 }
 # the analyst's undirected rule from TPE over the tree (search.explore: model, the default of a
 # finetune campaign) instead of a seeded choice
-ARMS |= {f"{arm}-model": [*ARMS[arm][:-1], "search.explore=model"] for arm in ("mcts", "greedy", "sequential")}
+ARMS |= {f"{arm}-model": [*(o for o in ARMS[arm] if o != "search.explore=random"), "search.explore=model"]
+         for arm in ("mcts", "greedy", "sequential")}
 PRUNED = ["search.pruning.pruner=median", "search.pruning.checkpoints=3"]
 # Optuna's percentile pruner keeping the top quarter: a child runs on while it may reach the 75th
 # percentile of the finished experiments at its checkpoint
