@@ -139,9 +139,7 @@ class MemoExecutor(LocalExecutor):
                 time.sleep(0.05)
             if stop.exists():
                 at = json.loads(stop.read_text())
-                # the child's time to this checkpoint, and its start (the process, the imports)
-                start = max(0.0, wall - report.timings_s.get("total", wall))
-                spent = float(line.get("time_s", wall)) + start
+                spent = stopped_s(float(line.get("time_s", wall)), wall, report.timings_s.get("total", wall))
                 (out / "wall_s.txt").write_text(f"{spent:.2f}\n")
                 self.seconds += spent
                 return ft.Pruned(at["checkpoint"], at["of"], at["value"], at["examples"])
@@ -151,6 +149,12 @@ class MemoExecutor(LocalExecutor):
         (out / "wall_s.txt").write_text(f"{wall:.2f}\n")
         self.seconds += wall
         return report.model_copy(update={"run_dir": str(out)})
+
+
+def stopped_s(at_s: float, wall_s: float, own_s: float) -> float:
+    """What a child stopped at a checkpoint counts: its time to the checkpoint (``at_s``, its own
+    clock) and its start (the process, the imports: its wall time less its own time ``own_s``)."""
+    return at_s + max(0.0, wall_s - own_s)
 
 
 def _done(value: Any) -> Future:
@@ -207,17 +211,16 @@ def trajectory(ran: list[TrialRecord], baseline: float) -> tuple[list[float], li
 
 def first_checkpoint_s(run_dir: Path) -> float | None:
     """When an experiment reached its first checkpoint, counted as a stop there counts it
-    (``MemoExecutor.replay``: its time to the checkpoint and its start); None without checkpoints."""
+    (``stopped_s``, as ``MemoExecutor.replay`` counts it); None without checkpoints."""
     lines = ft.progress_lines(run_dir)
     wall = run_dir / "wall_s.txt"
     if not lines or not wall.exists():
         return None
-    if (run_dir / "report.json").exists():  # ran to its end: its start is its wall time less its own
-        total = ft.ExperimentReport.model_validate_json((run_dir / "report.json").read_text()).timings_s["total"]
-        start = float(wall.read_text()) - total
-    else:  # stopped at its last line, with its start
-        start = float(wall.read_text()) - float(lines[-1]["time_s"])
-    return float(lines[0]["time_s"]) + max(0.0, start)
+    if (run_dir / "report.json").exists():  # ran to its end: its own time is its report's
+        own = ft.ExperimentReport.model_validate_json((run_dir / "report.json").read_text()).timings_s["total"]
+    else:  # stopped at its last line
+        own = float(lines[-1]["time_s"])
+    return stopped_s(float(lines[0]["time_s"]), float(wall.read_text()), own)
 
 
 def least_compute_s(ran: list[TrialRecord]) -> float | None:
