@@ -471,3 +471,47 @@ def test_a_pruned_childs_reward_is_its_gain_over_the_baseline_at_the_same_checkp
     # a baseline that reported no checkpoints (pruning turned on for a resumed campaign): its final value
     job.root_curve = {}
     assert job.land(ft.Pruned(1, 3, 6 / 64, 64), c.baseline, tmp_path).reward == metric_reward(6 / 64, 0.45, True)
+
+
+def _steps(speed: float, stalls: dict[int, float] | None = None, jitter: float = 0.01) -> list:
+    """40 steps of 100 tokens at ``speed`` x 1000 tokens/s, each step's time jittered by ``jitter``
+    (a fixed draw) and the steps in ``stalls`` made that many times slower: a neighbour's burst."""
+    import numpy as np
+
+    from recipetune.core.measure import StepRecord
+
+    t = 0.1 / speed * (1 + jitter * np.random.default_rng(0).standard_normal(40))
+    for step, factor in (stalls or {}).items():
+        t[step - 1] *= factor
+    return [StepRecord(step=i, loss=1.0, tokens=100, step_time_s=float(t[i - 1])) for i in range(1, 41)]
+
+
+# Warm-up is steps 1-4, so the first report covers steps 5-13, the second 5-22, the third 5-31.
+@pytest.mark.parametrize(("steps", "stopped"), [
+    (_steps(1.0), [False, False, False]),
+    (_steps(0.97), [False, False, False]),  # 1.5 spreads slower: it could still be as fast
+    (_steps(0.95), [True, True, True]),  # 2.5 spreads slower: stoppable from its first report
+    # the cases built to fool it: an equal recipe whose short first report caught a burst
+    (_steps(1.0, {7: 2.0}), [False, False, False]),  # one stall: the median of its windows ignores it
+    (_steps(1.0, {7: 3.0, 8: 3.0, 9: 3.0}), [False, False, False]),  # 3 steps at 3x: 0.80x, its bound 1.18x
+    (_steps(1.0, {6: 2.0, 10: 2.0}), [False, False, False]),  # two stalls in two windows: 0.87x, bound 1.11x
+    # ... beside the slower recipe that a stall must not hide: the spread is robust too
+    (_steps(0.95, {7: 2.0}), [True, True, True]),
+    (_steps(0.97, {7: 2.0}), [False, False, False]),
+    # The limit: a slowdown over a whole report is what a slower recipe looks like there. The bound
+    # cannot tell them apart; the next report can (`pruner: patient` waits for it).
+    (_steps(1.0, dict.fromkeys(range(5, 14), 1.1)), [True, False, False]),
+], ids=["equal", "3%-slower", "5%-slower", "equal-one-stall", "equal-burst", "equal-two-stalls",
+        "5%-slower-one-stall", "3%-slower-one-stall", "equal-whole-report-slow"])
+def test_a_speed_report_spoiled_by_stalls_does_not_stop_an_equal_recipe(steps, stopped):
+    # At 2% A/A noise, against a median of 1.0 (the baseline's): a report's value is the median of
+    # its windows' tokens/s over the profile's, its bound two spreads above (A/A and its own spread).
+    from types import SimpleNamespace
+
+    from recipetune.speed.job import SpeedJob
+
+    job = SpeedJob.__new__(SpeedJob)  # only windows() is exercised: its settings and the profile
+    job.cfg = SimpleNamespace(pruning=SimpleNamespace(checkpoints=3))
+    job.profile = SimpleNamespace(tokens_per_s=1000.0, throughput_noise=0.02)
+    reports = job.windows(steps, 40)
+    assert [r["upper"] < 1.0 for r in reports] == stopped  # Search.prune: stopped only when upper < median

@@ -177,9 +177,9 @@ class TableJob:
 
     def run(self, entry: Entry, progress: Progress) -> tuple[Entry, Measurement, int | None]:
         """A drawn repeat; with pruning, its throughput windows go to the pruner as the speed job's
-        do (speed/job.py: windows), each the run's own rate (a table holds whole-run figures), its
-        upper bound two A/A spreads above. A run stopped at window k of N cost its start and k/(N+1)
-        of its measured steps."""
+        do (speed/job.py: windows), each the run's own rate (a table holds whole-run figures, so
+        no report has a spread of its own), its upper bound two A/A spreads above. A run stopped
+        at window k of N cost its start and k/(N+1) of its measured steps."""
         m = self.oracle.draw(entry)
         n = self.cfg.pruning.reports
         if not n or m.status != "ok" or not m.tokens_per_s:

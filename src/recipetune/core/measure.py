@@ -67,6 +67,7 @@ class Rate(Record):
     tokens_per_s: float  # median over the windows
     mean_tokens_per_s: float  # all measured tokens / all measured time
     windows: int
+    spread: float  # the windows' robust relative spread (1.4826 MAD / median): the run's own noise
     stalls: int
     stall_time_s: float  # time the stalled steps took beyond a median step
 
@@ -88,8 +89,11 @@ def robust_rate(steps: list[StepRecord]) -> Rate:
     per_token = [s.step_time_s / s.tokens for s in steps if s.tokens > 0]
     typical = statistics.median(per_token) if per_token else 0.0
     stalled = [s for s in steps if s.tokens > 0 and s.step_time_s > STALL_FACTOR * typical * s.tokens]
-    return Rate(tokens_per_s=statistics.median(rates) if steps else 0.0, mean_tokens_per_s=mean, windows=k,
-                stalls=len(stalled), stall_time_s=sum(s.step_time_s - typical * s.tokens for s in stalled))
+    rate = statistics.median(rates) if steps else 0.0
+    # Robust like the figure: a stall's window is an outlier, not spread (1.4826 MAD is sigma for a normal).
+    spread = 1.4826 * statistics.median(abs(r - rate) for r in rates) / rate if rate > 0 else 0.0
+    return Rate(tokens_per_s=rate, mean_tokens_per_s=mean, windows=k, spread=spread, stalls=len(stalled),
+                stall_time_s=sum(s.step_time_s - typical * s.tokens for s in stalled))
 
 
 class RunSummary(Record):

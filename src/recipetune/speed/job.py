@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from recipetune.core.measure import RunResult, StepRecord, default_warmup_steps
+from recipetune.core.measure import RunResult, StepRecord, default_warmup_steps, robust_rate
 from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import (
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from recipetune.guard.static import Violation
     from recipetune.guard.verdict import Verdict
     from recipetune.workloads.base import Workload
+
+MEDIAN_ERROR = math.sqrt(math.pi / 2)  # a median's standard error over a mean's, for normal noise
 
 # -- the control system, as the search sees it ------------------------------------------------
 
@@ -185,7 +188,13 @@ class SpeedJob:
     def windows(self, steps: list[StepRecord], expected: int, n_devices: int = 1) -> list[dict[str, Any]]:
         """The speed-up reports of a run so far: after the warm-up, at k/(N+1) of its measured steps
         (N = search.pruning.checkpoints), its tokens/s per device over the measured steps up to there,
-        against the baseline profile's, with the most it could plausibly be (``upper``)."""
+        against the baseline profile's, with the most it could plausibly be (``upper``).
+
+        The figure is the run's own (core/measure.py: robust_rate, the median of contiguous windows),
+        so one stall moves it little. The bound is two spreads above it; a spread joins the profile's
+        A/A noise (one whole run against the next) with the report's own error (its windows' robust
+        spread; a median's error is about 1.25 sigma / sqrt(windows)). A short report spoiled by
+        stalls has a wide bound, so a neighbour's burst does not stop a recipe that is as fast."""
         assert self.profile is not None
         n, warm = self.cfg.pruning.checkpoints, default_warmup_steps(expected)
         measured = [s for s in steps if s.step > warm]
@@ -193,10 +202,10 @@ class SpeedJob:
         for k, at in sorted((k, step) for step, k in checkpoint_steps(expected - warm, n).items()):
             if len(measured) < at:
                 break
-            window = measured[:at]
-            rate = sum(s.tokens for s in window) / max(1e-9, sum(s.step_time_s for s in window)) / n_devices
-            value = rate / self.profile.tokens_per_s
-            upper = value * (1 + 2 * self.profile.throughput_noise)  # the most it could plausibly be: 2 A/A spreads
+            rate = robust_rate(measured[:at])
+            value = rate.tokens_per_s / n_devices / self.profile.tokens_per_s
+            own = MEDIAN_ERROR * rate.spread / math.sqrt(rate.windows)
+            upper = value * (1 + 2 * math.hypot(self.profile.throughput_noise, own))
             out.append({"checkpoint": k, "of": n, "value": value, "upper": upper})
         return out
 
