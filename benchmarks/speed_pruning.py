@@ -14,8 +14,9 @@ stopped), the share of replays that got there, and how many trials were stopped.
     python benchmarks/speed_pruning.py --live examples/tiny-campaign.yaml --budget 12 --out runs/speed-pruning
 
 runs one live `recipetune tune` campaign without and one with pruning (same file, same search seed)
-and prints the same figures from their studies: a trial's time is its study trial's duration, the
-best is the fastest passed screening of the two campaigns together.
+and prints the same figures from their studies: a trial's time is its study trial's duration; the
+best is the recipe with the highest mean screening over the two campaigns, and a campaign reaches it
+when it runs (and does not stop) a recipe within 2% of that.
 """
 
 from __future__ import annotations
@@ -47,22 +48,33 @@ def live(file: Path, budget: int, pruner: str, within: float, out: Path, seed: i
     runs = {}
     for arm in ("none", pruner):
         folder = out / arm
-        t0 = time.perf_counter()
+        timed = folder / "bench-wall.json"  # the campaign's wall time, kept for a rerun over finished folders
         if not (folder / "verdict.json").exists():
+            t0 = time.perf_counter()
             subprocess.run([sys.executable, "-m", "recipetune", "tune", str(file), "--budget", str(budget),
                             "--pruner", arm, f"search.seed={seed}", "--out", str(folder),
                             *(["--resume"] if folder.exists() else [])], check=False)
-        wall = time.perf_counter() - t0
+            timed.write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
+        wall = json.loads(timed.read_text())["wall_s"] if timed.exists() else float("nan")
         store = CampaignStore(folder)
         trials = [t for t in store.study.get_trials(deepcopy=False) if t.user_attrs.get("status") != "reference"
                   and t.user_attrs.get("ran")]
         runs[arm] = (sorted(trials, key=lambda t: t.number), wall,
                      json.loads((folder / "verdict.json").read_text()).get("decision", "?")
                      if (folder / "verdict.json").exists() else "none")
-    best = max(t.user_attrs.get("speedup") or 0.0 for trials, _, _ in runs.values() for t in trials
-               if t.user_attrs.get("status") == "passed")
-    print(f"best screened speed-up of the two campaigns: {best:.3f}x; within {100 * within:.0f}%: "
-          f">= {(1 - within) * best:.3f}x")
+    # A recipe's figure is the mean of its screenings over both campaigns: one screening is a single
+    # noisy run (the same recipe read 2.28x in one campaign and 2.05x in the other), and the question
+    # is which recipe a campaign found, not how lucky its one draw of it was.
+    screened: dict[str, list[float]] = {}
+    for trials, _, _ in runs.values():
+        for t in trials:
+            if t.user_attrs.get("status") == "passed" and t.user_attrs.get("speedup"):
+                screened.setdefault(t.user_attrs["recipe_id"], []).append(float(t.user_attrs["speedup"]))
+    figure = {rid: statistics.fmean(xs) for rid, xs in screened.items()}
+    best = max(figure.values())
+    good = {rid for rid, x in figure.items() if x >= (1 - within) * best}
+    print(f"best recipe of the two campaigns: {', '.join(sorted(good))} (mean screening {best:.3f}x); within "
+          f"{100 * within:.0f}%: >= {(1 - within) * best:.3f}x")
     print("| pruning | trials run | stopped | trials to reach | trial s to reach | trial s, all | "
           "campaign wall s | decision |")
     print("|---|---|---|---|---|---|---|---|")
@@ -70,13 +82,19 @@ def live(file: Path, budget: int, pruner: str, within: float, out: Path, seed: i
         spent, reach = 0.0, None
         for i, t in enumerate(trials, 1):
             spent += t.duration.total_seconds() if t.duration else 0.0
-            if reach is None and t.user_attrs.get("status") == "passed" and \
-                    (t.user_attrs.get("speedup") or 0.0) >= (1 - within) * best:
+            if reach is None and t.user_attrs.get("status") == "passed" and t.user_attrs.get("recipe_id") in good:
                 reach = (i, spent)
         stopped = sum(t.state == optuna.trial.TrialState.PRUNED for t in trials)
         total = sum(t.duration.total_seconds() for t in trials if t.duration)
         print(f"| {arm} | {len(trials)} | {stopped} | {reach[0] if reach else '–'} | "
               f"{f'{reach[1]:.0f}' if reach else '–'} | {total:.0f} | {wall:.0f} | {decision} |")
+    for arm, (trials, _, _) in runs.items():
+        print(f"== {arm}")
+        for t in trials:
+            iv = t.intermediate_values
+            print(t.number, t.state.name, t.user_attrs.get("recipe_id"), t.user_attrs.get("speedup"),
+                  min(iv.values()) if iv and t.state == optuna.trial.TrialState.PRUNED else None,
+                  f"{t.duration.total_seconds():.1f}" if t.duration else None, t.user_attrs.get("edits"))
 
 
 def main() -> None:
