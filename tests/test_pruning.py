@@ -429,21 +429,28 @@ search:
     assert all(n < 40 for n in steps_run)  # stopped before its end: the point of pruning
 
 
+def speed_reports(steps: list) -> list[dict]:
+    """The speed job's reports of a 40-step run (3 checkpoints) against a profile of 1000 tokens/s at
+    2% A/A noise: only ``SpeedJob.windows`` is exercised, with its settings and the profile."""
+    from types import SimpleNamespace
+
+    from recipetune.speed.job import SpeedJob
+
+    job = SpeedJob.__new__(SpeedJob)
+    job.cfg = SimpleNamespace(pruning=SimpleNamespace(checkpoints=3))
+    job.profile = SimpleNamespace(tokens_per_s=1000.0, throughput_noise=0.02)
+    return job.windows(steps, 40)
+
+
 @pytest.mark.parametrize(("slower", "stops"), [(1.0, False), (0.97, False), (0.95, True), (0.25, True)])
 def test_a_speed_window_is_stoppable_only_beyond_two_aa_spreads(slower, stops, tmp_path):
     # The speed job's report: tokens/s so far over the profile's, and its plausible bound, value x
     # (1 + 2 x the A/A spread). Against a median of 1.0 (the baseline) at 2% noise, a trial 3% slower
     # (1.5 spreads) could still be as fast and runs on; 5% slower (2.5 spreads) can be stopped.
-    from types import SimpleNamespace
-
     from recipetune.core.measure import StepRecord
-    from recipetune.speed.job import SpeedJob
 
-    job = SpeedJob.__new__(SpeedJob)  # only windows() is exercised: its settings and the profile
-    job.cfg = SimpleNamespace(pruning=SimpleNamespace(checkpoints=3))
-    job.profile = SimpleNamespace(tokens_per_s=1000.0, throughput_noise=0.02)
     steps = [StepRecord(step=i, loss=1.0, tokens=100, step_time_s=0.1 / slower) for i in range(1, 41)]
-    reports = job.windows(steps, 40)
+    reports = speed_reports(steps)
     assert [r["checkpoint"] for r in reports] == [1, 2, 3]
     assert all(r["value"] == pytest.approx(slower) for r in reports)
     assert all((r["upper"] < 1.0) == stops for r in reports)  # Search.prune: stopped only when upper < median
@@ -506,12 +513,5 @@ def _steps(speed: float, stalls: dict[int, float] | None = None, jitter: float =
 def test_a_speed_report_spoiled_by_stalls_does_not_stop_an_equal_recipe(steps, stopped):
     # At 2% A/A noise, against a median of 1.0 (the baseline's): a report's value is the median of
     # its windows' tokens/s over the profile's, its bound two spreads above (A/A and its own spread).
-    from types import SimpleNamespace
-
-    from recipetune.speed.job import SpeedJob
-
-    job = SpeedJob.__new__(SpeedJob)  # only windows() is exercised: its settings and the profile
-    job.cfg = SimpleNamespace(pruning=SimpleNamespace(checkpoints=3))
-    job.profile = SimpleNamespace(tokens_per_s=1000.0, throughput_noise=0.02)
-    reports = job.windows(steps, 40)
+    reports = speed_reports(steps)
     assert [r["upper"] < 1.0 for r in reports] == stopped  # Search.prune: stopped only when upper < median

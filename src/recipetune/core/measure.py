@@ -61,13 +61,14 @@ class EvalRecord(Record):
 
 THROUGHPUT_WINDOWS = 5  # the run's figure is the median over this many windows of its measured steps
 STALL_FACTOR = 3.0  # a step taking this many times the median time per token is counted as a stall
+MEDIAN_ERROR = math.sqrt(math.pi / 2)  # a median's standard error over a mean's, for normal noise
 
 
 class Rate(Record):
     tokens_per_s: float  # median over the windows
     mean_tokens_per_s: float  # all measured tokens / all measured time
     windows: int
-    spread: float  # the windows' robust relative spread (1.4826 MAD / median): the run's own noise
+    error: float  # the figure's own relative standard error, from its windows' robust spread
     stalls: int
     stall_time_s: float  # time the stalled steps took beyond a median step
 
@@ -90,10 +91,11 @@ def robust_rate(steps: list[StepRecord]) -> Rate:
     typical = statistics.median(per_token) if per_token else 0.0
     stalled = [s for s in steps if s.tokens > 0 and s.step_time_s > STALL_FACTOR * typical * s.tokens]
     rate = statistics.median(rates) if steps else 0.0
-    # Robust like the figure: a stall's window is an outlier, not spread (1.4826 MAD is sigma for a normal).
+    # The figure's error, robust like the figure: a stall's window is an outlier, not spread (1.4826 MAD
+    # is sigma for normal noise), and a median's error is MEDIAN_ERROR sigma / sqrt(windows).
     spread = 1.4826 * statistics.median(abs(r - rate) for r in rates) / rate if rate > 0 else 0.0
-    return Rate(tokens_per_s=rate, mean_tokens_per_s=mean, windows=k, spread=spread, stalls=len(stalled),
-                stall_time_s=sum(s.step_time_s - typical * s.tokens for s in stalled))
+    return Rate(tokens_per_s=rate, mean_tokens_per_s=mean, windows=k, error=MEDIAN_ERROR * spread / math.sqrt(k),
+                stalls=len(stalled), stall_time_s=sum(s.step_time_s - typical * s.tokens for s in stalled))
 
 
 class RunSummary(Record):

@@ -54,8 +54,6 @@ if TYPE_CHECKING:
     from recipetune.guard.verdict import Verdict
     from recipetune.workloads.base import Workload
 
-MEDIAN_ERROR = math.sqrt(math.pi / 2)  # a median's standard error over a mean's, for normal noise
-
 # -- the control system, as the search sees it ------------------------------------------------
 
 
@@ -192,9 +190,9 @@ class SpeedJob:
 
         The figure is the run's own (core/measure.py: robust_rate, the median of contiguous windows),
         so one stall moves it little. The bound is two spreads above it; a spread joins the profile's
-        A/A noise (one whole run against the next) with the report's own error (its windows' robust
-        spread; a median's error is about 1.25 sigma / sqrt(windows)). A short report spoiled by
-        stalls has a wide bound, so a neighbour's burst does not stop a recipe that is as fast."""
+        A/A noise (one whole run against the next) with the report's own error (``Rate.error``, from
+        its windows' robust spread). A short report spoiled by stalls has a wide bound, so a
+        neighbour's burst does not stop a recipe that is as fast."""
         assert self.profile is not None
         n, warm = self.cfg.pruning.checkpoints, default_warmup_steps(expected)
         measured = [s for s in steps if s.step > warm]
@@ -204,8 +202,7 @@ class SpeedJob:
                 break
             rate = robust_rate(measured[:at])
             value = rate.tokens_per_s / n_devices / self.profile.tokens_per_s
-            own = MEDIAN_ERROR * rate.spread / math.sqrt(rate.windows)
-            upper = value * (1 + 2 * math.hypot(self.profile.throughput_noise, own))
+            upper = value * (1 + 2 * math.hypot(self.profile.throughput_noise, rate.error))
             out.append({"checkpoint": k, "of": n, "value": value, "upper": upper})
         return out
 
