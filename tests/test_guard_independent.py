@@ -18,7 +18,7 @@ from recipetune.core.recipe import Recipe
 from recipetune.guard import stats
 from recipetune.guard.baseline import build_profile, trusted_aa
 from recipetune.guard.config import GuardConfig
-from recipetune.guard.looks import gather, plan_looks
+from recipetune.guard.looks import gather
 from recipetune.guard.parity import compare
 from recipetune.guard.speed import measure_speed
 from recipetune.workloads.command import CommandSpec, CommandWorkload
@@ -89,7 +89,7 @@ class LossWorkload(CommandWorkload):
         return run
 
 
-def test_equivalent_candidate_on_other_batches_is_never_rejected_and_longer_runs_resolve_it(tmp_path):
+def test_equivalent_candidate_on_other_batches_is_never_rejected_and_a_planned_longer_run_resolves_it(tmp_path):
     cfg = settings()
     profile = no_seed_profile(100, cfg)
     ev = compare(profile, [loss_run(CAND, 32, 100, order=1)], cfg.parity)
@@ -99,21 +99,27 @@ def test_equivalent_candidate_on_other_batches_is_never_rejected_and_longer_runs
     assert ev.noise["baseline"] > 3 * ev.noise["candidate"]  # 2 sequences vs 32 averaged
     wl = LossWorkload()
     got = gather(wl, profile, BASE, CAND, 100, cfg, tmp_path, equal_tokens=False)
-    assert [look.factor for look in plan_looks(profile, cfg)] == [1, 4, 16]
     assert got.evidence.outcome == "holds", (got.looks, got.evidence.reasons)
     assert got.evidence.detectable <= got.evidence.tolerance == pytest.approx(ev.tolerance)  # T stays the profile's
-    assert got.runs == len(wl.launched) and max(s for _, s in wl.launched) > 100
+    # Two looks: the candidate at the profile's length, then one pair at the length the first look's
+    # error says resolves T (not 4x and 16x whatever it says)
+    factor = got.plan["factor"]
+    assert got.runs == len(wl.launched) == 3 and wl.launched[1:] == [(2, 100 * factor), (32, 100 * factor)]
+    assert 2 <= factor < 16 and "plan: one pair at" in got.looks[1]
 
 
 @pytest.mark.parametrize("factor", [1.5, 3.0])
-def test_a_poison_at_the_edge_is_rejected_after_enough_evidence_never_approved(tmp_path, factor):
+def test_a_poison_at_the_edge_is_never_approved_and_a_clear_one_stops_at_the_first_look(tmp_path, factor):
     cfg = settings()
     profile = no_seed_profile(100, cfg)
     T = profile.loss_tolerance
     # the offset grows linearly over a run; over the second half of a 100-step run it averages 0.75 x offset
-    got = gather(LossWorkload(offset=factor * T / 0.75), profile, BASE, CAND, 100, cfg, tmp_path, equal_tokens=False)
+    wl = LossWorkload(offset=factor * T / 0.75)
+    got = gather(wl, profile, BASE, CAND, 100, cfg, tmp_path, equal_tokens=False)
     assert got.evidence.outcome in ("fails", "inconclusive"), got.looks
-    assert got.evidence.outcome == "fails" or factor < 2
+    if factor >= 3:  # the runs 3T needs to show equivalence cannot: stopped for futility, no longer runs bought
+        assert got.stop == "futility" and wl.launched == [(32, 100)]
+        assert "not shown equivalent" in got.evidence.reasons[0] and "chance" in got.evidence.reasons[0]
 
 
 def test_an_effect_that_fades_in_longer_runs_is_not_approved_on_them(tmp_path):
@@ -126,12 +132,22 @@ def test_an_effect_that_fades_in_longer_runs_is_not_approved_on_them(tmp_path):
     assert got.evidence.outcome != "holds", got.looks
 
 
-def test_runs_that_cannot_resolve_t_say_how_much_more_would():
+def test_runs_that_cannot_resolve_t_say_how_much_more_would(tmp_path):
     cfg = settings(max_steps_factor=1)
     profile = no_seed_profile(100, cfg)
-    got = gather(LossWorkload(), profile, BASE, CAND, 100, cfg, Path("/nonexistent"), equal_tokens=False)
-    assert got.evidence.outcome == "inconclusive"
+    got = gather(LossWorkload(), profile, BASE, CAND, 100, cfg, tmp_path, equal_tokens=False)
+    assert got.evidence.outcome == "inconclusive" and got.stop == "budget"
     assert "steps would resolve T" in got.evidence.reasons[-1]
+
+
+def test_a_budget_too_small_for_the_longer_pair_keeps_the_baseline_and_says_so(tmp_path):
+    cfg = settings()
+    cfg = cfg.model_copy(update={"max_parity_runs": 2})  # the look at 1x costs 1, a longer pair costs 2 x factor
+    profile = no_seed_profile(100, cfg)
+    wl = LossWorkload()
+    got = gather(wl, profile, BASE, CAND, 100, cfg, tmp_path, equal_tokens=False)
+    assert got.evidence.outcome == "inconclusive" and got.stop == "budget" and len(wl.launched) == 1
+    assert "guard.max_parity_runs (2)" in got.evidence.reasons[0]
 
 
 def test_declared_data_order_knob_is_the_mode_it_declares():

@@ -26,7 +26,7 @@ ONE_SEED = ["guard.parity.seeds=1"]  # the trainer repeats itself exactly: one r
 
 @pytest.mark.slow
 def test_verify_the_coupled_move_is_approved(tmp_path):
-    # 50-step profile runs: T is that length's, the looks lengthen the runs to 200 and 800 steps
+    # 50-step profile runs: T is that length's; the second look's pair is as long as the first says T needs
     res = CliRunner().invoke(app, ["verify", str(CAMPAIGN), str(CAMPAIGN), "batch_size=32", "grad_accum=1",
                                    *ONE_SEED, "guard.parity.steps=50", "--out", str(tmp_path / "v"), "--json"])
     verdict = json.loads(res.stdout)
@@ -34,7 +34,9 @@ def test_verify_the_coupled_move_is_approved(tmp_path):
     par = verdict["parity"]
     assert par["mode"] == "batches unknown" and "valid either way" in par["mode_reason"]
     assert par["detectable"] <= par["tolerance"] and abs(par["mean_diff"]) < par["tolerance"]
-    assert any("look 1/3" in n and "inconclusive" in n for n in verdict["notes"])  # one 50-step run each: too noisy
+    # one 50-step run each is too noisy: a second look, one pair of the length the first look planned
+    assert any("parity look 1 (1x the steps" in n and "inconclusive" in n for n in verdict["notes"])
+    assert any("parity look 2 (" in n for n in verdict["notes"]) and verdict["cost"]["parity_runs"] == 3
     assert any("no seed knob" in n for n in verdict["notes"])
     assert verdict["parity"]["noise"]["baseline"] > 2 * verdict["parity"]["noise"]["candidate"]
     assert sum(p["baseline_stalls"] + p["candidate_stalls"] for p in verdict["pairs"]) > 0
