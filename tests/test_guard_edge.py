@@ -75,4 +75,7 @@ def test_a_poison_at_the_edge_is_never_approved_and_decided_at_the_first_look(ed
     ev = got.evidence
     assert ev.mode == "same batches"
     assert ev.outcome != "holds" and got.runs == 3, (got.looks, ev.reasons)
-    assert ("trains differently" in ev.reasons[0]) if ev.outcome == "fails" else got.stop == "futility"
+    # shown beyond T: REJECTED; else not shown equivalent, stopped for futility or because the budget's seeds
+    # could not show it (the validation loss's scatter, 2 degrees of freedom, asks for about 80 seeds)
+    assert ("trains differently" in ev.reasons[0]) if ev.outcome == "fails" else got.stop in ("futility", "budget")
+    assert ev.outcome == "fails" or "not shown equivalent" in ev.reasons[0]

@@ -53,7 +53,9 @@ class ParitySettings(BaseModel):
 class SpeedSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    pairs: int = Field(5, ge=2, description="interleaved baseline/candidate measurement pairs")
+    pairs: int = Field(5, ge=2, description="interleaved baseline/candidate measurement pairs, at most")
+    first_pairs: int = Field(3, ge=2, description="pairs of the first look: a gain already clear (or a candidate "
+                             "already below the margin) is decided there; from speed.pairs on, one look")
     steps: int = Field(20, ge=4, description="steps per throughput measurement")
     noise_margin: float | None = Field(
         None, ge=0.0, description="relative speed-up that counts as noise; None derives it from A/A runs"

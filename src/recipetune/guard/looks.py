@@ -40,8 +40,8 @@ from recipetune.guard.config import GuardConfig
 from recipetune.guard.loss import MIN_TAIL
 from recipetune.guard.parity import Measurements, ParityEvidence, Sample, judge, measure, seed_note
 from recipetune.guard.runs import Runs, wait_all
-from recipetune.guard.sequential import Pairs, SeedDesign, factor_needed, predictive_power, seeds_needed
-from recipetune.guard.stats import paired, quantile
+from recipetune.guard.sequential import Pairs, SeedDesign, factor_needed, seeds_needed
+from recipetune.guard.stats import paired
 from recipetune.workloads.base import Workload
 
 Progress = Callable[[str], None]
@@ -284,12 +284,15 @@ def _what_more(v: _Verdict, n: int, planned: int, need: int, why: str) -> str:
 
 
 def _by_steps(v: _Verdict) -> Gathered:
-    """Identical repeats: one pair at the profile's length, then one at the length that resolves T."""
+    """Identical repeats: one candidate run at the profile's length, then longer pairs up to the length
+    that resolves T, with one pair between when that length is 4x or more: an effect that fades with
+    training still shows there, and a difference shown beyond noise at any longer look blocks approval
+    at every later one (parity.py: the fade rule)."""
     p = v.settings.parity
-    first, second = p.alpha * p.first_look, p.alpha * (1.0 - p.first_look)
+    first, rest = p.alpha * p.first_look, p.alpha * (1.0 - p.first_look)
     name = "repeat-0" if v.seed(0) is None else f"seed-{v.seed(0)}"
     v.say(f"parity plan: T {v.profile.loss_tolerance:.4f} nats; the baseline's repeats are identical, so only longer "
-          f"runs add evidence: one candidate run at {v.cand_steps} steps, then, if it cannot tell, one pair at the "
+          f"runs add evidence: one candidate run at {v.cand_steps} steps, then, if it cannot tell, pairs up to the "
           f"length that resolves T (at most {p.max_steps_factor}x); at most {v.settings.max_parity_runs} run(s) of "
           f"{v.profile.steps} steps (guard.max_parity_runs)")
     got = v.gather([Wanted("candidate", 0, v.candidate, v.cand_steps, v.out_dir / "parity" / name)], 1)
@@ -298,65 +301,55 @@ def _by_steps(v: _Verdict) -> Gathered:
     m = measure(v.profile, list(got.values()), p, v.equal_tokens, v.profile.runs[:1])
     ev = judge(m, p, first)
     line = _look_line(1, "1x the steps", first, ev)
-    if ev.outcome != "inconclusive" or m.problems:
-        v.say(line)
-        return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, 1, "decided")
-
-    # The length of the second pair: as long as T needs at the first look's error; or, when the first
-    # runs logged too few losses to have an error, long enough to have one.
-    if m.samples:
-        x = m.samples[0]
-        est = paired([c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)], x.ses, False)
-        need = factor_needed(est.se, x.tolerance, second, p.power, m.two_sided)
-        what = f"runs of about {math.ceil(need * v.profile.steps)} steps would resolve T"
-    else:
-        est, need = None, MIN_TAIL / max(1, m.tail_records)
-        what = f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
-    if p.max_steps_factor < 2:  # no longer run allowed: this look was the only one
-        v.say(line)
-        ev.reasons = [_not_shown(ev, f"{what} (guard.parity.max_steps_factor {p.max_steps_factor})")]
-        return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, 1, "budget")
-    factor = float(min(p.max_steps_factor, max(2, math.ceil(need))))
-    cost = v.cost(v.baseline, round(v.profile.steps * factor)) + v.cost(v.candidate, round(v.cand_steps * factor))
-    planned = round(1 + 2 * factor)
-    if est is not None:
-        # What is known of the longer runs' difference: this one, with its error, and theirs.
-        se_final = est.se / math.sqrt(factor)
-        margin = m.samples[0].tolerance - quantile(second, None) * se_final
-        chance = predictive_power(est.mean, math.hypot(est.se, se_final), margin, m.two_sided)
-        if chance < p.futility:
-            v.say(f"{line}; the chance that runs {factor:g}x as long show equivalence is {100 * chance:.0f}%, below "
-                  f"parity.futility {100 * p.futility:.0f}%: stopped")
-            ev.reasons = [_not_shown(ev, f"runs {factor:g}x as long would show equivalence with a chance of "
-                                         f"{100 * chance:.0f}% (parity.futility {100 * p.futility:.0f}%)")]
-            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "futility")
-    late = v.settings.max_parity_s is not None and \
-        time.monotonic() - v.started + v.seconds(cost) > v.settings.max_parity_s
-    if cost > v.settings.max_parity_runs - v.spent() + 1e-9 or late:
-        cap = "guard.max_parity_s" if late else f"guard.max_parity_runs ({v.settings.max_parity_runs})"
-        v.say(f"{line}; runs {factor:g}x as long would exceed {cap}: stopped")
-        ev.reasons = [_not_shown(ev, f"{cap} does not allow the pair of runs {factor:g}x as long "
-                                     f"({factor * v.profile.steps:.0f} steps); {what}")]
-        return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "budget")
-    v.say(f"{line}; plan: one pair at {factor:g}x the steps ({round(v.cand_steps * factor)} steps, "
-          f"~{fmt_duration(v.seconds(cost))})")
-    sub = f"x{factor:g}"
-    longer = [Wanted("baseline", 0, v.baseline, round(v.profile.steps * factor), v.out_dir / "baseline" / sub / name),
-              Wanted("candidate", 0, v.candidate, round(v.cand_steps * factor), v.out_dir / "parity" / sub / name)]
-    got = v.gather(longer, 2)
-    if isinstance(got, str):
-        return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, planned, "failed")
-    b, c = got["baseline", 0], got["candidate", 0]
-    ev = judge(measure(v.profile, [c], p, v.equal_tokens, [b]), p, second, longer=factor)
-    v.say(_look_line(2, f"{factor:g}x the steps", second, ev))
-    if ev.outcome == "inconclusive" and not ev.too_short and ev.measures and ev.measures[0].se:
-        more = factor_needed(ev.measures[0].se, ev.tolerance, second, p.power, m.two_sided) * factor
-        if more > factor * 1.01:
-            ev.reasons.append(f"after 2 looks: runs of about {math.ceil(more * v.profile.steps)} steps would "
-                              f"resolve T (guard.parity.max_steps_factor {p.max_steps_factor})")
-    stop = "decided" if ev.outcome != "inconclusive" else "too short" if ev.too_short else "plan"
-    return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, stop,
-                    {"pairs": 1, "factor": factor, "at_once": v.at_once})
+    factor, look, planned = 1.0, 1, 1
+    while True:
+        if ev.outcome != "inconclusive" or m.problems:
+            v.say(line)
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
+                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        if factor > 1 and any("differs from the baseline's beyond noise" in r for r in ev.reasons):
+            v.say(f"{line}; a difference shown beyond noise at {factor:g}x blocks approval at any longer look: stopped")
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
+                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        # How long the runs must be: as long as T needs at this look's error (it shrinks as 1 / sqrt(tokens));
+        # or, when the runs logged too few losses to have an error, long enough to have one.
+        if m.samples:
+            x = m.samples[0]
+            se = paired([c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)], x.ses, False).se
+            need = factor * factor_needed(se, x.tolerance, rest / 2, p.power, m.two_sided)
+            what = f"runs of about {math.ceil(need * v.profile.steps)} steps would resolve T"
+        else:
+            need = factor * MIN_TAIL / max(1, m.tail_records)
+            what = f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
+        target = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
+        if look == 3 or target <= factor:
+            v.say(line)
+            ev.reasons.append(f"after {look} look(s): {what} (guard.parity.max_steps_factor {p.max_steps_factor})")
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "plan" if look == 3 else "budget",
+                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        # From the profile's length, a pair between when the plan is 4x or more (geometric middle).
+        nxt = float(math.ceil(math.sqrt(target))) if look == 1 and target >= 4 else target
+        cost = v.cost(v.baseline, round(v.profile.steps * nxt)) + v.cost(v.candidate, round(v.cand_steps * nxt))
+        planned = round(planned + 2 * nxt)
+        late = v.settings.max_parity_s is not None and \
+            time.monotonic() - v.started + v.seconds(cost) > v.settings.max_parity_s
+        if cost > v.settings.max_parity_runs - v.spent() + 1e-9 or late:
+            cap = "guard.max_parity_s" if late else f"guard.max_parity_runs ({v.settings.max_parity_runs})"
+            v.say(f"{line}; runs {nxt:g}x as long would exceed {cap}: stopped")
+            ev.reasons = [_not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}")]
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "budget",
+                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        v.say(f"{line}; plan: {target:g}x the steps, the next pair at {nxt:g}x ({round(v.cand_steps * nxt)} steps, "
+              f"~{fmt_duration(v.seconds(cost))})")
+        look, factor, sub = look + 1, nxt, f"x{nxt:g}"
+        longer = [Wanted("baseline", 0, v.baseline, round(v.profile.steps * nxt), v.out_dir / "baseline" / sub / name),
+                  Wanted("candidate", 0, v.candidate, round(v.cand_steps * nxt), v.out_dir / "parity" / sub / name)]
+        got = v.gather(longer, look)
+        if isinstance(got, str):
+            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, planned, "failed")
+        m = measure(v.profile, [got["candidate", 0]], p, v.equal_tokens, [got["baseline", 0]])
+        ev = judge(m, p, rest / 2, longer=factor)
+        line = _look_line(look, f"{factor:g}x the steps", rest / 2, ev)
 
 
 def _look_line(look: int, what: str, level: float, ev: ParityEvidence) -> str:
