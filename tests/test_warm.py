@@ -23,6 +23,7 @@ RECIPE = W.resolve({"model": "nano", "seq_len": 32, "global_batch_size": 4, "mic
 @pytest.fixture
 def warm(monkeypatch):
     monkeypatch.setenv("RECIPETUNE_WARM_START", "1")
+    Launcher.close()  # launchers an earlier test left idle in this process are not this test's
     yield
     Launcher.close()
 

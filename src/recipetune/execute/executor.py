@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from recipetune.core.measure import RunResult
-from recipetune.core.process import Share, sharing
+from recipetune.core.process import Cancelled, Share, sharing
 from recipetune.core.recipe import Recipe
 from recipetune.workloads.base import ProgressFn, Workload
 
@@ -128,8 +128,13 @@ class LocalExecutor:
             pool = self._pool
 
         def run() -> RunResult:
+            if share.cancel.is_set():
+                raise Cancelled(f"{out_dir}: not started, the executor was closed")
             with sharing(share):  # core/process.py: MACHINE holds the run to its share
-                return workload.run(recipe, steps, out_dir, timeout_s=timeout_s, progress=progress)
+                result = workload.run(recipe, steps, out_dir, timeout_s=timeout_s, progress=progress)
+            if share.cancel.is_set():  # killed, or refused while it waited for its share: not a result
+                raise Cancelled(f"{out_dir}: the executor was closed ({result.status}: {result.cause})")
+            return result
 
         return pool.submit(run)
 

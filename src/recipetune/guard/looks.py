@@ -14,9 +14,10 @@ look, and says what it expects to spend:
   predictive power to show equivalence within the plan is below ``parity.futility`` stops the verdict:
   not shown equivalent.
 - **steps** (identical repeats: no seed knob, a constant seed inside): only longer runs add evidence.
-  One pair at the profile's length; if it cannot tell, one pair at the length the plan says resolves
-  T (at most ``parity.max_steps_factor`` times), alpha split between the two (Bonferroni: the two
-  looks are separate runs, not a growing sample); the same futility rule between them.
+  One candidate run at the profile's length; if it cannot tell, pairs up to the length the plan says
+  resolves T (at most ``parity.max_steps_factor`` times), one at the geometric middle first when that
+  length is 4x or more (an effect that fades with training still shows there), the rest of alpha
+  split between them (Bonferroni: the looks are separate runs, not a growing sample).
 
 Every run of a look goes to the executor at once (guard/runs.py), stored and reused by key;
 ``guard.max_parity_runs`` and ``guard.max_parity_s`` cap what one verdict may spend, and a verdict
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recipetune.core.console import Note
 from recipetune.core.fmt import fmt_duration
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
@@ -45,11 +47,6 @@ from recipetune.guard.stats import paired
 from recipetune.workloads.base import Workload
 
 Progress = Callable[[str], None]
-
-
-class Note(str):
-    """A progress line that belongs in the record (the plan, a look's outcome), not only on a spinner:
-    a command prints it and keeps it; the others are what runs now."""
 
 
 @dataclass

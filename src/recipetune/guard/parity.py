@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import SPEED
@@ -93,6 +93,15 @@ class ParityEvidence(BaseModel):
     gap: float | None = None  # diagnostic: RMS of the smoothed per-step difference (first pair), nats
     window: int = 10
     noise: dict[str, float] = {}  # step-to-step noise of each side's logged loss in the tail
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_verdicts(cls, data: object) -> object:
+        # Verdicts written before the planned design carry `looks` (Bonferroni over the doublings) and no
+        # level: their level was alpha split over those looks. Reports still read them.
+        if isinstance(data, dict) and "level" not in data and "alpha" in data:
+            data = {**data, "level": data["alpha"] / max(1, int(data.get("looks") or 1))}
+        return data
 
     def summary(self) -> str:
         conf = f"{100 * (1 - self.level):.2f}".rstrip("0").rstrip(".") + "%"

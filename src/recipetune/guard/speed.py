@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from recipetune.core.console import Note
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.guard import stats
@@ -151,7 +152,7 @@ def measure_speed(
                          f"{evidence.speedup:.3f}x [{evidence.ci_low:.3f}, {evidence.ci_high:.3f}], margin "
                          f"{100 * evidence.noise_margin:.1f}%: {verdict}")
             if progress:
-                progress(notes[-1])
+                progress(Note(notes[-1]))
         decided = evidence.busy or evidence.faster or (evidence.ci_high or 0) < 1 + evidence.noise_margin
         if final or decided:
             return evidence

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from recipetune.config import Campaign
+from recipetune.core.console import Note
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.engine.tree import Node
@@ -49,6 +50,12 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
     # finalists share the baseline's (and a resumed campaign finds every run already made).
     todo = [n for n in finalists if n.id not in previous]
     pending: dict[str, Future[Verdict]] = {}
+
+    def told(change: str) -> Callable[[str], None]:
+        """A verdict's plan and each look's outcome reach the live view; what runs now does not."""
+        prefix = f"{change}: " if len(todo) > 1 else ""
+        return lambda msg: phase(prefix + msg) if isinstance(msg, Note) else None
+
     with ThreadPoolExecutor(max_workers=max(1, len(todo)), thread_name_prefix="verdict") as pool:
         for n in todo:
             change = n.recipe.describe_diff(baseline)
@@ -56,7 +63,7 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
             pending[n.id] = pool.submit(
                 guard.final_verdict, campaign.workload, baseline, n.recipe, campaign.config.guard,
                 store.folder / "final" / n.id, allow_semantic=allowed(n.recipe), profile=profile,
-                progress=(lambda msg, change=change: phase(f"{change}: {msg}")) if len(todo) > 1 else phase,
+                progress=told(change),
                 executor=executor, runs_folder=store.folder / RUNS_FOLDER,
             )
         for n in finalists:

@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from recipetune.config import Campaign, CampaignConfig, check_recipe, load_campaign, resolve_paths
-from recipetune.core.console import fail
+from recipetune.core.console import Note, fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.files import parse_override
 from recipetune.core.fmt import fmt_duration, fmt_pct
@@ -39,7 +39,6 @@ from recipetune.core.recipe import Recipe
 from recipetune.engine import options as opt
 from recipetune.execute.factory import make_executor
 from recipetune.guard.baseline import GuardError
-from recipetune.guard.looks import Note
 from recipetune.guard.static import StaticReport, static_report
 from recipetune.guard.verdict import Verdict, final_verdict, static_verdict
 
