@@ -4,10 +4,11 @@ tests/fixtures/edge_trainer.py (a command workload with JSONL metrics, a seed fl
 fingerprints, a replaying sampler): each poison moves the loss by 1.5-3 times the baseline's
 seed-to-seed spread at the campaign's 150 steps (benchmarks/results/poison_calibration.txt), beside
 equivalent recipes (another micro-batch split, another sample order) and an A/A. At default guard
-settings none is approved, and each is decided at the first look (3 candidate runs): REJECTED where
-the first look shows it beyond T, else stopped for futility (not shown equivalent); no equivalent
-recipe is rejected. The parity evidence only (looks included); the speed decision is tested elsewhere.
-The figures of the whole verdicts are in docs/guard.md (benchmarks/guard_poisons.py).
+settings none is approved, and each is decided at the first look (3 candidate runs) or, where a few
+more seeds show it beyond T, at one more look: REJECTED where a look shows it beyond T, else stopped
+for futility (not shown equivalent); no equivalent recipe is rejected. The parity evidence only
+(looks included); the speed decision is tested elsewhere. The figures of the whole verdicts are in
+docs/guard.md (benchmarks/guard_poisons.py).
 """
 
 from __future__ import annotations
@@ -70,12 +71,13 @@ def test_aa_holds_exactly(edge):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("poison", ["drop", "short", "stale", "lr10"])
-def test_a_poison_at_the_edge_is_never_approved_and_decided_at_the_first_look(edge, poison):
+def test_a_poison_at_the_edge_is_never_approved_and_decided_within_twice_the_first_looks_seeds(edge, poison):
     got = parity(edge, poison, poison=poison, **FAST)
     ev = got.evidence
     assert ev.mode == "same batches"
-    assert ev.outcome != "holds" and got.runs == 3, (got.looks, ev.reasons)
-    # shown beyond T: REJECTED; else not shown equivalent, stopped for futility or because the budget's seeds
-    # could not show it (the validation loss's scatter, 2 degrees of freedom, asks for about 80 seeds)
+    assert ev.outcome != "holds" and got.runs <= 9, (got.looks, ev.reasons)
+    # shown beyond T: REJECTED (at the first look, or at the look a few more seeds were planned for when
+    # equivalence was out of reach and the difference beyond T was not: the dropped micro-batch's first
+    # three pairs scatter too widely for the first look's level); else not shown equivalent, stopped
     assert ("trains differently" in ev.reasons[0]) if ev.outcome == "fails" else got.stop in ("futility", "budget")
-    assert ev.outcome == "fails" or "not shown equivalent" in ev.reasons[0]
+    assert ev.outcome == "fails" or ("not shown equivalent" in ev.reasons[0] and got.runs == 3)

@@ -226,7 +226,7 @@ def _by_seeds(v: _Verdict) -> Gathered:
         # known to be the same (guard/sequential.py: SeedDesign).
         d = design.decide([_pairs(m, x, v.profile) for x in m.samples], _seed_cap(v, n),
                           pooled=m.mode != "same batches")
-        ev = judge(m, p, d.level, pilot=design.pilot if design.looks > 1 else 0)
+        ev = judge(m, p, d.level, pilot=d.pilot)
         line = _look_line(design.looks, f"{n} seed(s)", d.level, ev)
         if d.outcome in ("holds", "fails"):
             v.say(line)
@@ -249,8 +249,9 @@ def _by_seeds(v: _Verdict) -> Gathered:
             ev.reasons = [_not_shown(ev, _what_more(v, n, d.planned, d.needed, "time"))]
             d.outcome = "budget"
             break
-        v.say(f"{line}; plan: {d.planned} seeds, the next look at {d.next} ({more:.0f} more runs, "
-              f"~{fmt_duration(v.seconds(more))})")
+        aim = ("equivalence is out of reach, a difference beyond T is not: the last look at "
+               if d.rejecting else f"plan: {d.planned} seeds, the next look at ")
+        v.say(f"{line}; {aim}{d.next} seeds ({more:.0f} more runs, ~{fmt_duration(v.seconds(more))})")
         n = d.next
     stop = {"holds": "decided", "fails": "decided"}.get(d.outcome, d.outcome)
     return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned), stop,

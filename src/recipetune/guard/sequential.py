@@ -182,6 +182,8 @@ class Decision:
     needed: int  # seeds the measures need at their scatter, whatever the budget
     next: int  # seeds of the next look ("continue")
     chance: float | None = None  # predictive power of showing equivalence within the plan
+    rejecting: bool = False  # equivalence is out of reach, a difference beyond T is not: the plan shows that
+    pilot: int = 0  # pairs left out of the scatter this look judges by (stats.paired)
     tests: list[Equivalence] = field(default_factory=list)
 
 
@@ -200,7 +202,12 @@ class SeedDesign:
       chose the plan, a verdict would favour plans drawn after a small scatter by chance; simulated,
       a design that did so approved a difference of exactly T in 6-7% of 3,000 repetitions at
       alpha 5%, this one in 4%: tests/test_guard_sequential.py), every measure must hold;
-    - futility: the predictive power that the planned last look shows equivalence, below ``futility``.
+    - futility: the predictive power that the planned last look shows equivalence, below ``futility``;
+    - where equivalence is out of reach (futility, or a budget too small for it) but a measure's
+      difference lies beyond T by more than its scatter hides, the plan becomes the seeds that show
+      that difference at ``power``, if at most twice the seeds compared (and within the budget): one
+      last look, REJECTED if it shows it. A poison just beyond T is not chased (it would take the
+      whole budget): it stays stopped, KEEP BASELINE.
     """
 
     def __init__(self, alpha: float, power: float, futility: float, kind: str = "obf", first: float = 0.2,
@@ -212,6 +219,7 @@ class SeedDesign:
         self.pilot = 0  # pairs of the first look
         self.planned = 0  # seeds the plan counts on (at most the budget's)
         self.needed = 0  # seeds the measures need at their scatter
+        self.rejecting = False  # the plan was redrawn to show a difference beyond T
 
     def sd(self, x: Pairs, pooled: bool) -> float:
         """One pair's standard deviation as the plan sees it: the pairs' own (their mean's error times
@@ -229,7 +237,7 @@ class SeedDesign:
         rest = self.spending.rest
         if self.looks == 1:
             self.pilot = n
-        if self.looks <= 2:  # the plan: made at the first look, raised (never lowered) at the second
+        if self.looks <= 2 and not self.rejecting:  # the plan: made at the first look, raised at the second
             sds = [self.sd(x, pooled and self.looks == 1) for x in measures]
             start = max(n, self.pilot + 1)
             needs = [seeds_needed(sd, x.tolerance, rest, self.power, start, 100_000, self.two_sided, self.pilot)
@@ -238,11 +246,13 @@ class SeedDesign:
             self.planned = min(cap, max(self.planned, self.needed))
         final = n >= cap or n >= self.planned
         level = self.spending.look(n, n / max(self.planned, n), final)
-        pilot = self.pilot if self.looks > 1 else 0
+        # A look after the first judges by the scatter of the pairs after it, save the look a rejection
+        # was planned for: its pairs' mean lies beyond T whatever their scatter, so every pair counts.
+        pilot = self.pilot if self.looks > 1 and not self.rejecting else 0
         tests = [equivalence(x.diffs, x.ses, x.tolerance, level, self.independent, self.two_sided, pilot)
                  for x in measures]
         outcomes = {t.outcome for t in tests}
-        decision = Decision(level, "continue", n, self.planned, self.needed, self.planned, tests=tests)
+        decision = Decision(level, "continue", n, self.planned, self.needed, self.planned, tests=tests, pilot=pilot)
         if "different" in outcomes:
             decision.outcome = "fails"
         elif outcomes == {"equivalent"}:
@@ -258,7 +268,30 @@ class SeedDesign:
             else:
                 half = math.ceil(self.planned / 2)
                 decision.next = half if self.looks == 1 and half - self.pilot - 1 >= 3 else self.planned
+        if decision.outcome in ("budget", "futility"):
+            # Equivalence is out of reach; a difference beyond T may not be: a poison at 4 T whose first
+            # three pairs scatter widely is shown REJECTED by a few more, not kept as "not shown".
+            reach = [m for x in measures if (m := self._to_reject(x, n, cap)) is not None]
+            if reach:
+                self.rejecting = True
+                self.planned = decision.planned = decision.next = min(reach)
+                decision.outcome, decision.rejecting = "continue", True
         return decision
+
+    def _to_reject(self, x: Pairs, n: int, cap: int) -> int | None:
+        """The fewest seeds (more than ``n``, at most ``2 n`` and ``cap``) whose one-sided bound shows this
+        measure's difference beyond T at ``power``, if its mean so far lies beyond T; None if none do."""
+        est = paired(x.diffs, x.ses, self.independent)
+        gap = (abs(est.mean) if self.two_sided else est.mean) - x.tolerance
+        sd = self.sd(x, pooled=self.looks == 1)
+        if gap <= 0.0 or not math.isfinite(sd):
+            return None
+        z = float(sps.norm.isf(1.0 - self.power))
+        for m in range(n + 1, min(cap, 2 * n) + 1):
+            df = m - 1 if est.df is not None else None
+            if (quantile(self.spending.rest, df) + z) * sd / math.sqrt(m) <= gap:
+                return m
+        return None
 
     def _power(self, x: Pairs) -> float:
         """The chance that the planned seeds show equivalence if the candidate trained exactly like the
