@@ -9,7 +9,7 @@ every regime (pairs that replay their batches, sigma 0.3 T; pairs on other batch
 at most alpha); an equivalent one is almost never rejected and is approved at about the planned
 power (80%, less what futility stops early: 70-73% at sigma T) for at most 1.3x the seeds a test
 that knew sigma would need; a poison at 1.2 T on replayed batches is stopped at the first look or
-rejected within twice its seeds; a 2 T one is never approved; a 4 T one whose pairs scatter widely
+rejected within twice its seeds (9 runs); a 2 T one is never approved; a 4 T one whose pairs scatter widely
 is rejected, not kept, and chasing a rejection does not reject equivalents.
 """
 
@@ -96,10 +96,11 @@ def test_an_equivalent_candidate_is_approved_at_about_the_planned_power_for_the_
 
 
 @pytest.mark.slow
-def test_a_poison_just_beyond_t_on_replayed_batches_stops_at_the_first_look():
+def test_a_poison_just_beyond_t_on_replayed_batches_is_decided_within_nine_runs():
+    # not 24 seeds: stopped at the first look (3 candidate runs), or, where its first pairs say a few
+    # more would more likely than not show it beyond T, rejected after at most twice the seeds
     r = rates(1.2, 0.3, 1000)
-    assert r["holds"] <= 0.01 and r["first look"] >= 0.75, r  # 3 candidate runs, not 24 seeds
-    # where its first pairs say a few more would show it beyond T, they are run: 9 runs at most
+    assert r["holds"] <= 0.01 and r["first look"] >= 0.5, r
     assert r["seeds p95"] <= 6, r
 
 

@@ -205,7 +205,7 @@ class SeedDesign:
     - futility: the predictive power that the planned last look shows equivalence, below ``futility``;
     - where equivalence is out of reach (futility, or a budget too small for it) but a measure's
       difference lies beyond T by more than its scatter hides, the plan becomes the seeds that show
-      that difference at ``power``, if at most twice the seeds compared (and within the budget): one
+      that difference more likely than not, if at most twice the seeds compared (and within the budget): one
       last look, REJECTED if it shows it. A poison just beyond T is not chased (it would take the
       whole budget): it stays stopped, KEEP BASELINE.
     """
@@ -280,16 +280,18 @@ class SeedDesign:
 
     def _to_reject(self, x: Pairs, n: int, cap: int) -> int | None:
         """The fewest seeds (more than ``n``, at most ``2 n`` and ``cap``) whose one-sided bound shows this
-        measure's difference beyond T at ``power``, if its mean so far lies beyond T; None if none do."""
+        measure's difference beyond T more likely than not, if its mean so far lies beyond T; None if
+        none do."""
         est = paired(x.diffs, x.ses, self.independent)
         gap = (abs(est.mean) if self.two_sided else est.mean) - x.tolerance
         sd = self.sd(x, pooled=self.looks == 1)
         if gap <= 0.0 or not math.isfinite(sd):
             return None
-        z = float(sps.norm.isf(1.0 - self.power))
+        # More likely than not (the median of the final mean beyond its critical value): the chase costs
+        # at most as many seeds again, and a rejection says more than a KEEP (the knob breaks training).
         for m in range(n + 1, min(cap, 2 * n) + 1):
             df = m - 1 if est.df is not None else None
-            if (quantile(self.spending.rest, df) + z) * sd / math.sqrt(m) <= gap:
+            if quantile(self.spending.rest, df) * sd / math.sqrt(m) <= gap:
                 return m
         return None
 
