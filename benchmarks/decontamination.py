@@ -3,26 +3,35 @@
     python benchmarks/decontamination.py --out benchmarks/results/decontamination.md
     python benchmarks/decontamination.py --set ngram=13 common_share=0.1     # other settings
     python benchmarks/decontamination.py --before                            # + the rule of commit 8464ad6
+    python benchmarks/decontamination.py --shapes "short code" --explain     # which rule removed which clean rows
 
 Each shape of task is built from what is on the machine (generated sums, the standard library's
-docstrings and function sources): 200 validation and 200 test rows, and a pool of training rows that
-are not copies of them. "Not a copy" is decided apart from the rule under test: a pool row whose
-exact character 5-gram Jaccard similarity with some evaluation input reaches 0.5 is a natural
-overlap (the stdlib repeats itself): kept in the training rows, neither planted nor clean, and
-reported apart (how many the rule removed). Then 40
+docstrings, function sources and expressions): 200 validation and 200 test rows, and a pool of
+training rows that are not copies of them. "Not a copy" is decided apart from the rule under test:
+a pool row whose exact character 5-gram Jaccard similarity with some evaluation input reaches 0.5 is
+a natural overlap (the stdlib repeats itself): kept in the training rows, neither planted nor clean,
+and reported apart (how many the rule removed). A training input that holds a whole evaluation input
+and is at most about twice as long is such an overlap; one more than twice as long is clean. Then 40
 leaks of each kind are planted, half from validation and half from test rows:
 
 - ``exact``: the evaluation input copied;
 - ``case+space``: the same with its case changed and runs of spaces, tabs or newlines inserted;
-- ``renamed``: an identifier (the function's name, or a word of a docstring) renamed everywhere;
-- ``reworded prefix``: what comes before the evaluation content reworded (the instruction, the
-  chat turn's lead-in) or, where nothing does, a few words put before it.
+- ``re-instructed``: what comes before the evaluation content reworded (the instruction, the chat
+  turn's lead-in) or, where nothing does, a few words put before it;
+- ``embedded``: the evaluation content inside a longer input, with up to as much other text again
+  around it (words before and after it; for code expressions, code around it: ``print(...)``,
+  ``x = ...``);
+- ``one token changed``: an identifier renamed everywhere (the function's name, a word of a
+  docstring); for short code, one name or one number changed. Not planted for sums: a sum with one
+  number changed is another question with another answer.
 
-Recall = planted rows removed / planted; false removals = clean rows removed / clean rows (the
-target: at most 1%); precision = planted rows removed / (planted + clean rows removed). The rows
-are input parts as the task hands them to decontamination (``TaskConfig.input_parts``).
-``--before`` also runs the previous rule, which matched the rendered prompt (template included)
-with datasketch's MinHash.
+A kind that cannot apply to a row is not planted from it (a row without a word to rename; an
+evaluation input of fewer than 3 tokens, a bare name, is a copy only when copied whole, so it is not
+embedded or changed). Recall = planted rows removed / planted; false removals = clean rows removed /
+clean rows (the target: at most 1%); precision = planted rows removed / (planted + clean rows
+removed). The rows are input parts as the task hands them to decontamination
+(``TaskConfig.input_parts``). ``--before`` also runs the previous rule, which matched the rendered
+prompt (template included) with datasketch's MinHash.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +61,8 @@ EVAL = 200
 PER_KIND = 40
 POOL = 3000
 Parts = list[str]
-KINDS = ("exact", "case+space", "renamed", "reworded prefix")
+KINDS = ("exact", "case+space", "re-instructed", "embedded", "one token changed")
+TOKEN = re.compile(r"\w+|[^\w\s]")  # the rule's tokens (data/text.py), to size what is planted
 
 
 @dataclass
@@ -60,9 +71,32 @@ class Shape:
     what: str
     rows: list[Parts]  # all rows, shuffled: the first 2 * EVAL are validation and test
     render: Callable[[Parts], str]  # the task's rendered prompt (what the rule before this one matched)
-    rename: Callable[[Parts, random.Random], Parts | None]
+    change: Callable[[Parts, random.Random], Parts | None]  # one token changed
     reword: Callable[[Parts, random.Random], Parts | None]
+    embed: Callable[[Parts, random.Random], Parts | None]
     content: Callable[[Parts], str] = lambda p: " ".join(p)  # noqa: E731  what the generator varied
+
+
+def ntokens(text: str) -> int:
+    return len(TOKEN.findall(text))
+
+
+FILLER = ("see", "also", "the", "notes", "below", "from", "our", "module", "reference", "page", "this", "one",
+          "was", "found", "in", "an", "old", "review", "thread", "and", "kept", "here", "for", "context")
+
+
+def around(text: str, rng: random.Random) -> tuple[str, str]:
+    """Words to put before and after ``text``: as much text again as it holds tokens, or up to half less."""
+    n = ntokens(text)
+    k = rng.randint(max(1, (n + 1) // 2), max(1, n))
+    words = [rng.choice(FILLER) for _ in range(k)]
+    cut = rng.randint(0, k)
+    return " ".join(words[:cut]), " ".join(words[cut:])
+
+
+def embedded(text: str, rng: random.Random) -> str:
+    before, after = around(text, rng)
+    return f"{before} {text} {after}".strip()
 
 
 # --- shapes -----------------------------------------------------------------------------------------
@@ -76,7 +110,8 @@ def arith(rng: random.Random) -> Shape:
             rows.append([f"{a}+{b}="])
     prefixes = ["What is ", "Compute ", "Please add: ", "Sum "]
     return Shape("arith", "short generated input `347+589=`, template `{question}`", rows,
-                 lambda p: p[0], lambda p, r: None, lambda p, r: [r.choice(prefixes) + p[0]])
+                 lambda p: p[0], lambda p, r: None, lambda p, r: [r.choice(prefixes) + p[0]],
+                 lambda p, r: [embedded(p[0], r)])
 
 
 WORDS = re.compile(r"[A-Za-z_][A-Za-z_0-9]{3,}")
@@ -101,7 +136,7 @@ def docstrings(rng: random.Random) -> Shape:
     return Shape("docstring", "a stdlib docstring's first line (20-160 chars), template `Docstring: {doc}\\nModule: `",
                  rows, lambda p: f"Docstring: {p[0]}\nModule: ",
                  lambda p, r: [x] if (x := _rename(p[0], r)) else None,
-                 lambda p, r: [r.choice(LEAD_INS) + p[0]])
+                 lambda p, r: [r.choice(LEAD_INS) + p[0]], lambda p, r: [embedded(p[0], r)])
 
 
 INSTRUCTION = ("Read the Python function below carefully. Count how many parameters it declares, "
@@ -143,9 +178,13 @@ def code(rng: random.Random) -> Shape:
         name = re.search(r"def (\w+)", p[0])
         return [_rename(p[0], r, name.group(1))] if name else None
 
+    def embed(p: Parts, r: random.Random) -> Parts:  # comment lines around the function
+        before, after = around(p[0][len(INSTRUCTION):], r)
+        return [f"{INSTRUCTION}\n# {before}{p[0][len(INSTRUCTION):]}\n# {after}"]
+
     return Shape("instruction+code", "a fixed 22-word instruction then a stdlib function (3-12 lines), "
                  "in one field; template `{prompt}\\nAnswer: `", rows, lambda p: f"{p[0]}\nAnswer: ",
-                 rename, lambda p, r: [r.choice(REWORDED) + p[0][len(INSTRUCTION):]],
+                 rename, lambda p, r: [r.choice(REWORDED) + p[0][len(INSTRUCTION):]], embed,
                  lambda p: p[0][len(INSTRUCTION):])
 
 
@@ -173,12 +212,79 @@ def chat(rng: random.Random) -> Shape:
     def reword(p: Parts, r: random.Random) -> Parts:
         return [p[0], "Here is a docstring: " + p[1].removeprefix("I found this docstring: "), p[2], p[3]]
 
+    def embed(p: Parts, r: random.Random) -> Parts:  # words around the quoted docstring, in the same turn
+        before, after = around(p[1].removeprefix("I found this docstring: "), r)
+        return [p[0], f"{before} {p[1]} {after}".strip(), p[2], p[3]]
+
     return Shape("chat", "system prompt (fixed, 24 words) + user turn with a docstring + assistant turn + "
-                 "fixed follow-up; plain rendering `System: ...\\nUser: ...`", rows, render, rename, reword,
+                 "fixed follow-up; plain rendering `System: ...\\nUser: ...`", rows, render, rename, reword, embed,
                  lambda p: p[1].removeprefix("I found this docstring: ") + " " + p[2].split()[-1])
 
 
-SHAPES = {"arith": arith, "docstring": docstrings, "instruction+code": code, "chat": chat}
+EXPR_LABELS = ("Call", "Attribute", "Constant", "Name", "Compare", "BinOp", "Tuple", "Subscript", "UnaryOp",
+               "BoolOp", "JoinedStr", "IfExp")
+EXPR_INSTRUCTION = "Classify the Python expression by the kind of its outermost node."
+EXPR_REWORDED = ["What kind of node is the outermost one in this expression?",
+                 "Name the top-level AST node type of the following Python expression.",
+                 "Which node class does this expression parse to at its root?"]
+WRAPPERS = [("print(", ")"), ("x = ", ""), ("return ", ""), ("assert ", ""), ("(", ")"), ("yield ", ""),
+            ("[", "]"), ("f(", ")"), ("not ", ""), ("", " or None")]
+NAME_OR_NUMBER = re.compile(r"\b(?:[A-Za-z_]\w*|\d+)\b")
+
+
+def stdlib_expressions(limit: int) -> list[tuple[str, str]]:
+    """(source, node type) of unique one-line stdlib expressions of 3-60 ASCII characters whose
+    outermost node is one of ``EXPR_LABELS``: a dozen labels, as in the issue's task."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out: dict[str, str] = {}
+    for path in _walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
+        try:
+            data = path.read_bytes()
+            tree = ast.parse(data)
+        except (SyntaxError, ValueError):
+            continue
+        lines = data.splitlines()
+        for node in ast.walk(tree):  # (offsets are in bytes: sliced from the line's bytes)
+            label = type(node).__name__
+            if isinstance(node, ast.expr) and label in EXPR_LABELS and node.lineno == node.end_lineno:
+                src = lines[node.lineno - 1][node.col_offset : node.end_col_offset]
+                if 3 <= len(src) <= 60 and src.isascii():
+                    out.setdefault(src.decode(), label)
+        if len(out) >= limit:
+            break
+    return sorted(out.items())
+
+
+def short_code(rng: random.Random) -> Shape:
+    """The issue's own task: Alpaca rows (a fixed instruction, a short code expression as the input),
+    the answer one of a dozen labels. Code contains code: a short input recurs inside longer ones."""
+    exprs = stdlib_expressions(6 * (2 * EVAL + POOL))
+    rng.shuffle(exprs)
+    rows = [[EXPR_INSTRUCTION, src] for src, _ in exprs[: 2 * EVAL + POOL]]
+
+    def change(p: Parts, r: random.Random) -> Parts | None:  # one name or one number, wherever it is
+        tokens = sorted(set(NAME_OR_NUMBER.findall(p[1])))
+        if len(tokens) < 3:  # `self.x` -> `self.y`, `len(a)` -> `len(b)`: another input, not a copy
+            return None
+        old = r.choice(tokens)
+        while (new := (str(r.randint(0, 10 ** len(old))) if old.isdigit() else
+                       "".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(len(old))))) == old:
+            pass
+        return [p[0], re.sub(rf"\b{re.escape(old)}\b", new, p[1])]
+
+    def embed(p: Parts, r: random.Random) -> Parts | None:
+        if ntokens(p[1]) < 3:
+            return None
+        before, after = r.choice(WRAPPERS)
+        return [p[0], f"{before}{p[1]}{after}"]
+
+    return Shape("short code", f"Alpaca rows: a fixed instruction, a stdlib expression of 3-60 characters as the "
+                 f"input, {len(EXPR_LABELS)} labels (the issue's task)", rows,
+                 lambda p: f"### Instruction:\n{p[0]}\n\n### Input:\n{p[1]}\n\n### Response:\n",
+                 change, lambda p, r: [r.choice(EXPR_REWORDED), p[1]], embed, lambda p: p[1])
+
+
+SHAPES = {"arith": arith, "docstring": docstrings, "instruction+code": code, "chat": chat, "short code": short_code}
 
 
 # --- leaks --------------------------------------------------------------------------------------------
@@ -201,13 +307,23 @@ def shingles(text: str, k: int = 5) -> set[str]:
 
 
 def natural_overlaps(shape: Shape, pool: list[Parts], evals: list[Parts]) -> set[int]:
-    """Pool rows whose exact 5-gram Jaccard with an evaluation input is >= 0.5, over what the
-    generator varied (the shape's fixed instruction or system prompt left out)."""
+    """Pool rows that are what a planted leak would be, over what the generator varied (the shape's
+    fixed instruction or system prompt left out): an exact 5-gram Jaccard with an evaluation input of
+    0.5 or more; or, in tokens, an evaluation input inside at most as much other text again (the
+    ``embedded`` kind) or the same tokens with one name (or, but for sums, number) changed wherever it
+    is, where the input has 3 names or numbers (the ``one token changed`` kind). A row built as a leak
+    is not clean because the pool happens to hold it."""
     ev = [shingles(shape.content(p)) for p in evals]
     by_gram: dict[str, list[int]] = {}
     for j, s in enumerate(ev):
         for g in s:
             by_gram.setdefault(g, []).append(j)
+    ev_tokens = [TOKEN.findall(shape.content(p).lower()) for p in evals]
+    ev_runs = [f" {' '.join(t)} " for t in ev_tokens]
+    by_len: dict[int, list[list[str]]] = {}
+    for t in ev_tokens:
+        if len(set(NAME_OR_NUMBER.findall(" ".join(t)))) >= 3:
+            by_len.setdefault(len(t), []).append(t)
     out = set()
     for i, p in enumerate(pool):
         s = shingles(shape.content(p))
@@ -215,9 +331,24 @@ def natural_overlaps(shape: Shape, pool: list[Parts], evals: list[Parts]) -> set
         for g in s:
             for j in by_gram.get(g, ()):
                 shared[j] = shared.get(j, 0) + 1
-        if any(c / (len(s) + len(ev[j]) - c) >= 0.5 for j, c in shared.items()):
+        u = TOKEN.findall(shape.content(p).lower())
+        run = f" {' '.join(u)} "
+        if (any(c / (len(s) + len(ev[j]) - c) >= 0.5 for j, c in shared.items())
+                or any(len(t) >= 3 and len(u) <= 2 * len(t) and r in run for t, r in zip(ev_tokens, ev_runs,
+                                                                                          strict=True))
+                or any(one_token_apart(u, t, shape.name != "arith") for t in by_len.get(len(u), ()))):
             out.add(i)
     return out
+
+
+def one_token_apart(u: list[str], t: list[str], numbers: bool) -> bool:
+    """``u`` is ``t`` with one name (or number) changed wherever it is, and nothing else."""
+    changed = {(a, b) for a, b in zip(t, u, strict=True) if a != b}
+    if len(changed) != 1:
+        return False
+    (a, b), = changed
+    kind = r"[^\W\d]\w*|\d+" if numbers else r"[^\W\d]\w*"
+    return bool(re.fullmatch(kind, a) and re.fullmatch(kind, b)) and b not in t
 
 
 def plant(shape: Shape, rng: random.Random) -> tuple[dict[str, list[Parts]], list[Parts], list[str | None]]:
@@ -226,27 +357,31 @@ def plant(shape: Shape, rng: random.Random) -> tuple[dict[str, list[Parts]], lis
     natural = natural_overlaps(shape, pool, val + test)
     clean = [p for i, p in enumerate(pool) if i not in natural]
     kinds: dict[str, Callable[[Parts, random.Random], Parts | None]] = {
-        "exact": lambda p, r: list(p), "case+space": case_space, "renamed": shape.rename,
-        "reworded prefix": shape.reword}
+        "exact": lambda p, r: list(p), "case+space": case_space, "re-instructed": shape.reword,
+        "embedded": shape.embed, "one token changed": shape.change}
     train = [(p, None) for p in clean] + [(p, "natural") for i, p in enumerate(pool) if i in natural]
     for kind, leak in kinds.items():
-        sources = rng.sample(val, PER_KIND // 2) + rng.sample(test, PER_KIND // 2)
-        train += [(m, kind) for m in (leak(p, rng) for p in sources) if m is not None]
+        for rows in (val, test):  # half from each split, from rows the kind applies to
+            planted = 0
+            for p in rng.sample(rows, len(rows)):
+                if planted < PER_KIND // 2 and (m := leak(p, rng)) is not None:
+                    train.append((m, kind))
+                    planted += 1
     rng.shuffle(train)
     return {"validation": val, "test": test}, [p for p, _ in train], [k for _, k in train]
 
 
 # --- rules ----------------------------------------------------------------------------------------------
 
-def current_rule(settings: Decontaminate) -> Callable[[Shape, dict, list[Parts]], list[bool]]:
-    def run(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts]) -> list[bool]:
+def current_rule(settings: Decontaminate) -> Callable[[Shape, dict, list[Parts]], list[str | None]]:
+    def run(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts]) -> list[str | None]:
         index = ContaminationIndex(evals, settings)
-        return [h is not None for h in index.hits_batch(train)]
+        return [None if h is None else h[1] for h in index.hits_batch(train)]
 
     return run
 
 
-def before_rule(ngram: int = 8, near: float = 0.8) -> Callable[[Shape, dict, list[Parts]], list[bool]]:
+def before_rule(ngram: int = 8, near: float = 0.8) -> Callable[[Shape, dict, list[Parts]], list[str | None]]:
     """The rule of commit 8464ad6 (rendered prompts, datasketch MinHash), loaded from git."""
     source = subprocess.run(["git", "show", "8464ad6:src/recipetune/data/text.py"], capture_output=True,
                             text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout
@@ -256,16 +391,16 @@ def before_rule(ngram: int = 8, near: float = 0.8) -> Callable[[Shape, dict, lis
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
-    def run(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts]) -> list[bool]:
+    def run(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts]) -> list[str | None]:
         index = module.ContaminationIndex(ngram, near, 64)
         for split, rows in evals.items():
             index.add(split, [shape.render(p) for p in rows])
-        return [index.hits(shape.render(p)) is not None for p in train]
+        return ["overlap" if index.hits(shape.render(p)) is not None else None for p in train]
 
     return run
 
 
-def measure(rule, shapes: list[str], seed: int) -> list[dict]:
+def measure(rule, shapes: list[str], seed: int, explain: int = 0) -> list[dict]:
     out = []
     for name in shapes:
         rng = random.Random(seed)
@@ -274,15 +409,44 @@ def measure(rule, shapes: list[str], seed: int) -> list[dict]:
         t0 = time.perf_counter()
         removed = rule(shape, evals, train)
         seconds = time.perf_counter() - t0
+        pairs = list(zip(removed, kinds, strict=True))
         row = {"shape": name, "what": shape.what, "natural": kinds.count("natural"), "seconds": seconds,
-               "natural_removed": sum(r for r, k in zip(removed, kinds, strict=True) if k == "natural"),
-               "clean": sum(k is None for k in kinds),
-               "false": sum(r for r, k in zip(removed, kinds, strict=True) if k is None)}
+               "natural_removed": sum(r is not None for r, k in pairs if k == "natural"),
+               "clean": sum(k is None for k in kinds), "false": sum(r is not None for r, k in pairs if k is None)}
         for kind in KINDS:
-            planted = [r for r, k in zip(removed, kinds, strict=True) if k == kind]
+            planted = [r is not None for r, k in pairs if k == kind]
             row[kind] = (sum(planted), len(planted))
+        if explain:
+            explained(shape, evals, train, removed, kinds, explain)
         out.append(row)
     return out
+
+
+def explained(shape: Shape, evals: dict, train: list[Parts], removed: list, kinds: list, n: int) -> None:
+    """What removed the clean rows (and which planted rows were missed), with a few examples and the
+    evaluation content each contains, if any (found here by brute force: the index never says)."""
+    contents = [shape.content(p) for rows in evals.values() for p in rows]
+
+    toks = [TOKEN.findall(c.lower()) for c in contents]
+
+    def inside(p: Parts) -> str:
+        """The longest evaluation content that is a run of this row's tokens, or one token off one."""
+        u = TOKEN.findall(shape.content(p).lower())
+        runs = [(sum(a != b for a, b in zip(ct, u[k:], strict=False)), -len(ct), c)
+                for c, ct in zip(contents, toks, strict=True) if len(ct) >= 3 or len(ct) == len(u)
+                for k in range(len(u) - len(ct) + 1)]
+        best = min((r for r in runs if r[0] <= 1), default=None)
+        return "" if best is None else f"  ({'holds' if best[0] == 0 else 'one token off'} {best[2]!r})"
+
+    false = [(r, p) for r, k, p in zip(removed, kinds, train, strict=True) if k is None and r is not None]
+    print(f"\n{shape.name}: {len(false)} clean rows removed, by reason: "
+          f"{dict(Counter(r for r, _ in false).most_common())}")
+    for r, p in false[:n]:
+        print(f"  {r}: {shape.content(p)[:100]!r}{inside(p)}")
+    missed = [(k, p) for r, k, p in zip(removed, kinds, train, strict=True) if k in KINDS and r is None]
+    print(f"{shape.name}: {len(missed)} planted rows missed, by kind: {dict(Counter(k for k, _ in missed))}")
+    for k, p in missed[:n]:
+        print(f"  {k}: {shape.content(p)[:100]!r}")
 
 
 def table(rows: list[dict]) -> str:
@@ -308,13 +472,15 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="decontaminate settings, e.g. ngram=13")
     parser.add_argument("--before", action="store_true", help="also measure the rule of commit 8464ad6")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--explain", type=int, default=0, metavar="N",
+                        help="print what removed the clean rows and which leaks were missed (N examples each)")
     args = parser.parse_args()
     settings = Decontaminate(op="decontaminate", **dict(kv.split("=", 1) for kv in args.set))
-    shapes = args.shapes.split(",")
+    shapes = [s.strip() for s in args.shapes.split(",")]
     text = [f"`python benchmarks/decontamination.py {' '.join(sys.argv[1:])}`", "",
             f"Settings: {settings.model_dump(exclude={'op'})}; seed {args.seed}; {EVAL} validation + {EVAL} test "
             f"rows, {PER_KIND} leaks of each kind (half from each split).", "",
-            table(measure(current_rule(settings), shapes, args.seed))]
+            table(measure(current_rule(settings), shapes, args.seed, args.explain))]
     if args.before:
         text += ["", "The rule of commit 8464ad6 (rendered prompt, 8-gram, datasketch MinHash 0.8):", "",
                  table(measure(before_rule(), shapes, args.seed))]

@@ -285,3 +285,60 @@ def test_version():
     res = runner.invoke(app, ["--version"])
     assert res.exit_code == 0
     assert res.output.strip() == f"recipetune {recipetune.__version__}"
+
+
+# -- an empty data file (issue 36) ------------------------------------------------------------------
+
+
+def _empty_file(folder: Path, kind: str) -> Path:
+    """A training file of one kind that holds no rows."""
+    import datasets
+
+    columns = {"word": [], "answer": []}
+    path = folder / {"save_to_disk folder": "train_ds", "empty JSON array": "train.json"}.get(
+        kind, f"train.{kind.split()[0]}")
+    if kind == "jsonl":
+        path.write_text("")
+    elif kind == "jsonl blank lines":
+        path.write_text("\n  \n\n")
+    elif kind == "empty JSON array":
+        path.write_text("[ ]\n")
+    elif kind == "csv":
+        path.write_text("")
+    elif kind == "csv header only":
+        path.write_text("word,answer\n")
+    elif kind == "parquet":
+        path.write_bytes(b"")
+    elif kind == "parquet of 0 rows":
+        datasets.Dataset.from_dict(columns).to_parquet(str(path))
+    else:
+        datasets.Dataset.from_dict(columns).save_to_disk(str(path))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl blank lines", "empty JSON array", "csv", "csv header only",
+                                  "parquet", "parquet of 0 rows", "save_to_disk folder"])
+def test_an_empty_data_file_of_any_kind_exits_2_naming_it(tmp_path: Path, kind: str):
+    """`data run` on a task whose train file holds no rows: exit 2 naming the field and the file (it was an
+    IndexError traceback for an empty .jsonl); beside it, the same kind of file with one row loads."""
+    from ft_fixtures import experiment_file, reverse_task
+
+    files = reverse_task(tmp_path)
+    empty = _empty_file(tmp_path, kind)
+    out = tmp_path / "never"
+    path = experiment_file(tmp_path, {**files, "train": empty}, {"kind": "reference", "path": "base"}, data=[])
+    res = runner.invoke(app, ["data", "run", str(path), "--out", str(out)])
+    _refused(res, "task.files.train", str(empty), "holds no rows")
+    assert not out.exists()
+
+
+def test_a_data_file_with_one_row_is_not_empty(tmp_path: Path):
+    from ft_fixtures import experiment_file, reverse_task
+
+    files = reverse_task(tmp_path)
+    one = tmp_path / "one.csv"
+    one.write_text("word,answer\nkilo,olik\n")
+    path = experiment_file(tmp_path, {**files, "train": one}, {"kind": "reference", "path": "base"}, data=[])
+    res = runner.invoke(app, ["data", "run", str(path), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "out" / "train.jsonl").read_text().count("\n") == 1

@@ -154,3 +154,82 @@ def test_a_row_that_overlaps_both_splits_is_reported_as_test():
     near = ContaminationIndex({"validation": [[doc.replace("headers", "header")]],
                                "test": [[doc.replace("stream,", "stream;")]]}, settings(ngram=30, min_tokens=30))
     assert near.hits([doc]) == ("test", "near-duplicate")
+
+
+# -- short inputs: a copy only where the copied text carries the question (issue 37) ---------------------
+
+CLASSIFY = "Classify the Python expression by the kind of its outermost node."
+
+
+def expression_index(*inputs: str, common: tuple[str, ...] = ()) -> ContaminationIndex:
+    """Alpaca rows (a fixed instruction, a short expression as the input), 200 evaluation inputs: the
+    given ones, ``common`` words each in 3% of them (6 inputs), the rest distinct attribute reads."""
+    rows = [[CLASSIFY, x] for x in inputs]
+    rows += [[CLASSIFY, f"{word}.part_{k}"] for word in common for k in range(6)]
+    rows += [[CLASSIFY, f"obj_{k}.field_{k}"] for k in range(200 - len(rows))]
+    return ContaminationIndex({"validation": rows[::2], "test": rows[1::2]}, settings())
+
+
+@pytest.mark.parametrize("text, hit", [
+    ('self.write("u")', None),  # a string literal inside a call: another expression (3 of 7 tokens)
+    ("x[1:]", "same input"),
+    ("print(x[1:])", "contains a whole input"),  # 5 of 8 tokens
+    ("x[1:] or one two three four", "contains a whole input"),  # 5 of 10: as much again around it
+    ("x[1:] or one two three four five", None),  # 5 of 11: a longer question that holds it
+])
+def test_a_short_input_counts_inside_a_field_only_where_it_is_most_of_it(text, hit):
+    """The issue's false removals: a short evaluation input inside a longer training input counts only
+    where it is at least half of what the field says (``contain_share``), at the edge and past it."""
+    index = expression_index("x[1:]", '"u"')
+    found = index.hits([CLASSIFY, text])
+    assert (found and found[1]) == hit
+
+
+def test_a_short_input_under_another_instruction_is_a_copy_in_its_own_field():
+    """The instruction is a field of its own: a reworded one leaves the input field the evaluation
+    input, however short (re-instructed); a one-token input at the start of a longer field is not
+    one (before, the shared instruction ahead of it made `select.POLLOUT` a copy of `select`)."""
+    index = expression_index("select", "x[1:]")
+    assert index.hits(["Name the node type of this expression.", "select"])[0] == "validation"
+    assert index.hits(["Name the node type of this expression.", "x[1:]"]) is not None
+    assert index.hits([CLASSIFY, "select.POLLOUT"]) is None
+    assert index.hits([CLASSIFY, "select"]) == ("validation", "same input")
+
+
+def test_a_short_input_with_one_name_changed_needs_a_rare_word_left_alike():
+    """Two words left alike say which input a renamed copy is of when one of them is rare (in at most
+    1% of the evaluation inputs); common ones (`self`, `close` in 3%) say nothing: `self.close(y)`
+    is another call than `self.close(x)`. Four words alike need no rarity."""
+    index = expression_index("self.flush_buffers(x)", "self.close(x)", "os.path.join(root, name)",
+                             common=("self", "close"))
+    assert index.hits([CLASSIFY, "self.flush_buffers(y)"])[1] == "renamed copy"  # flush_buffers is rare
+    assert index.hits([CLASSIFY, "self.close(y)"]) is None
+    assert index.hits([CLASSIFY, "os.path.join(root, leaf)"])[1] == "renamed copy"  # os, path, join, root
+    assert index.hits([CLASSIFY, "print(self.flush_buffers(y))"])[1] == "renamed copy"  # 6 of 8 tokens
+    assert index.hits([CLASSIFY, "self.flush_buffers(y) + self.total_size()"])[1] == "renamed copy"  # 6 of 12
+    assert index.hits([CLASSIFY, "self.flush_buffers(y) + self.total_size() + 1"]) is None  # 6 of 14
+    few = ContaminationIndex({"validation": [["self.flush_buffers(x)"]], "test": []}, settings())
+    assert few.hits(["self.flush_buffers(y)"]) is None  # of 1 input, no word is known to be rare
+
+
+def test_a_short_input_is_no_copy_through_its_ngrams_inside_longer_code():
+    """A 10-token input shares all its 8-grams with a longer expression around it: that is no copy
+    either, unless the input is at least half of the field."""
+    index = expression_index("'<%s at %#x>'")
+    assert index.hits([CLASSIFY, "'<%s at %#x>' % (self.name, id(self))"]) is None
+    assert index.hits([CLASSIFY, "'<%s at %#x>' % args"]) is not None  # 10 of 12
+
+
+def test_an_input_of_several_fields_is_found_with_text_around_one_of_them():
+    """A chat turn and the turn after it: words before and after the copied turn's text, and its
+    shared opening (`Return`, masked as boilerplate) counted as part of the copy."""
+    system = "You answer with the module name only."
+    evals = [[system, f'I found this docstring: "Return the {w} of the stream."', f"It is called get_{w}."]
+             for w in ("size", "name", "mode", "owner", "encoding", "position")]
+    index = ContaminationIndex({"validation": evals[:3], "test": evals[3:]}, settings())
+    copy = [system, 'see notes I found this docstring: "Return the mode of the stream." from a review',
+            "It is called get_mode."]
+    assert index.hits(copy) == ("validation", "contains a whole input")
+    longer = [system, 'I found this docstring: "Return the mode of the stream." We looked at it for a long '
+                      "while and found nothing else in the module that explains it", "It is called get_mode."]
+    assert index.hits(longer) is None  # the docstring is under half of its turn

@@ -462,3 +462,35 @@ def test_hf_generation_keeps_an_answer_after_a_prompt_ending_in_the_stop_string(
     assert prompt.endswith("### Response:\n")
     [gen] = route.generate([prompt], GenerationSettings(max_new_tokens=16))
     assert gen.text == "ahpla" and not gen.truncated
+
+
+def test_csv_cells_are_read_as_written(tmp_path):
+    """`None`, `NA`, `null` and `nan` in a CSV cell are text (pandas' NA guessing made a Python literal
+    `None` input a missing one, trained as an instruction without input); only an empty cell is missing."""
+    (tmp_path / "train.csv").write_text("instruction,input,output\nkind,None,Constant\nkind,NA,Name\n"
+                                        "kind,null,Name\nkind,nan,Name\nkind,,Empty\n")
+    (tmp_path / "val.csv").write_text("instruction,input,output\nkind,x[0],Subscript\n")
+    (tmp_path / "test.csv").write_text("instruction,input,output\nkind,f(x),Call\n")
+    files = {s: tmp_path / f"{n}.csv" for s, n in (("train", "train"), ("validation", "val"), ("test", "test"))}
+    splits = Splits(task(format="instruction"), files)
+    assert splits.train["input"] == ["None", "NA", "null", "nan", None]
+    t = splits.task
+    assert t.input_parts(splits.train[0]) == ["kind", "None"] and "### Input:\nNone" in t.render(splits.train[0])
+    assert "### Input" not in t.render(splits.train[4])  # an empty cell: an instruction without input
+
+
+def test_a_validation_row_in_test_names_both_lines_one_based(tmp_path):
+    """The split-overlap refusal is as exact as the load checks: the 1-based line of the validation row
+    (a quoted cell over two lines before it) and of the test row it repeats, case and whitespace ignored,
+    and how many overlap; a row that differs by more than case and spacing is no overlap."""
+    (tmp_path / "train.csv").write_text("word,answer\nkilo,olik\n")
+    (tmp_path / "val.csv").write_text('word,answer\nalpha,ahpla\n"br\navo",x\n"  BRAVO",ovarb\n')
+    (tmp_path / "test.csv").write_text("word,answer\ncharlie,eilrahc\nbravo,ovarb\n")
+    files = {s: tmp_path / f"{n}.csv" for s, n in (("train", "train"), ("validation", "val"), ("test", "test"))}
+    with pytest.raises(TaskError) as e:
+        Splits(task(prompt="reverse {word}: ", target="answer"), files)
+    assert e.value.field == "task.files.validation"
+    assert f"{files['validation']} line 5 has the same prompt as {files['test']} line 3" in str(e.value)
+    assert "case and whitespace ignored; 1 of 3 validation rows are in the test file" in str(e.value)
+    (tmp_path / "val.csv").write_text('word,answer\nalpha,ahpla\n"br\navo",x\n')  # `br avo` is not `bravo`
+    assert len(Splits(task(prompt="reverse {word}: ", target="answer"), files).validation) == 2

@@ -264,6 +264,65 @@ def test_a_failed_final_evaluation_keeps_the_baseline_and_approves_nothing(tiny_
     assert "final evaluation failed" in verdict["reasons"][0] and not (p.store.folder / "approved.yaml").exists()
 
 
+# -- headroom: a baseline at the metric's ceiling ------------------------------------------------------
+
+
+def test_the_ceiling_rule_at_its_edge():
+    # n = 100, z = 2: the most any experiment could gain (1 - v) against 2 standard errors sqrt(v(1-v)/n)
+    assert ft.ceiling("exact_match", 0.96, 100, 2.0) == ""  # 4 errors: 0.04 > 2 x 0.0196, one could show
+    assert "within 2 standard errors" in ft.ceiling("exact_match", 0.97, 100, 2.0)  # 3 errors: 0.03 <= 0.0341
+    # exactly at the edge (n = 196, v = 0.98: 1 - v = 0.02 = 2 x 0.01) stops; a hair below it searches
+    assert ft.ceiling("accuracy", 0.98, 196, 2.0) != "" and ft.ceiling("accuracy", 0.9799, 196, 2.0) == ""
+    # the issue's baseline, 0.975 on 200 examples (5 errors), is 2.26 standard errors below: it searches
+    assert ft.ceiling("accuracy", 0.975, 200, 2.0) == ""
+    # a perfect baseline leaves nothing to gain, whatever z; z = 0 stops nothing else
+    assert ft.ceiling("rouge_l", 1.0, 50, 0.0) != "" and ft.ceiling("rouge_l", 0.999, 50, 0.0) == ""
+
+
+def ceiling_campaign(tiny_ft, tmp_path, value: float):
+    """A planned campaign (budget 4 runs) whose baseline already ran: ``value`` on 100 validation examples."""
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft))
+    p = ftp.plan(c, tmp_path / "camp")
+    report = fake_report(tmp_path / "run", {"wrong": 1 - value}, value=value)
+    (p.store.folder / "baseline").mkdir(parents=True)
+    (p.store.folder / "baseline" / "report.json").write_text(
+        report.model_copy(update={"timings_s": {"total": 90.0}}).model_dump_json())
+    return p
+
+
+class Phases(Reporter):
+    def __init__(self) -> None:
+        self.phases: list[str] = []
+
+    def phase(self, text: str) -> None:
+        self.phases.append(text)
+
+
+def test_a_baseline_at_the_ceiling_stops_the_campaign_and_the_decision_says_so(tiny_ft, tmp_path):
+    reporter = Phases()
+    p = ceiling_campaign(tiny_ft, tmp_path, 0.97)  # 3 errors in 100: within 2 standard errors of 1.0
+    outcome = ft.run(p, executor=LocalExecutor(), reporter=reporter)
+    assert outcome.runs == 0 and outcome.decision == "KEEP BASELINE"  # no experiment, no final evaluation
+    said = "stopped: the baseline's validation exact_match 0.9700 is within 2"
+    assert any(x.startswith(said) for x in reporter.phases)
+    verdict = json.loads((p.store.folder / "verdict.json").read_text())
+    assert verdict["reasons"][0].startswith("the search stopped after 0 of 4 runs: the baseline's validation "
+                                            "exact_match 0.9700 is within 2 standard errors")
+    assert not (p.store.folder / "final").exists()
+
+
+def test_a_baseline_just_below_the_ceiling_searches_and_is_told_the_time_ahead(tiny_ft, tmp_path):
+    reporter = Phases()
+    p = ceiling_campaign(tiny_ft, tmp_path, 0.96)  # 4 errors in 100: a gain could show
+    job = ft.QualityJob(p)
+    p.store.create(p.meta)
+    root = job.start(Services(p.store, LocalExecutor(), reporter))
+    assert root.stop == "" and root.score == 0.96
+    # 1.5 min an experiment: 4 search runs ~6 min, then at most 2 x 2 seeds of final runs ~6 min
+    assert "(1.5 min an experiment): 4 search runs ~6 min, then at most 4 final runs on the test split ~6 min" in \
+        reporter.phases[-1]
+
+
 def test_final_evaluation_reuses_the_seeds_already_evaluated(tiny_ft):
     from recipetune.finetune.experiment import load_experiment
     from recipetune.finetune.final import final_evaluation

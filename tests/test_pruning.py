@@ -4,6 +4,7 @@ report a known curve, then the quality job's checkpoints in a real child experim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
@@ -311,6 +312,34 @@ def test_a_compute_budget_counts_the_time_the_trials_ran(tmp_path, monkeypatch, 
     assert outcome.runs == runs and store.study.user_attrs["search_trial_s"] == 10.0 * runs
     assert f"stopped: the compute budget is spent: the trials ran {10 * runs} s of {trial_s:.0f} s" in reporter.phases
     assert reporter.campaigns[-1] == (runs, 4, True)  # the live view says it ended: no time to go
+
+
+class NoRoomJob(CurveJob):
+    """A job whose baseline leaves no gain to show (``Root.stop``); keeps what its decision was told."""
+
+    def __init__(self, stop: str) -> None:
+        super().__init__()
+        self.stop, self.finished = stop, None
+
+    def start(self, services: Services) -> Root:
+        return dataclasses.replace(super().start(services), stop=self.stop)
+
+    def decide(self, finished: Finished) -> Outcome:
+        self.finished = finished
+        return super().decide(finished)
+
+
+def test_a_baseline_that_leaves_no_room_starts_no_trial_and_the_decision_is_told(tmp_path):
+    reporter = Phases()
+    job = NoRoomJob("the baseline is at the ceiling")
+    outcome, store = campaign(tmp_path / "a", job, reporter=reporter)
+    assert outcome.runs == 0 and by_q(store) == {} and job.reported == {}
+    assert "stopped: the baseline is at the ceiling" in reporter.phases and reporter.campaigns[-1] == (0, 4, True)
+    assert job.finished.stopped == "the baseline is at the ceiling"
+    # the same job with room runs its budget, and its decision hears of no stop
+    free = NoRoomJob("")
+    outcome, _ = campaign(tmp_path / "b", free)
+    assert outcome.runs == 4 and free.finished.stopped == ""
 
 
 # -- the quality job's checkpoints -------------------------------------------------------------------------

@@ -110,6 +110,9 @@ class Decontaminate(OpBase):
     min_overlap: float = Field(0.5, gt=0.0, le=1.0, description=(
         "share of a long evaluation input's n-grams a training row must hold to overlap it"))
     min_tokens: int = Field(3, ge=1, le=50, description="shorter evaluation inputs count only when copied whole")
+    contain_share: float = Field(0.5, gt=0.0, le=1.0, description=(
+        "a short evaluation input found inside a training field counts only when it is at least this share "
+        "of what the field says (text every row shares not counted): a literal inside longer code is no copy"))
     common_share: float = Field(0.05, gt=0.0, le=1.0, description=(
         "a phrase in at least this share of the evaluation rows is boilerplate, not evidence; 1 = none is"))
     near_threshold: float = Field(0.8, gt=0.0, le=1.0, description="MinHash similarity; 1 = n-grams only")

@@ -15,13 +15,22 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   (a copy, renamed or re-prefixed, keeps most of them; an idiom two functions share, a few);
 - v has fewer than 2 x ``ngram`` tokens and u contains v as a run of tokens (``min_tokens`` or
   more of them: a short prompt copied, whatever was put around it), or contains v with one name
-  renamed everywhere (the name a word, not a number, and ``RENAME_MIN_WORDS`` other words alike); such
-  inputs are found through their two rarest token pairs with no token in common (anchors), so a
-  rename leaves one of them;
-- v is shorter than ``min_tokens`` (an input that is almost all shared text) and u *is* v, or the
-  training row contains the whole evaluation input, shared text included;
+  renamed everywhere (the name a word, not a number: a changed number is another sum; and the words
+  left alike say which input it is: ``RENAME_MIN_WORDS`` of them, or ``RENAME_SHORT_WORDS`` with one
+  that few evaluation inputs use). Such inputs are found through their two rarest token pairs with no
+  token in common (anchors), so a rename leaves one of them; an input of several fields (a chat turn
+  and the next) is found field by field, so text added around one of them does not hide it;
+- v is shorter than ``min_tokens`` (an input that is almost all shared text) and u's fields hold v
+  and nothing else that varies, or u contains the whole evaluation input, shared text included;
 - or their estimated Jaccard similarity reaches ``near_threshold`` (one-permutation MinHash over
   character 5-grams, ``data/minhash.py``), both of ``NEAR_MIN_CHARS`` or more.
+
+**Where the copy carries the question.** A short v found inside u counts only where it is at least
+``contain_share`` (half) of what each field it lies in says, the field's shared text (boilerplate)
+outside it not counted and the input's own shared text around it counted with it: ``x[1:]`` in
+``print(x[1:])`` is a copy, a literal ``"u"`` in ``self.write("u")`` or ``select`` in
+``select.POLLOUT`` asks another question. The same holds for the n-grams a short v shares with u.
+Inputs of 2 x ``ngram`` tokens or more carry their question wherever they are.
 
 The index lives in memory, is never written, and answers which split a text overlaps and how, never
 the evaluation text itself.
@@ -31,6 +40,7 @@ from __future__ import annotations
 
 import re
 import string
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +58,10 @@ COMMON_N = 3  # boilerplate is found as shared word 3-grams: long enough to be p
 MIN_COMMON_ROWS = 3  # a phrase in fewer evaluation rows than this is never boilerplate (tiny splits)
 RENAME_MIN_WORDS = 4  # a short input with one name renamed is a copy only if 4 other words still match:
 # "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings, a sentence
+RENAME_SHORT_WORDS = 2  # ... or 2, one of them rare: `self._waiter.set_result(exc)` renamed keeps `_waiter`;
+# `len(x)` renamed keeps only `len`, and `self.x` only `self`, which much of all code has: other inputs
+RARE_SHARE, RARE_MIN_ROWS = 0.01, 2  # rare: in at most 1% of the evaluation inputs (and at least 2 may) ...
+RARE_MIN_INPUTS = 100  # ... of 100 or more: among fewer, how common a word is cannot be told
 NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates similarity too roughly
 # (two 8-character sums share half their shingles by chance): shorter texts have the token rules
 
@@ -104,6 +118,8 @@ class _Short:
     varying: tuple[str, ...]
     full: tuple[str, ...]  # all its tokens, shared text included
     start: int  # where ``varying`` begins in ``full``
+    pieces: tuple[tuple[int, int], ...]  # ``varying[lo:hi]`` of each part that has some: found part by part
+    where: tuple[int, ...]  # each varying token's position in ``full``
 
 
 class ContaminationIndex:
@@ -113,35 +129,40 @@ class ContaminationIndex:
 
     def __init__(self, evals: dict[str, list[list[str]]], settings: Any):
         self.n, self.min_overlap, self.min_tokens = settings.ngram, settings.min_overlap, settings.min_tokens
-        self.num_perm = settings.num_perm
+        self.num_perm, self.share = settings.num_perm, settings.contain_share
         labelled = [(split, part_tokens(parts)) for split, rows in evals.items() for parts in rows]
         self.boilerplate = Boilerplate([toks for _, toks in labelled], settings.common_share)
         self.grams: dict[tuple[str, ...], list[int]] = {}  # varying n-gram -> the long inputs holding it
-        self.long: list[tuple[str, int]] = []  # long input -> (split, its number of distinct n-grams)
+        self.long: list[tuple[str, int, int]] = []  # input of n tokens or more -> (split, its distinct n-grams,
+        # its varying tokens)
         self.short: list[_Short] = []
         # a token pair (or, for a one-token input, the token) -> (short input, the pair's offset there)
         self.anchors: dict[Any, list[tuple[int, int]]] = {}
         self._parts: dict[str, tuple[list[str], list[str], Sequence[int]]] = {}
         varied = [(split, *self._split(parts)) for split, rows in evals.items() for parts in rows]
-        df = Counter(p for _, _, v, _ in varied for p in set(zip(v, v[1:], strict=False)))
+        df = Counter(p for _, _, v, _, _ in varied for p in set(zip(v, v[1:], strict=False)))
         near_texts, near_split = [], []
-        for split, toks, v, pos in varied:
+        # how many evaluation inputs use each word: a rare one says which input a renamed copy is of
+        self.word_df = Counter(t for _, _, v, _, _ in varied for t in set(v) if _IDENTIFIER.fullmatch(t))
+        self.rare_rows = max(RARE_MIN_ROWS, RARE_SHARE * len(varied)) if len(varied) >= RARE_MIN_INPUTS else 0
+        for split, toks, v, pos, starts in varied:
             if not v:
                 continue  # nothing varies: nothing to find a copy of
             if len(v) >= self.n:
                 grams = {tuple(v[i : i + self.n]) for i in range(len(v) - self.n + 1)}
                 for g in grams:
                     self.grams.setdefault(g, []).append(len(self.long))
-                self.long.append((split, len(grams)))
+                self.long.append((split, len(grams), len(v)))
             if len(v) < 2 * self.n:
-                for key, offset in _anchors(v, df):
+                pieces = _pieces(pos, starts)
+                for key, offset in _anchors(v, df, pieces):
                     self.anchors.setdefault(key, []).append((len(self.short), offset))
-                self.short.append(_Short(split, tuple(v), tuple(toks), pos[0]))
+                self.short.append(_Short(split, tuple(v), tuple(toks), pos[0], pieces, tuple(pos)))
             if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
                 near_texts.append(text)
                 near_split.append(split)
         self.gram_starts = {g[:2] for g in self.grams}  # the token pairs an n-gram can start with
-        self.single = any(len(e.varying) == 1 for e in self.short)
+        self.single = any(isinstance(key, str) for key in self.anchors)
         self.near: dict[str, minhash.BucketIndex] = {}  # split -> its inputs' LSH buckets, test first
         if settings.near_threshold < 1 and near_texts:
             sig = minhash.signatures(near_texts, self.num_perm)
@@ -156,12 +177,9 @@ class ContaminationIndex:
         """For each training row's input parts: (split, how) of an overlap, else None. ``how`` is
         ``<n>-grams``, ``same input``, ``contains a whole input``, ``renamed copy`` or
         ``near-duplicate``."""
-        full, varying = [], []
-        for parts in rows:
-            toks, v, pos = self._split(parts)
-            full.append(toks)
-            varying.append((v, pos))
-        out = [self._token_hit(toks, v, pos) for toks, (v, pos) in zip(full, varying, strict=True)]
+        split = [self._split(parts) for parts in rows]
+        varying = [(v, pos) for _, v, pos, _ in split]
+        out = [self._token_hit(*row) for row in split]
         if self.near:  # rows with no overlap yet, or one with validation only: test may still be near
             texts = {i: " ".join(varying[i][0]) for i, hit in enumerate(out) if hit is None or hit[0] != "test"}
             todo = [i for i, text in texts.items() if len(text) >= NEAR_MIN_CHARS]
@@ -177,20 +195,24 @@ class ContaminationIndex:
                 todo, sig = [todo[k] for k in keep], sig[keep]
         return out
 
-    def _split(self, parts: Sequence[str]) -> tuple[list[str], list[str], Sequence[int]]:
-        """A row's tokens, varying tokens and their positions, part by part: a part every row repeats
-        (an instruction field, a system prompt) is tokenised and masked once."""
+    def _split(self, parts: Sequence[str]) -> tuple[list[str], list[str], Sequence[int], list[int]]:
+        """A row's tokens, varying tokens, their positions, and where each part starts in the tokens (a
+        last entry at the end), part by part: a part every row repeats (an instruction field, a system
+        prompt) is tokenised and masked once."""
         if len(parts) == 1:
-            return self._part(parts[0])  # (shared with the cache: callers read, never change them)
+            toks, v, pos = self._part(parts[0])  # (shared with the cache: callers read, never change them)
+            return toks, v, pos, [0, len(toks)]
         toks: list[str] = []
         v: list[str] = []
         pos: list[int] = []
+        starts = [0]
         for part in parts:
             t, pv, pp = self._part(part)
             pos += [p + len(toks) for p in pp]
             toks += t
             v += pv
-        return toks, v, pos
+            starts.append(len(toks))
+        return toks, v, pos, starts
 
     def _part(self, part: str) -> tuple[list[str], list[str], Sequence[int]]:
         hit = self._parts.get(part)
@@ -203,61 +225,161 @@ class ContaminationIndex:
                 self._parts[part] = hit
         return hit
 
-    def _token_hit(self, toks: list[str], v: list[str], pos: Sequence[int]) -> tuple[str, str] | None:
+    def _token_hit(self, toks: list[str], v: list[str], pos: Sequence[int],
+                   starts: list[int]) -> tuple[str, str] | None:
         """The first overlap with test, else with validation, else None: a training row that overlaps
         both must be reported as test text (its example is withheld)."""
         found: tuple[str, str] | None = None
-        for hit in self._token_hits(toks, v, pos):
+        for hit in self._token_hits(toks, v, pos, starts):
             if hit[0] == "test":
                 return hit
             found = found or hit
         return found
 
-    def _token_hits(self, toks: list[str], v: list[str], pos: Sequence[int]):
+    def _token_hits(self, toks: list[str], v: list[str], pos: Sequence[int], starts: list[int]):
         if not v:
             return
         n = self.n
         pairs = list(zip(v, v[1:], strict=False))
         if len(v) >= n and self.grams:
-            grams, starts, shared = self.grams, self.gram_starts, Counter()
-            for i in [i for i, p in enumerate(pairs[: len(v) - n + 1]) if p in starts]:
-                holders = grams.get(tuple(v[i : i + n]))
-                if holders:
-                    shared.update(holders)
-            for j, count in shared.items():  # (a gram repeated in u counts once per repeat: rare, harmless)
-                split, total = self.long[j]
-                if count >= self.min_overlap * total:
+            grams, gram_starts = self.grams, self.gram_starts
+            at: dict[int, list[int]] = {}  # input -> where its n-grams start in v
+            for i in [i for i, p in enumerate(pairs[: len(v) - n + 1]) if p in gram_starts]:
+                for j in grams.get(tuple(v[i : i + n]), ()):
+                    at.setdefault(j, []).append(i)
+            for j, found in at.items():  # (a gram repeated in u counts once per repeat: rare, harmless)
+                split, total, size = self.long[j]
+                if len(found) < self.min_overlap * total:
+                    continue
+                # a short input's n-grams, like its whole run of tokens, count where they carry the question
+                if size >= 2 * n or self._covers({k for i in found for k in range(i, i + n)}, pos, starts):
                     yield split, f"{n}-grams"
         anchors = self.anchors
+        fields = _pieces(pos, starts)  # the row's varying tokens, field by field (those that have some)
         keys = list(enumerate(pairs))
         if self.single:  # some inputs are one token: their anchor is that token
             keys += enumerate(v)
         for i, key in [(i, key) for i, key in keys if key in anchors]:
             for j, offset in anchors[key]:
                 e = self.short[j]
-                at, size = i - offset, len(e.varying)
-                if at < 0 or at + size > len(v):
+                spans = self._align(e, toks, v, i, offset, pos, starts, fields)
+                if spans is None:
                     continue
-                found = _aligned(e.varying, v, at)
-                if found == "same":
-                    if size == len(v):
-                        yield e.split, "same input"
-                    elif size >= self.min_tokens:
+                found, spans = spans
+                size = len(e.varying)
+                if found == "renamed":
+                    if all(self._carries(*span, pos, starts) for span in spans):
+                        yield e.split, "renamed copy"
+                elif size == len(v):
+                    yield e.split, "same input"
+                elif size >= self.min_tokens:
+                    if all(self._carries(*span, pos, starts) for span in spans):
                         yield e.split, "contains a whole input"
-                    else:  # (almost) nothing of it varies: only the whole input, shared text and all, counts
-                        first = pos[at] - e.start
-                        if first >= 0 and tuple(toks[first : first + len(e.full)]) == e.full:
-                            yield e.split, "contains a whole input"
-                elif found == "renamed":
-                    yield e.split, "renamed copy"
+                elif all(self._carries(*span, pos, starts, share=1.0) for span in spans):
+                    yield e.split, "contains a whole input"  # the fields hold it and nothing else that varies
+                elif (len(e.pieces) == 1 and spans[0][1] - spans[0][0] == len(e.full)
+                      and self._carries(*spans[0], pos, starts)):
+                    # (almost) nothing of it varies: the whole input, shared text and all, found where it
+                    # carries the question
+                    yield e.split, "contains a whole input"
+
+    def _align(self, e: _Short, toks: list[str], v: list[str], i: int, offset: int, pos: Sequence[int],
+               starts: list[int], fields: tuple[tuple[int, int], ...]):
+        """Where the evaluation input ``e`` lies in a training row's varying tokens ``v``, given that its
+        anchor at ``offset`` sits at ``v[i]``: ("same" | "renamed", the span in the row's tokens of each of
+        its pieces, widened over the input's own shared text around it: a docstring's masked "Return"
+        is part of the copy), else None. The anchor's piece lies where the anchor says; an input of several fields
+        (a chat turn and the next) has each other piece in the field before or after, anywhere in it, so
+        that text added around one piece (a lead-in, a closing remark) does not hide the copy."""
+        k = next(k for k, (lo, hi) in enumerate(e.pieces) if lo <= offset < hi)
+        lo, hi = e.pieces[k]
+        at = {k: i - (offset - lo)}
+        if at[k] < 0 or at[k] + hi - lo > len(v):
+            return None
+        if len(e.pieces) > 1:
+            field_of = [bisect_right(fields, (x, len(v))) - 1 for x in (at[k],)]  # the field the anchor is in
+            for step, order in ((1, range(k + 1, len(e.pieces))), (-1, range(k - 1, -1, -1))):
+                f = field_of[0]
+                for m in order:
+                    f += step  # the next (or previous) field: each other piece lies in it, anywhere
+                    if not 0 <= f < len(fields):
+                        return None
+                    lo_f, hi_f = fields[f]
+                    piece, within = e.varying[e.pieces[m][0] : e.pieces[m][1]], v[:hi_f]
+                    spots = range(lo_f, hi_f - len(piece) + 1)  # the piece itself first, else renamed
+                    hit = next((x for x in spots if _aligned(piece, within, x, loose=False) == "same"),
+                               next((x for x in spots if _aligned(piece, within, x, loose=True)), None))
+                    if hit is None:
+                        return None
+                    at[m] = hit
+        # the input's pieces, side by side, against the row's tokens where they were found
+        joined = [v[at[m] + x] for m in range(len(e.pieces)) for x in range(e.pieces[m][1] - e.pieces[m][0])]
+        found = _aligned(e.varying, joined, 0, self._rare)
+        if found is None:
+            return None
+        spans = []
+        for m, (lo, hi) in enumerate(e.pieces):
+            begin, end = pos[at[m]], pos[at[m] + hi - lo - 1] + 1
+            part = bisect_right(starts, begin) - 1
+            a, b = e.where[lo] - 1, begin - 1
+            while a >= 0 and b >= starts[part] and e.full[a] == toks[b]:
+                a, b, begin = a - 1, b - 1, begin - 1
+            a, b = e.where[hi - 1] + 1, end
+            while a < len(e.full) and b < starts[part + 1] and e.full[a] == toks[b]:
+                a, b, end = a + 1, b + 1, end + 1
+            spans.append((begin, end))
+        return found, spans
+
+    def _carries(self, begin: int, end: int, pos: Sequence[int], starts: list[int], share: float | None = None) -> bool:
+        """Whether the tokens ``begin:end`` of a training row, where an evaluation input was found, carry
+        the question: in each field (part) they lie in, they make up at least ``contain_share`` of what
+        that field says, its tokens every row shares (boilerplate) outside them not counted. A short
+        literal inside a longer expression does not: ``"u"`` in ``self.write("u")``."""
+        share = self.share if share is None else share
+        k = bisect_right(starts, begin) - 1
+        while starts[k] < end:
+            lo, hi = starts[k], starts[k + 1]
+            inside = min(end, hi) - max(begin, lo)
+            varying = bisect_left(pos, hi) - bisect_left(pos, lo)
+            varying_inside = bisect_left(pos, min(end, hi)) - bisect_left(pos, max(begin, lo))
+            if inside < share * (inside + varying - varying_inside):
+                return False
+            k += 1
+        return True
+
+    def _covers(self, found: set[int], pos: Sequence[int], starts: list[int]) -> bool:
+        """``_carries`` for tokens found apart (the n-grams a short input shares with a row): in each field
+        they lie in, they are at least ``contain_share`` of its varying tokens."""
+        ends = [bisect_left(pos, s) for s in starts[1:]]  # where each part's varying tokens end
+        for lo, hi in zip([0, *ends[:-1]], ends, strict=True):
+            inside = sum(1 for i in found if lo <= i < hi)
+            if inside and inside < self.share * (hi - lo):
+                return False
+        return True
+
+    def _rare(self, word: str) -> bool:
+        return self.word_df.get(word, 0) <= self.rare_rows
 
 
-def _anchors(v: list[str], df: Counter) -> list[tuple[Any, int]]:
-    """Where a short input is looked for: its rarest token pair, and a second one with none of the
-    first's tokens, so a name renamed everywhere leaves one of them; a one-token input, the token."""
-    if len(v) == 1:
+def _pieces(pos: Sequence[int], starts: list[int]) -> tuple[tuple[int, int], ...]:
+    """The runs of varying tokens (by their index in the varying tokens) that lie in one part each."""
+    out, lo = [], 0
+    for end in starts[1:]:
+        hi = bisect_left(pos, end)
+        if hi > lo:
+            out.append((lo, hi))
+        lo = hi
+    return tuple(out)
+
+
+def _anchors(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...]) -> list[tuple[Any, int]]:
+    """Where a short input is looked for: its rarest token pair within one piece (part), and a second
+    one with none of the first's tokens, so a name renamed everywhere leaves one of them; an input whose
+    pieces are all one token long, its first token."""
+    inside = [i for lo, hi in pieces for i in range(lo, hi - 1)]
+    if not inside:
         return [(v[0], 0)]
-    pairs = sorted(range(len(v) - 1), key=lambda i: (df[(v[i], v[i + 1])], i))
+    pairs = sorted(inside, key=lambda i: (df[(v[i], v[i + 1])], i))
     first = pairs[0]
     out = [((v[first], v[first + 1]), first)]
     for i in pairs[1:]:
@@ -267,9 +389,16 @@ def _anchors(v: list[str], df: Counter) -> list[tuple[Any, int]]:
     return out
 
 
-def _aligned(original: tuple[str, ...], u: list[str], at: int) -> str | None:
+def _aligned(original: Sequence[str], u: Sequence[str], at: int, rare=lambda word: False,
+             loose: bool = False) -> str | None:
     """``same`` when ``u[at:]`` starts with ``original``; ``renamed`` when it does with one identifier
-    renamed everywhere and nothing else changed; else None (most candidates fail at once)."""
+    renamed everywhere and nothing else changed, and the words left alike say which input it is
+    (``RENAME_MIN_WORDS`` of them, or ``RENAME_SHORT_WORDS`` with one that few evaluation inputs use:
+    ``rare``);
+    else None (most candidates fail at once). ``loose``: any one renamed identifier (one piece of an
+    input, whose words are counted with the rest)."""
+    if at + len(original) > len(u):
+        return None
     old = new = None
     for k, a in enumerate(original):
         b = u[at + k]
@@ -282,5 +411,12 @@ def _aligned(original: tuple[str, ...], u: list[str], at: int) -> str | None:
         return "same"
     if not (_IDENTIFIER.fullmatch(old) and _IDENTIFIER.fullmatch(new)) or new in original:
         return None
-    words = sum(1 for t in original if t != old and _IDENTIFIER.fullmatch(t))
-    return "renamed" if words >= RENAME_MIN_WORDS else None
+    if loose:
+        return "renamed"
+    words = [t for t in original if t != old and _IDENTIFIER.fullmatch(t)]
+    return "renamed" if _enough(len(words), sum(1 for w in set(words) if rare(w))) else None
+
+
+def _enough(words: int, rare: int) -> bool:
+    """Whether the words a renamed copy leaves alike (``rare`` of them rare) say which input it is."""
+    return words >= RENAME_MIN_WORDS or (rare >= 1 and words >= RENAME_SHORT_WORDS)

@@ -137,13 +137,15 @@ def watch(reports: Callable[[], list[dict[str, Any]]], progress: Progress, stop_
 @dataclass
 class Root:
     """The baseline as the job measured it: what the Researcher reads of it, its score, the noise of
-    that score (the gain a plateau must beat) and its intermediate values (what the pruner compares
-    a running trial with, by report step)."""
+    that score (the gain a plateau must beat), its intermediate values (what the pruner compares
+    a running trial with, by report step) and ``stop``: why no trial could show a gain over it, when
+    none could (the quality job: a baseline within its noise of the metric's maximum), so none starts."""
 
     result: Any
     score: float | None
     noise: float = 0.0
     curve: dict[int, float] = field(default_factory=dict)
+    stop: str = ""
 
 
 @dataclass
@@ -177,6 +179,7 @@ class Finished:
 
     tree: Tree
     runs: int  # runs of the budget spent, this session and before
+    stopped: str = ""  # the stop rule that ended the search before its budget (Search.stop_rule), if one did
 
 
 @dataclass

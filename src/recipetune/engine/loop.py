@@ -226,7 +226,10 @@ class Search:
         return upper is None or bar is None or upper < bar
 
     def stop_rule(self) -> str:
-        """Why the campaign starts no more trials although runs are left (budget.trial_s, budget.plateau), or ''."""
+        """Why the campaign starts no more trials although runs are left (the job's word on its baseline,
+        budget.trial_s, budget.plateau), or ''."""
+        if self.root.stop:
+            return self.root.stop
         budget = self.cfg.budget
         if budget.trial_s is not None and self.trial_s >= budget.trial_s:
             return f"the compute budget is spent: the trials ran {self.trial_s:.0f} s of {budget.trial_s:.0f} s"
@@ -367,7 +370,7 @@ class Search:
                 return
 
     def finished(self) -> Finished:
-        return Finished(self.tree, self.runs)
+        return Finished(self.tree, self.runs, self.stop_rule() if self.budget_left() else "")
 
 
 def run_search(job: Job, cfg: TreeSearchConfig, services: Services, *, meta: dict[str, Any],

@@ -84,6 +84,9 @@ def finetune(
     except ConfigError as e:
         raise fail(e) from None
     observers = observers_for(folder, mlflow)
+    from recipetune.finetune.cli import ensure_base
+
+    ensure_base(campaign.experiment.spec.model)  # where it must be built, with its progress, before the baseline
 
     metric = campaign.experiment.spec.task.metric
     columns = Columns(figure="train loss", score=f"val {metric}", check="diagnosis", figure_fmt=".3f",

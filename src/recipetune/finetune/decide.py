@@ -90,6 +90,9 @@ def decide(c: FinetuneCampaign, services: Services, finished: Finished) -> Outco
         return c.space.describe(recipe, baseline)
 
     def conclude_(outcome: Outcome) -> Outcome:
+        if finished.stopped:  # the decision says why the search spent less than its budget
+            outcome.reasons.insert(0, f"the search stopped after {runs} of {c.cfg.budget.trials} runs: "
+                                      f"{finished.stopped}")
         shown = outcome.verdicts[0][0] if outcome.verdicts else best
         outcome.record = {"metric": metric, "best": {
             "recipe_id": shown.id, "trial": shown.trial, "change": describe(shown.recipe),

@@ -19,6 +19,7 @@ Integrity, the quality job's control system:
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 from concurrent.futures import Future
@@ -143,6 +144,21 @@ def diagnosis(report: ExperimentReport) -> str:
     return ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])[:3])
 
 
+def ceiling(metric: str, value: float, n: int, z: float) -> str:
+    """Why no experiment could show a gain over a baseline that scored ``value`` on ``n`` validation
+    examples, or '' when one could: the metric's maximum (1.0 for every metric here) is within ``z``
+    standard errors of it. The standard error of a mean of n per-example scores in [0, 1] with mean v
+    is at most sqrt(v(1-v)/n), exactly that for exact_match and accuracy (a proportion); for exact_match
+    ``1 - v <= z * se`` reads: at most z^2 * v errors left (n = 200, z = 2: 3 errors stop, 4 do not)."""
+    headroom = 1.0 - value
+    se = math.sqrt(max(value * headroom, 0.0) / max(n, 1))
+    if headroom > z * se * (1 + 1e-9):  # (a float's last bit does not move a case at the edge)
+        return ""
+    return (f"the baseline's validation {metric} {value:.4f} is within {z:g} standard errors ({z:g} x {se:.4f}) of "
+            f"the maximum 1.0 on {n} examples: the most any experiment could gain ({headroom:.4f}) could not be "
+            "told from noise (search.headroom_z)")
+
+
 class QualityJob:
     """A better task metric on held-out data; integrity (above) is the control system."""
 
@@ -197,7 +213,10 @@ class QualityJob:
                        f"data version {report.data.id}, {report.data.rows_out} rows")
         # the baseline's checkpoints: what the pruner compares every child with at the same checkpoint
         self.root_curve = {int(x["checkpoint"]): float(x["value"]) for x in progress_lines(folder)}
-        return Root(report, self.root_value, curve=self.root_curve)
+        stop = ceiling(self.metric, self.root_value, report.validation.n_examples, self.cfg.headroom_z)  # type: ignore[union-attr]
+        if not stop:
+            reporter.phase(eta(report, self.cfg.budget.trials, len(self.cfg.seeds), services.executor.parallel))
+        return Root(report, self.root_value, curve=self.root_curve, stop=stop)
 
     def check(self, recipe: Recipe) -> Checked:
         try:
@@ -253,6 +272,15 @@ class QualityJob:
     def decide(self, finished: Finished) -> Outcome:
         assert self.services is not None
         return decide.decide(self.c, self.services, finished)
+
+
+def eta(baseline: ExperimentReport, trials: int, seeds: int, parallel: int) -> str:
+    """The campaign's time ahead at the baseline's pace: its budget of trials, then at most the final
+    evaluation (baseline and best, one run per seed on the test split; only when a trial beat the baseline)."""
+    each = baseline.timings_s.get("total") or 0.0
+    search, final = each * math.ceil(trials / max(parallel, 1)), each * 2 * seeds
+    return (f"time ahead at the baseline's pace ({each / 60:.1f} min an experiment): {trials} search runs "
+            f"~{search / 60:.0f} min, then at most {2 * seeds} final runs on the test split ~{final / 60:.0f} min")
 
 
 def experiment_figures(report: ExperimentReport, baseline_value: float) -> dict[str, Any]:

@@ -35,6 +35,9 @@ class FinetuneSearchConfig(TreeSearchConfig):
     seeds: list[int] = Field([1, 2, 3], min_length=2, description="seeds of the final evaluation on the test split; "
                              "by default not the search's own (recipe.seed 0), whose luck the selection used")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="of the gain's interval over the seeds")
+    headroom_z: float = Field(2.0, ge=0, description="start no experiment when the baseline's validation metric is "
+                              "within this many standard errors of the metric's maximum (1.0): no gain there could "
+                              "be told from noise (finetune/job.py: ceiling); 0: only a perfect baseline stops")
     timeout_s: float = Field(1800.0, gt=0, description="an experiment still running after this is killed")
     context_chars: int = Field(6000, ge=500, description="the llm Researcher's context, at most this much JSON")
     # The TREX ablation (docs/finetune.md, 8 task-seeds over 3 tasks): MCTS was the best arm on 6 with

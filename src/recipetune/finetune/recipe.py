@@ -108,8 +108,9 @@ class TrainRecipe(BaseModel):
 
 class ModelSpec(BaseModel):
     """``reference``: a checkpoint of the reference trainer (``base`` = the stdlib-pretrained model,
-    built once and cached); ``hf``: a local Hugging Face causal-LM folder (``tiny`` = a tiny Llama
-    with random weights and a tokenizer trained on stdlib text, built once and cached)."""
+    shipped with the package where it matches, else built once and cached: finetune/base_model.py);
+    ``hf``: a local Hugging Face causal-LM folder (``tiny`` = a tiny Llama with random weights and a
+    tokenizer trained on stdlib text, built once and cached)."""
 
     model_config = ConfigDict(extra="forbid")
 

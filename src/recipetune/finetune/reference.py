@@ -9,24 +9,22 @@ conversation is trained and prompted in its plain rendering (``formats.chat_text
 bf16`` is autocast over fp32 weights, ``gradient_checkpointing`` the reference trainer's own
 (trainer/parallel.py), and fp16 is refused (routes.check_precision): it would need loss scaling.
 
-``path: base`` is a small model pretrained on the stdlib corpus by the reference trainer, built
-on first use and cached under ``<cache>/base/`` (``RECIPETUNE_CACHE``, default ~/.cache/recipetune).
+``path: base`` is the stdlib-pretrained model of base_model.py (shipped with the package where it
+matches, else built once and cached).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
-import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from recipetune.engine.job import checkpoint_steps
+from recipetune.finetune.base_model import base_checkpoint
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe, lora_modules
 from recipetune.finetune.route import Checkpoint, Generation, ModelError, TrainLog, resolve_path
 from recipetune.finetune.task import GenerationSettings, TaskConfig
@@ -35,33 +33,6 @@ from recipetune.trainer.model import PRESETS, Transformer, get_model_config
 
 IGNORE = -100
 GEN_BATCH = 64
-
-
-def base_checkpoint(spec: ModelSpec, cache: Path | None = None, log=print) -> Path:
-    """The stdlib-pretrained base model, trained once by the reference trainer and cached."""
-    from recipetune.core.measure import cache_dir
-    from recipetune.trainer.knobs import reference_knobs
-    from recipetune.trainer.loop import train
-
-    folder = (cache or cache_dir()) / "base"
-    v = sys.version_info
-    name = f"ref-{spec.preset}-stdlib-py{v.major}.{v.minor}-s{spec.pretrain_seq_len}-n{spec.pretrain_steps}"
-    path = folder / f"{name}.pt"
-    if path.is_file():
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    recipe = dict(reference_knobs().resolve({
-        "model": spec.preset, "data": "stdlib", "seq_len": spec.pretrain_seq_len, "global_batch_size": 16,
-        "micro_batch_size": 16, "lr": 3e-3, "warmup_steps": min(50, spec.pretrain_steps // 10 + 1),
-        "lr_decay_steps": spec.pretrain_steps, "seed": 0, "num_threads": 1,  # 1 thread: a shared CPU
-    }))
-    log(f"building the base model {name} ({spec.pretrain_steps} steps on the stdlib corpus; once) ...")
-    t0 = time.perf_counter()
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    train(recipe, spec.pretrain_steps, folder / f"{name}.run", save_checkpoint=tmp)
-    os.replace(tmp, path)  # atomic: a concurrent experiment never loads half a checkpoint
-    log(f"base model built in {time.perf_counter() - t0:.0f}s: {path}")
-    return path
 
 
 def check_reference(spec: ModelSpec, base_dir: Path) -> None:

@@ -229,6 +229,7 @@ class Splits:
         self.task = task
         self.paths = {s: split_path(p, s, f"task.files.{s}") for s, p in paths.items()}
         self.dropped: dict[str, dict[str, int]] = {}  # split -> reason -> rows dropped (incomplete_rows: drop)
+        self._kept: dict[str, list[int]] = {}  # split -> the file's row indices kept, where some were dropped
         self.train = self._load("train")
         self.validation = self._load("validation")
         self._test = None
@@ -266,6 +267,7 @@ class Splits:
         if not dropped:
             return ds
         self.dropped[split] = dict(dropped)
+        self._kept[split] = keep
         if not keep:
             raise TaskError("task.incomplete_rows", f"{self.paths[split]}: every row was dropped ({dict(dropped)})")
         return ds.select(keep)
@@ -278,11 +280,23 @@ class Splits:
             raise TaskError(f"task.files.{b}", f"{a} and {b} are the same file {self.paths[a]}")
         # validation and test must not share an input: the search would be tuned on test examples.
         # (train overlaps are removed by decontamination instead, and reported.)
-        test_inputs = {normalize(self.task.render(r)) for r in self._read_test()}
-        for i, row in enumerate(self.validation):
-            if normalize(self.task.render(row)) in test_inputs:
-                raise TaskError("task.files.validation", f"row {i} of {self.paths['validation']} is also in the "
-                                "test file: validation and test splits overlap")
+        test_rows: dict[str, int] = {}
+        for i, row in enumerate(self._read_test()):
+            test_rows.setdefault(normalize(self.task.render(row)), i)
+        both = [(i, test_rows[key]) for i, row in enumerate(self.validation)
+                if (key := normalize(self.task.render(row))) in test_rows]
+        if both:
+            i, j = both[0]
+            raise TaskError("task.files.validation", f"{self.position('validation', i)} has the same prompt as "
+                            f"{self.position('test', j)} (case and whitespace ignored; {len(both)} of "
+                            f"{len(self.validation)} validation rows are in the test file): validation and test "
+                            "splits overlap; remove each such row from one of the two files")
+
+    def position(self, split: str, index: int) -> str:
+        """Where row ``index`` of a split (after any rows dropped at load) is in its file: the 1-based
+        line of a JSONL or CSV file, else the row index."""
+        kept = self._kept.get(split)
+        return row_position(self.paths[split], kept[index] if kept else index)
 
     def _read_test(self):
         return self._load("test")
