@@ -132,6 +132,21 @@ def test_an_effect_that_fades_in_longer_runs_is_not_approved_on_them(tmp_path):
     assert got.evidence.outcome != "holds", got.looks
 
 
+@pytest.mark.parametrize("size, fade", [(2.0, 300), (3.0, 250)])
+def test_a_difference_shown_beyond_noise_but_not_beyond_t_at_the_middle_look_ends_the_verdict(tmp_path, size, fade):
+    # 2-3 T at the profile's length, fading: the middle pair shows it beyond noise, not yet beyond T
+    # (+1.4-1.7 T, bounds excluding zero), and the last pair would find it inside T and approve it. The
+    # nanoGPT fixture's stale gradient every 4th step was approved that way before this rule.
+    cfg = settings()
+    profile = no_seed_profile(100, cfg)
+    T = profile.loss_tolerance
+    got = gather(LossWorkload(offset=size * T / math.exp(-75 / fade), fade=fade), profile, BASE, CAND, 100, cfg,
+                 tmp_path, equal_tokens=False)
+    assert got.evidence.outcome != "holds", got.looks
+    assert "beyond noise" in got.evidence.reasons[0] and "blocks approval" in got.looks[-1]
+    assert sum(n.startswith("parity look ") for n in got.looks) == 2  # the long pair is never run
+
+
 def test_runs_that_cannot_resolve_t_say_how_much_more_would(tmp_path):
     cfg = settings(max_steps_factor=1)
     profile = no_seed_profile(100, cfg)
