@@ -122,3 +122,20 @@ def test_smallest_approvable_speedup_is_the_edge_of_what_the_pairs_approve():
         ratios = spread - spread.mean() + math.log(edge * factor)  # the same scatter, centred just above/below
         assert stats.clears(stats.speedup_ci(ratios, 0.95), 0.03) is approved
     assert stats.smallest_approvable([0.1], 0.95, 0.03) is None
+
+
+def test_a_few_pairs_that_agree_by_chance_are_judged_by_the_aa_spread_too():
+    # An A/A verdict at load 10 (the nanoGPT fixture): three pairs read 1.361x, 1.363x and 1.430x
+    # while the baseline's own consecutive runs moved by 23% (RMS of its A/A log ratios). The pairs'
+    # scatter alone gave [1.29, 1.49] and cleared the 25.9% margin: an A/A approved.
+    ratios = [math.log(1.361), math.log(1.363), math.log(1.430)]
+    busy = [0.31, -0.22, 0.19, -0.18]
+    margin = stats.noise_margin(busy, 0.0)
+    assert stats.speedup_ci(ratios, 0.95).low > 1 + margin  # what the pairs alone said
+    ci = stats.speedup_ci(ratios, 0.95, aa_log_ratios=busy)
+    assert not stats.clears(ci, margin) and "pooled with 4 A/A" in ci.method
+    assert stats.smallest_approvable(ratios, 0.95, margin, busy) > 1.43
+    # the same pairs on a quiet machine (A/A within 2%): a real 1.38x gain is still approved
+    quiet = [0.012, -0.018, 0.009, -0.015]
+    ci = stats.speedup_ci(ratios, 0.95, aa_log_ratios=quiet)
+    assert stats.clears(ci, stats.noise_margin(quiet, 0.02)) and ci.method == "Student t (3 pairs)"

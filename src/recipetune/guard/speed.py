@@ -164,7 +164,7 @@ def _judge(pairs: list[Pair], aa: list[float], prior_aa: list[float] | None, set
     """The speed-up of these pairs and its interval at ``confidence`` against the noise margin."""
     sp = settings.speed
     ratios = stats.log_ratios([p.candidate_tokens_per_s for p in pairs], [p.baseline_tokens_per_s for p in pairs])
-    ci = stats.speedup_ci(ratios, confidence, sp.resamples)
+    ci = stats.speedup_ci(ratios, confidence, sp.resamples, [*(prior_aa or []), *aa])
     own = stats.noise_margin(aa, 0.0)
     busy = ""
     if sp.noise_margin is None and own > sp.max_noise:
@@ -182,5 +182,5 @@ def _judge(pairs: list[Pair], aa: list[float], prior_aa: list[float] | None, set
         pairs=pairs, speedup=ci.speedup, ci_low=ci.low, ci_high=ci.high, confidence=ci.confidence,
         ci_method=ci.method, noise_margin=margin, noise_source=source, aa_log_ratios=aa,
         faster=stats.clears(ci, margin) and not busy, busy=busy, notes=list(notes),
-        smallest_approvable=stats.smallest_approvable(ratios, confidence, margin),
+        smallest_approvable=stats.smallest_approvable(ratios, confidence, margin, aa),
     )

@@ -216,22 +216,42 @@ def t_interval(x: Sequence[float], confidence: float = 0.95) -> tuple[float, flo
     return mean, mean - half, mean + half
 
 
-def speedup_ci(ratios_log: Sequence[float], confidence: float = 0.95, n_resamples: int = 9999) -> SpeedupCI:
+def pair_spread(ratios_log: Sequence[float], aa_log_ratios: Sequence[float] = ()) -> tuple[float, int]:
+    """One pair's log-ratio standard deviation and its degrees of freedom: the pairs' own, or, where
+    the A/A ratios (two runs of one recipe: the same noise as a pair) say more, both pooled. A few
+    pairs can agree by chance on a busy machine: three A/A pairs read 1.36x, 1.36x and 1.43x (sd 0.028)
+    while the baseline's own A/A ratios moved by 0.23, and the pairs' scatter alone approved them."""
+    x = np.asarray(ratios_log, dtype=float)
+    n, aa = len(x), np.asarray(aa_log_ratios, dtype=float)
+    own = float(x.std(ddof=1)) if n > 1 else math.inf
+    if n < 2 or not len(aa):
+        return own, n - 1
+    pooled = math.sqrt(((n - 1) * own**2 + float((aa**2).sum())) / (n - 1 + len(aa)))
+    return (pooled, n - 1 + len(aa)) if pooled > own else (own, n - 1)
+
+
+def speedup_ci(ratios_log: Sequence[float], confidence: float = 0.95, n_resamples: int = 9999,
+               aa_log_ratios: Sequence[float] = ()) -> SpeedupCI:
     """Confidence interval of the geometric-mean speed-up from per-pair log ratios.
 
-    Below ``SMALL_SAMPLE`` pairs, Student's t over the log ratios: a bootstrap of 2-9 points
+    Below ``SMALL_SAMPLE`` pairs, Student's t over the log ratios with ``pair_spread``'s standard
+    deviation (never narrower than the A/A ratios say one pair is): a bootstrap of 2-9 points
     resamples only what it saw and its interval is far too narrow (two pairs that both read 1.02x
     would give [1.02, 1.03] and approve an A/A comparison); t widens with few pairs as it should.
     From ``SMALL_SAMPLE`` pairs on, BCa (bias-corrected and accelerated) over the pairs, seeded; the
-    percentile method where BCa is undefined. A point interval when every pair agrees exactly.
+    percentile method where BCa is undefined. A point interval when every pair agrees exactly and
+    no A/A ratio says otherwise.
     """
     x = np.asarray(ratios_log, dtype=float)
     centre = float(np.exp(x.mean()))
-    if len(x) < 2 or float(np.ptp(x)) == 0.0:
+    sd, df = pair_spread(x, aa_log_ratios)
+    if len(x) < 2 or sd == 0.0:
         return SpeedupCI(centre, centre, centre, confidence, "point")
     if len(x) < SMALL_SAMPLE:
-        _, low, high = t_interval(x, confidence)
-        return SpeedupCI(centre, float(np.exp(low)), float(np.exp(high)), confidence, f"Student t ({len(x)} pairs)")
+        half = float(sps.t.ppf(0.5 + confidence / 2, df)) * sd / math.sqrt(len(x))
+        how = "" if df == len(x) - 1 else f", the spread pooled with {df - len(x) + 1} A/A ratios"
+        return SpeedupCI(centre, centre * math.exp(-half), centre * math.exp(half), confidence,
+                         f"Student t ({len(x)} pairs{how})")
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DegenerateDataWarning for tiny samples: checked below
@@ -243,19 +263,21 @@ def speedup_ci(ratios_log: Sequence[float], confidence: float = 0.95, n_resample
     return SpeedupCI(centre, float(np.exp(x.min())), float(np.exp(x.max())), confidence, "range")
 
 
-def smallest_approvable(ratios_log: Sequence[float], confidence: float, margin: float) -> float | None:
+def smallest_approvable(ratios_log: Sequence[float], confidence: float, margin: float,
+                        aa_log_ratios: Sequence[float] = ()) -> float | None:
     """The smallest speed-up pairs with this scatter could approve: ``(1 + m) exp(q sd / sqrt(n))``,
-    with ``sd`` the standard deviation of the ``n`` per-pair log ratios, ``m`` the noise margin and ``q``
-    the two-sided quantile of the interval the verdict uses (Student's t with n - 1 degrees of freedom
-    below ``SMALL_SAMPLE`` pairs, the normal quantile from there on, where the bootstrap's
-    interval is about as wide). None below two pairs, whose interval is unbounded."""
+    with ``sd`` one pair's standard deviation (``pair_spread``), ``m`` the noise margin and ``q``
+    the two-sided quantile of the interval the verdict uses (Student's t below ``SMALL_SAMPLE``
+    pairs, the normal quantile from there on, where the bootstrap's interval is about as wide).
+    None below two pairs, whose interval is unbounded."""
     x = np.asarray(ratios_log, dtype=float)
     n = len(x)
     if n < 2:
         return None
     p = 0.5 + confidence / 2
-    q = float(sps.t.ppf(p, n - 1)) if n < SMALL_SAMPLE else float(sps.norm.ppf(p))
-    return (1 + margin) * math.exp(q * float(x.std(ddof=1)) / math.sqrt(n))
+    sd, df = pair_spread(x, aa_log_ratios) if n < SMALL_SAMPLE else (float(x.std(ddof=1)), n - 1)
+    q = float(sps.t.ppf(p, df)) if n < SMALL_SAMPLE else float(sps.norm.ppf(p))
+    return (1 + margin) * math.exp(q * sd / math.sqrt(n))
 
 
 def clears(ci: SpeedupCI, margin: float) -> bool:
