@@ -229,19 +229,19 @@ class Block(nn.Module):
 
 
 class AuxLossInBackward(torch.autograd.Function):
-    """Identity on ``h`` whose backward also gives ``aux`` the gradient 1: a loss term added to the
-    backward without being part of the output (Megatron's MoE aux-loss scaler). A pipeline stage
-    passes only its hidden state on, so its MoE balance loss joins the gradient here."""
+    """A zero whose backward gives ``aux`` the gradient 1: added to a stage's output, it puts a loss term
+    into the backward without it being part of the output (Megatron's MoE aux-loss scaler). A pipeline
+    stage passes only its hidden state on, so its MoE balance loss joins the gradient here. (A new zero,
+    not the hidden state passed through: zero-bubble schedules detach a stage's output in place, which a
+    Function's pass-through output, a view, does not allow.)"""
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(aux)
-        return h
+    def forward(ctx, aux: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.zeros((), dtype=aux.dtype, device=aux.device)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        (aux,) = ctx.saved_tensors
-        return grad, torch.ones_like(aux)
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.ones((), dtype=grad.dtype, device=grad.device)
 
 
 class Transformer(nn.Module):
@@ -299,7 +299,7 @@ class Transformer(nn.Module):
             x, layer_aux = layer(x, cos, sin)
             aux = aux + layer_aux
         if self.stage_batch and aux.requires_grad:
-            x = AuxLossInBackward.apply(x, aux * (x.shape[0] / self.stage_batch))
+            x = x + AuxLossInBackward.apply(aux * (x.shape[0] / self.stage_batch)).to(x.dtype)
         if self.lm_head is not None:
             x = self.lm_head(self.norm(x))
         return x if self.stage_batch else (x, aux)
