@@ -155,6 +155,17 @@ def test_search_repairs_a_broken_pipeline_and_the_static_check_names_it():
     # back to pp=1: the pipeline knobs return to their defaults
     back = w.relations().repair(fixed.recipe.with_(pp=1), keep={"pp"}, space=space)
     assert back.ok and back.recipe["pp_microbatches"] == 1
+    # experts over 2 ranks from a pipelined MoE recipe: ep needs dp_shard=2, which leaves no room for the
+    # pipeline, whose schedule and micro-batches then return to their defaults: the coupled relations' knobs
+    # move too (the relation broken first, ep's, has only dp_shard)
+    moe = w.resolve({**BASE, "model": "tiny-moe", "nproc": 2, "pp": 2, "pp_microbatches": 2,
+                     "pp_schedule": "Interleaved1F1B"})
+    space = {**space, "dp_shard": [1, 2], "ep": [1, 2]}
+    ep = w.relations().repair(moe.with_(ep=2), keep={"ep"}, space=space)
+    assert ep.ok, ep.note
+    assert {k: ep.recipe[k] for k in ("ep", "dp_shard", "pp", "pp_microbatches", "pp_schedule")} == {
+        "ep": 2, "dp_shard": 2, "pp": 1, "pp_microbatches": 1, "pp_schedule": "1F1B"}
+    assert check_recipe(dict(ep.recipe)) == []
     broken = static_check(w, base, base.with_(pp=2, pp_microbatches=2, pp_schedule="Interleaved1F1B", model="tiny",
                                               nproc=2))
     assert not broken  # 4 stages of 4 layers

@@ -46,6 +46,7 @@ from recipetune.trainer.parallel import (
     scale_expert_grads,
 )
 from recipetune.trainer.pipeline import Pipeline, split, stage_ids
+from recipetune.trainer.profile import moe_figures, rank_figures
 
 EVAL_BATCH_SIZE = 8
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -219,8 +220,8 @@ def train(
         for g in optimizer.param_groups:  # a branch may change these (CBS: scaled LR, new beta2)
             g["betas"] = (r["beta1"], r["beta2"])
     params = [p for p in owner.parameters() if p.requires_grad]
-    moe_layers = {i: m for part in (owner.children() if pipe else [owner])
-                  for i, m in part.moe_layers().items()}  # type: ignore[operator]
+    parts: list[Transformer] = list(owner.children()) if pipe else [owner]  # type: ignore[list-item]
+    moe_layers = {i: m for part in parts for i, m in part.moe_layers().items()}
     profiled = layout.pp > 1 or layout.ep > 1  # the per-rank figures are gathered each step
 
     sampler = GlobalBatchSampler(len(corpus.train), r["seq_len"], r["global_batch_size"], r["seed"])
@@ -321,7 +322,7 @@ def train(
                 previous = [p.grad.detach().float().clone() for p in params]
         if pipe is not None:
             pipe.sum_tied_grads()
-        scale_expert_grads(list(owner.children()) if pipe else [owner], layout.ep)
+        scale_expert_grads(parts, layout.ep)
         sync(d.device)
         t_compute = time.perf_counter()
 
@@ -373,9 +374,10 @@ def train(
         if noise_value is not None:
             record["noise_scale"] = noise_value
         if moe_layers:
-            record.update(moe_figures(moe_layers, cfg.n_layer, cfg.n_experts, d))
+            record.update(moe_figures(moe_layers, cfg.n_layer, cfg.n_experts, d.device, d.world))
         if profiled:
-            record.update(rank_figures(d, a2a.take(), pipe.take_times() if pipe else (0.0, 0.0), record))
+            record.update(rank_figures(layout, d.device, a2a.take(), pipe.take_times() if pipe else (0.0, 0.0),
+                                       record["peak_mem_bytes"]))
         log(record)
         if not math.isfinite(loss_value):
             raise NonFiniteLoss(f"non-finite training loss at step {step + 1}")
@@ -400,43 +402,6 @@ def train(
         del model
         dist.destroy_process_group()
     return last_step - start_step
-
-
-def moe_figures(layers: dict, n_layer: int, n_experts: int, d: Dist) -> dict[str, float]:
-    """The router's load over the whole global batch: slots per expert, before and after capacity drops.
-
-    ``expert_imbalance``: the busiest expert's routing slots over the mean, in the worst layer (1.0 =
-    balanced); ``expert_drop``: the share of routing slots dropped by the capacity factor.
-    """
-    counts = torch.zeros(n_layer, 2, n_experts, dtype=torch.float64, device=d.device)
-    for i, moe in layers.items():
-        if moe.stats is not None:
-            counts[i] = moe.stats
-    if d.world > 1:  # each rank counted its own tokens (and each pipeline stage its own layers)
-        dist.all_reduce(counts)
-    routed, kept = counts[:, 0], counts[:, 1]
-    used = routed.sum(-1) > 0
-    imbalance = (routed.max(-1).values / routed.mean(-1))[used]
-    return {"expert_imbalance": float(imbalance.max()) if len(imbalance) else 1.0,
-            "expert_drop": float(1 - kept.sum() / routed.sum()) if routed.sum() > 0 else 0.0}
-
-
-def rank_figures(d: Dist, a2a_s: float, pipe_times: tuple[float, float], record: dict) -> dict[str, Any]:
-    """Per-rank figures gathered to rank 0: all-to-all seconds, pipeline bubble, peak memory per stage."""
-    busy, wall = pipe_times
-    mine = torch.tensor([a2a_s, busy, wall, float(record["peak_mem_bytes"])], dtype=torch.float64, device=d.device)
-    every = [torch.empty_like(mine) for _ in range(d.world)]
-    dist.all_gather(every, mine)
-    table = torch.stack(every)
-    out: dict[str, Any] = {}
-    if d.layout.ep > 1:
-        out.update(a2a_s=float(table[:, 0].mean()), a2a_s_max=float(table[:, 0].max()))
-    if d.layout.pp > 1:
-        bubble = 1 - table[:, 1] / table[:, 2].clamp(min=1e-9)
-        stage_of = torch.tensor([d.layout.pp_rank(r) for r in range(d.world)], device=d.device)
-        out.update(pp_bubble=float(bubble.mean()), pp_bubble_max=float(bubble.max()),
-                   stage_mem_bytes=[int(table[stage_of == s, 3].max()) for s in range(d.layout.pp)])
-    return out
 
 
 def peak_memory_bytes(device: torch.device) -> int:
