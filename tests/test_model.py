@@ -237,6 +237,16 @@ def test_grouped_experts_are_the_loops_maths() -> None:
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-7, msg=name)
     with pytest.raises(ValueError, match="loop"):
         Transformer(NANO_MOE, expert_impl="fused")
+    # an ep rank's experts may receive no token at all (tiny-moe, pp x ep over 4 ranks did): both
+    # implementations return no row, and the weights stay in the graph with a zero grad
+    for impl in ("loop", "grouped"):
+        experts = copy.deepcopy(loop.layers["0"].ffn.experts)
+        experts.impl = impl
+        x = torch.zeros(0, NANO_MOE.d_model, requires_grad=True)
+        out = experts(x, torch.zeros(NANO_MOE.n_experts, dtype=torch.long))
+        assert out.shape == (0, NANO_MOE.d_model), impl
+        out.sum().backward()
+        assert all(p.grad is not None and not p.grad.any() for p in experts.parameters()), impl
 
 
 def test_capacity_keeps_top1_choices_first_within_each_sequence() -> None:

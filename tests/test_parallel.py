@@ -286,6 +286,7 @@ def test_expert_and_pipeline_layouts_train_the_same_curve(tmp_path, single):
     # Each against one process with the same forward batch: an MoE's near-tie routing decisions may flip
     # under another micro-batch's float order (~1e-4 on this curve), which is no layout's doing.
     moe = dict(model="nano-moe", expert_impl="grouped")
+    tiny_moe = dict(moe, model="tiny-moe")
     cases = {
         # experts split over the 2 FSDP ranks, tokens dispatched by all-to-all, capacity limit on
         "ep": (dict(nproc=2, dp_shard=2, ep=2, capacity_factor=1.25, **moe), dict(capacity_factor=1.25, **moe)),
@@ -295,9 +296,10 @@ def test_expert_and_pipeline_layouts_train_the_same_curve(tmp_path, single):
         # balance loss joins each stage's split backward (input, then weight gradients)
         "pp-zbv": (dict(nproc=2, pp=2, pp_schedule="ZBVZeroBubble", pp_microbatches=2, model="tiny-moe"),
                    dict(model="tiny-moe", micro_batch_size=4)),
-        # 3-D: pipeline x FSDP2 with experts parallel over its ranks, 2 pipeline micro-batches of 2
-        "pp-fsdp-ep": (dict(nproc=4, pp=2, dp_shard=2, ep=2, pp_microbatches=2, micro_batch_size=4, **moe),
-                       dict(micro_batch_size=2, **moe)),
+        # 3-D: pipeline x FSDP2 with experts parallel over its ranks, 2 pipeline micro-batches of 2, on the
+        # campaign's tiny-moe (2 blocks a stage), where a rank's experts receive no token at times
+        "pp-fsdp-ep": (dict(nproc=4, pp=2, dp_shard=2, ep=2, pp_microbatches=2, micro_batch_size=4, **tiny_moe),
+                       dict(micro_batch_size=2, **tiny_moe)),
         # pipeline x tensor parallel with sequence parallelism
         "pp-tp-sp": (dict(nproc=4, pp=2, tp=2, sequence_parallel=True, pp_microbatches=2), dict()),
     }

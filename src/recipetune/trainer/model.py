@@ -130,9 +130,12 @@ class Experts(nn.Module):
         starts = torch.cumsum(counts, 0) - counts
         expert = torch.repeat_interleave(torch.arange(n, device=x.device), counts, output_size=x.shape[0])
         slot = expert * width + torch.arange(x.shape[0], device=x.device) - starts[expert]
-        padded = x.new_zeros(n * width, x.shape[1]).index_copy(0, slot, x).view(n, width, -1)
+        # sizes spelled out, not -1: with expert parallelism a rank's experts may receive no token at all
+        # (width 0), and a view of 0 elements cannot infer a dimension
+        d = x.shape[1]
+        padded = x.new_zeros(n * width, d).index_copy(0, slot, x).view(n, width, d)
         h = F.silu(torch.bmm(padded, w1.transpose(1, 2))) * torch.bmm(padded, w3.transpose(1, 2))
-        return torch.bmm(h, w2.transpose(1, 2)).view(n * width, -1).index_select(0, slot)
+        return torch.bmm(h, w2.transpose(1, 2)).view(n * width, d).index_select(0, slot)
 
 
 class MoE(nn.Module):
