@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: on a machine with an NVIDIA GPU, in about 10 minutes on one GPU (about 16 with two),
+# The GPU check: on a machine with an NVIDIA GPU, within its phases' hard limits (16 minutes on one GPU, 20 on two),
 #   1. the GPU-marked tests (pytest -m gpu: bf16, fused optimizer, compile, memory, grouped experts; NCCL,
 #      expert, pipeline and context parallelism with >= 2 GPUs)
 #   2. one measured `recipetune run` of the gpt2-124m preset in bf16 (tokens/s, MFU against bf16 peak)
@@ -71,7 +71,7 @@ mkdir -p "$OUT"
 echo "== gpu_check into $OUT"
 nvidia-smi -L | tee "$OUT/gpus.txt"
 
-# Each phase has a hard limit so the whole check stays under ~8 minutes; a phase that fails or runs
+# Each phase has a hard limit so the whole check stays under 16 minutes (20 with two GPUs); a phase that fails or runs
 # out of time is recorded (its exit code) and the check goes on to report what it has.
 set +e
 echo "== 1/4 pytest -m gpu"
