@@ -34,6 +34,7 @@ from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 EDGE, NANOGPT = FIXTURES / "edge_trainer.py", FIXTURES / "nanogpt_trainer.py"
+QUIET = FIXTURES / "quiet_trainer.py"
 
 
 def edge_cases(steps: int) -> tuple[list[str], list[tuple[str, list[str]]]]:
@@ -66,6 +67,29 @@ def nanogpt_cases(steps: int) -> tuple[list[str], list[tuple[str, list[str]]]]:
         ("lr10 8x4", b8 + ["--poison=lr10"]),
         ("lr10 32x1", b32 + ["--poison=lr10"]),
     ]
+
+
+def quiet_cases(steps: int, drop_every: list[int]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    base = ["--micro=4", "--accum=8", f"--steps={steps}"]
+    split = ["--micro=8", "--accum=4", f"--steps={steps}"]
+    return base, [
+        ("split 8x4", split),
+        ("split 32x1", ["--micro=32", "--accum=1", f"--steps={steps}"]),
+        ("another order", base + ["--order-seed={order}"]),
+        ("A/A", base),
+        *[(f"drop 8x4 every {k}", split + ["--poison=drop", f"--drop-every={k}"]) for k in drop_every],
+    ]
+
+
+def run_quiet(args: list[str], seed: int, out: Path) -> dict:
+    argv = [sys.executable, str(QUIET), f"--seed={seed}", f"--out={out}",
+            *[a.replace("{order}", str(seed + 1000)) for a in args]]
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - t0
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    m = tail_mean([(x["loss"], x["tokens"]) for x in steps])
+    return {"m": m, "val": m, "wall": wall}  # no validation loss: the training measure stands in
 
 
 def run_edge(args: list[str], seed: int, out: Path) -> dict:
@@ -134,7 +158,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=8, help="seeds per case")
     p.add_argument("--first-seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--trainer", choices=["edge", "nanogpt", "both"], default="both")
+    p.add_argument("--trainer", choices=["edge", "nanogpt", "quiet", "both"], default="both")
+    p.add_argument("--quiet-steps", type=int, default=100)
+    p.add_argument("--drop-every", type=int, nargs="*", default=[1], help="quiet: the drop poison's strengths")
     p.add_argument("--edge-steps", type=int, default=150)
     p.add_argument("--nanogpt-steps", type=int, default=400)
     args = p.parse_args()
@@ -142,6 +168,9 @@ def main() -> None:
     if args.trainer in ("edge", "both"):
         calibrate(f"edge_trainer.py, {args.edge_steps} steps, baseline 4 x 16", run_edge,
                   edge_cases(args.edge_steps), seeds, args.workers)
+    if args.trainer == "quiet":
+        calibrate(f"quiet_trainer.py, {args.quiet_steps} steps, baseline 4 x 8", run_quiet,
+                  quiet_cases(args.quiet_steps, args.drop_every), seeds, args.workers)
     if args.trainer in ("nanogpt", "both"):
         calibrate(f"nanogpt_trainer.py, {args.nanogpt_steps} iters, baseline 2 x 16", run_nanogpt,
                   nanogpt_cases(args.nanogpt_steps), seeds, args.workers)

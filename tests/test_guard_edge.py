@@ -4,9 +4,11 @@ tests/fixtures/edge_trainer.py (a command workload with JSONL metrics, a seed fl
 fingerprints, a replaying sampler): each poison moves the loss by 1.5-3 times the baseline's
 seed-to-seed spread at the campaign's 150 steps (benchmarks/results/poison_calibration.txt), beside
 equivalent recipes (another micro-batch split, another sample order) and an A/A. At default guard
-settings, every poison whose effect exceeds T is REJECTED, none is approved, no equivalent recipe is
-rejected. The parity evidence only (looks included); the speed decision is tested elsewhere. The
-figures of the whole verdicts are in docs/guard.md (benchmarks/guard_poisons.py).
+settings none is approved, and each is decided at the first look (3 candidate runs) or, where a few
+more seeds show it beyond T, at one more look: REJECTED where a look shows it beyond T, else stopped
+for futility (not shown equivalent); no equivalent recipe is rejected. The parity evidence only
+(looks included); the speed decision is tested elsewhere. The figures of the whole verdicts are in
+docs/guard.md (benchmarks/guard_poisons.py).
 """
 
 from __future__ import annotations
@@ -32,42 +34,50 @@ def edge(tmp_path_factory):
     return c, profile, folder
 
 
-def parity(edge, name: str, max_seeds: int | None = None, **edits):
+def parity(edge, name: str, **edits):
     c, profile, folder = edge
     cand = c.workload.resolve({**dict(c.baseline), **edits})
-    settings = c.config.guard
-    if max_seeds is not None:  # fewer looks: a test's time, not the standard, is what changes
-        settings = settings.model_copy(update={"parity": settings.parity.model_copy(update={"max_seeds": max_seeds})})
-    got = gather(c.workload, profile, c.baseline, cand, profile.steps, settings, folder / name, False)
+    got = gather(c.workload, profile, c.baseline, cand, profile.steps, c.config.guard, folder / name, False)
     assert got.evidence is not None, got.failure
-    return got.evidence
+    return got
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split", [FAST, {"micro_batch": 64, "grad_accum": 1}], ids=["16x4", "64x1"])
 def test_another_micro_batch_split_replays_and_holds(edge, split):
-    ev = parity(edge, f"split-{split['micro_batch']}", **split)
+    got = parity(edge, f"split-{split['micro_batch']}", **split)
+    ev = got.evidence
     assert ev.mode == "same batches" and "fingerprints" in ev.mode_reason
     assert ev.outcome == "holds", ev.reasons
     assert ev.detectable <= ev.tolerance and abs(ev.mean_diff) < 0.1 * ev.tolerance
+    assert got.runs == 3  # the first look decides: the profile's baseline runs, three candidate runs
 
 
 @pytest.mark.slow
 def test_another_sample_order_is_not_rejected(edge):
-    ev = parity(edge, "order", max_seeds=3, order_seed=7)  # resolving T takes 24 seeds (docs/guard.md)
+    # T here is the runs' within-run error, a third of the 8-seed spread: another order cannot be shown
+    # within it by the default budget, and the plan says so after the first look instead of buying seeds
+    got = parity(edge, "order", order_seed=7)
+    ev = got.evidence
     assert ev.mode == "other batches" and ev.outcome != "fails", ev.reasons
+    assert got.runs <= 3 or got.plan["pairs"] <= 25
 
 
 @pytest.mark.slow
 def test_aa_holds_exactly(edge):
-    ev = parity(edge, "aa")
+    ev = parity(edge, "aa").evidence
     assert ev.outcome == "holds" and ev.mean_diff == 0.0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("poison", ["drop", "short", "stale", "lr10"])
-def test_a_poison_at_the_edge_is_rejected(edge, poison):
-    ev = parity(edge, poison, poison=poison, **FAST)
+def test_a_poison_at_the_edge_is_never_approved_and_decided_within_twice_the_first_looks_seeds(edge, poison):
+    got = parity(edge, poison, poison=poison, **FAST)
+    ev = got.evidence
     assert ev.mode == "same batches"
-    assert ev.outcome == "fails", (ev.reasons, ev.notes)
-    assert "trains differently" in ev.reasons[0]
+    assert ev.outcome != "holds" and got.runs <= 9, (got.looks, ev.reasons)
+    # shown beyond T: REJECTED (at the first look, or at the look a few more seeds were planned for when
+    # equivalence was out of reach and the difference beyond T was not: the dropped micro-batch's first
+    # three pairs scatter too widely for the first look's level); else not shown equivalent, stopped
+    assert ("trains differently" in ev.reasons[0]) if ev.outcome == "fails" else got.stop in ("futility", "budget")
+    assert ev.outcome == "fails" or ("not shown equivalent" in ev.reasons[0] and got.runs == 3)

@@ -82,12 +82,15 @@ def test_numerically_different_but_equivalent_settings_pass(profile, tmp_path, e
 
 
 @pytest.mark.slow
-def test_final_verdict_rejects_a_fault_before_measuring_speed(profile, tmp_path):
+def test_final_verdict_stops_a_fault_before_measuring_speed_and_for_little(profile, tmp_path):
     verdict = final_verdict(WORKLOAD, BASE, BASE.with_(fault="lr-drift"), SETTINGS, tmp_path, profile=profile)
-    assert verdict.decision == "REJECTED"
-    assert verdict.parity["seeds"][:2] == [0, 1] and verdict.parity["outcome"] == "fails", verdict.notes
+    # Shown beyond T (REJECTED), or not shown equivalent and stopped for futility (KEEP BASELINE): never
+    # approved, never timed, and decided at the first look instead of buying seeds.
+    assert verdict.decision in ("REJECTED", "KEEP BASELINE") and verdict.parity["outcome"] != "holds", verdict.notes
+    assert verdict.parity["seeds"] == [0, 1] and verdict.cost["parity_runs"] == 2
+    assert verdict.decision == "REJECTED" or verdict.stop == "futility"
     assert not (tmp_path / "speed").exists()  # never timed
-    assert not (tmp_path / "baseline" / "seed-0").exists()  # the profile's seeds reused; later looks add seeds
+    assert not (tmp_path / "baseline" / "seed-0").exists()  # the profile's seeds reused
     assert (tmp_path / "verdict.json").exists() and (tmp_path / "parity" / "seed-1" / "result.json").exists()
 
 

@@ -16,30 +16,29 @@ def test_smooth_is_a_trailing_mean_over_full_windows():
 
 
 def test_equivalence_needs_the_bounds_inside_t_and_the_power_to_resolve_it():
-    same = stats.equivalence([0.0, 0.001, -0.001], [0.002] * 3, tolerance=0.02, alpha=0.05)
+    same = stats.equivalence([0.0, 0.001, -0.001], [0.002] * 3, tolerance=0.02, level=0.05)
     assert same.outcome == "equivalent" and same.detectable <= 0.02
     # the bounds lie inside +-T, but these runs could not have seen a difference of T: not shown
-    weak = stats.equivalence([0.0], [0.009], tolerance=0.02, alpha=0.05)
+    weak = stats.equivalence([0.0], [0.009], tolerance=0.02, level=0.05)
     assert weak.low > -0.02 and weak.high < 0.02 and weak.detectable > 0.02 and weak.outcome == "inconclusive"
-    assert stats.evidence_needed(weak.detectable, 0.02) > 1
 
 
 def test_equivalence_is_two_sided_for_a_speed_change_and_one_sided_at_equal_tokens():
-    lower = stats.equivalence([-0.05, -0.052, -0.049], [0.002] * 3, tolerance=0.02, alpha=0.05)
+    lower = stats.equivalence([-0.05, -0.052, -0.049], [0.002] * 3, tolerance=0.02, level=0.05)
     assert lower.outcome == "different"  # markedly lower is a departure too
     assert stats.equivalence([-0.05, -0.052, -0.049], [0.002] * 3, 0.02, 0.05, two_sided=False).outcome == "equivalent"
-    worse = stats.equivalence([0.05, 0.052, 0.049], [0.002] * 3, tolerance=0.02, alpha=0.05)
+    worse = stats.equivalence([0.05, 0.052, 0.049], [0.002] * 3, tolerance=0.02, level=0.05)
     assert worse.outcome == "different" and worse.low > 0.02
-    noisy = stats.equivalence([0.05, -0.01, 0.03], [0.03] * 3, tolerance=0.02, alpha=0.05)
+    noisy = stats.equivalence([0.05, -0.01, 0.03], [0.03] * 3, tolerance=0.02, level=0.05)
     assert noisy.outcome == "inconclusive"  # neither inside nor shown outside
 
 
-def test_equivalence_counts_the_pairs_scatter_and_the_planned_looks():
-    tight = stats.equivalence([0.01, -0.01, 0.012, -0.011], [0.001] * 4, tolerance=0.05, alpha=0.05)
+def test_equivalence_counts_the_pairs_scatter_and_the_look_level():
+    tight = stats.equivalence([0.01, -0.01, 0.012, -0.011], [0.001] * 4, tolerance=0.05, level=0.05)
     assert "scatter" in tight.source and tight.se > 0.001 / 2
-    one, four = (stats.equivalence([0.0], [0.004], 0.05, 0.05, looks=k) for k in (1, 4))
-    assert four.quantile > one.quantile and four.detectable > one.detectable
-    val = stats.equivalence([0.01, 0.0, 0.005], None, tolerance=0.05, alpha=0.05)
+    one, stricter = (stats.equivalence([0.0], [0.004], 0.05, level) for level in (0.05, 0.01))
+    assert stricter.quantile > one.quantile and stricter.detectable > one.detectable
+    val = stats.equivalence([0.01, 0.0, 0.005], None, tolerance=0.05, level=0.05)
     assert "Student" in val.source  # one value per run: the scatter alone, with t
     assert stats.equivalence([0.01], None, 0.05, 0.05).outcome == "inconclusive"  # no measurable noise
 

@@ -26,15 +26,27 @@ ONE_SEED = ["guard.parity.seeds=1"]  # the trainer repeats itself exactly: one r
 
 @pytest.mark.slow
 def test_verify_the_coupled_move_is_approved(tmp_path):
-    # 50-step profile runs: T is that length's, the looks lengthen the runs to 200 and 800 steps
+    # 50-step profile runs: T is that length's; the second look's pair is as long as the first says T needs
     res = CliRunner().invoke(app, ["verify", str(CAMPAIGN), str(CAMPAIGN), "batch_size=32", "grad_accum=1",
                                    *ONE_SEED, "guard.parity.steps=50", "--out", str(tmp_path / "v"), "--json"])
     verdict = json.loads(res.stdout)
-    assert res.exit_code == 0 and verdict["decision"] == "APPROVED", verdict["reasons"]
+    # The losses fix the parity verdict; the speed verdict is timing's, which a busy machine can make
+    # too noisy to approve (a 3.4x speed-up at a 31% noise margin, CI [0.98, 11.7], in one CI run):
+    # then the baseline is kept for noise and the verdict says so (exit 3), never rejected.
+    if verdict["decision"] == "APPROVED":
+        assert res.exit_code == 0
+    else:
+        assert res.exit_code == 3 and verdict["decision"] == "KEEP BASELINE", verdict["reasons"]
+        assert verdict["speedup"] > 1 and "within noise" in verdict["reasons"][0], verdict["reasons"]
     par = verdict["parity"]
+    assert par["outcome"] == "holds"
     assert par["mode"] == "batches unknown" and "valid either way" in par["mode_reason"]
     assert par["detectable"] <= par["tolerance"] and abs(par["mean_diff"]) < par["tolerance"]
-    assert any("look 1/3" in n and "inconclusive" in n for n in verdict["notes"])  # one 50-step run each: too noisy
+    # one 50-step run each is too noisy: longer pairs, up to the length the first look planned (a pair
+    # at the geometric middle first where that is 4x or more): one run, then a pair per look
+    looks = [n for n in verdict["notes"] if n.startswith("parity look ")]
+    assert "parity look 1 (1x the steps" in looks[0] and "inconclusive" in looks[0]
+    assert len(looks) >= 2 and verdict["cost"]["parity_runs"] == 1 + 2 * (len(looks) - 1)
     assert any("no seed knob" in n for n in verdict["notes"])
     assert verdict["parity"]["noise"]["baseline"] > 2 * verdict["parity"]["noise"]["candidate"]
     assert sum(p["baseline_stalls"] + p["candidate_stalls"] for p in verdict["pairs"]) > 0

@@ -157,7 +157,7 @@ def fake_screen(profile: Profile, candidate: RunResult, settings) -> Screening:
 
 
 def fake_final_verdict(workload, baseline, candidate, settings, out_dir, allow_semantic=(), profile=None,
-                       progress=None) -> Verdict:
+                       progress=None, executor=None, runs_folder=None) -> Verdict:
     CALLS["final"] += 1
     result = workload.run(candidate, 4, out_dir, timeout_s=30)
     speedup = result.summary().tokens_per_s_per_device / profile.tokens_per_s
@@ -343,14 +343,15 @@ class InterruptingExecutor(LocalExecutor):
     """Runs trials like the local executor; raises KeyboardInterrupt during the n-th (Ctrl-C)."""
 
     def __init__(self, n: int):
+        super().__init__()
         self.n, self.calls = n, 0
 
-    def submit(self, workload, recipe, steps, out_dir, timeout_s, progress=None):
+    def submit(self, workload, recipe, steps, out_dir, timeout_s, progress=None, measured=True):
         self.calls += 1
         if self.calls == self.n:
             out_dir.mkdir(parents=True, exist_ok=True)
             raise KeyboardInterrupt
-        return super().submit(workload, recipe, steps, out_dir, timeout_s, progress)
+        return super().submit(workload, recipe, steps, out_dir, timeout_s, progress, measured)
 
 
 def test_ctrl_c_stops_cleanly_and_resume_finishes_without_repeating(tmp_path):

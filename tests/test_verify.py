@@ -45,12 +45,17 @@ def test_mismatched_workloads_exit_2(tmp_path, files):
     ("lr=0.1", "allow_semantic", 4),
     ("bogus=1", "valid knobs are", 2),
     ("guard.speed.pairs=1", "guard.speed.pairs", 2),  # a section field edits the settings (the baseline file)
+    # an edit that leaves a knob's domain or breaks a relation is the candidate's: refused as such (4),
+    # named as the candidate's, not as the file's "baseline:" section
+    ("micro_batch_size=0", "micro_batch_size", 4),
+    ("micro_batch_size=3", "micro_batch_size", 4),
 ])
 def test_bad_input_exits_2_a_static_rejection_4_and_nothing_is_written(tmp_path, files, override, expected, code):
     base, cand = files
     res = runner.invoke(app, ["verify", str(base), str(cand), override, "--out", str(tmp_path / "out")])
     assert res.exit_code == code, res.output
     assert expected in res.output
+    assert code != 4 or ("candidate breaks" in res.output and f"with {override}" in res.output)
     assert not (tmp_path / "out").exists()
 
 

@@ -23,18 +23,19 @@ RECIPE = W.resolve({"model": "nano", "seq_len": 32, "global_batch_size": 4, "mic
 @pytest.fixture
 def warm(monkeypatch):
     monkeypatch.setenv("RECIPETUNE_WARM_START", "1")
+    Launcher.close()  # launchers an earlier test left idle in this process are not this test's
     yield
     Launcher.close()
 
 
 def test_warm_run_trains_like_a_cold_one(warm, tmp_path, monkeypatch):
     W.prepare(RECIPE)  # a campaign starts the launcher before it plans: its imports overlap the driver's
-    launcher = Launcher._proc
-    assert launcher is not None
+    launchers = Launcher.processes()
+    assert len(launchers) == 1
     a = W.run(RECIPE, 4, tmp_path / "warm1", timeout_s=120)  # its corpus now preloaded in the launcher
-    assert Launcher._proc is launcher
+    assert Launcher.processes() == launchers
     b = W.run(RECIPE, 4, tmp_path / "warm2", timeout_s=120)
-    assert Launcher._proc is launcher  # one launcher, a fresh child per run
+    assert Launcher.processes() == launchers  # runs one after another: one launcher, a fresh child per run
     monkeypatch.setenv("RECIPETUNE_WARM_START", "0")
     cold = W.run(RECIPE, 4, tmp_path / "cold", timeout_s=120)
     assert a.status == b.status == cold.status == "ok", (a.cause, b.cause, cold.cause)

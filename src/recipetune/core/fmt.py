@@ -26,3 +26,15 @@ def fmt_bytes(n: float | None) -> str:
 def fmt_value(value: Any) -> str:
     """A knob's value as a file would hold it: booleans lower-case, None empty."""
     return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """A planned or spent time as a person reads it: ``40 s``, ``6 min``, ``1 h 05 min``."""
+    if seconds is None:
+        return "n/a"
+    s = max(0, round(seconds))
+    if s < 90:
+        return f"{s} s"
+    if s < 3600:
+        return f"{round(s / 60)} min"
+    return f"{s // 3600} h {s // 60 % 60:02d} min"

@@ -1,8 +1,10 @@
-"""Runs on this machine: one at a time, each in a fresh subprocess with a timeout.
+"""Runs on this machine, each in a fresh subprocess with a timeout.
 
-A throughput measurement needs the hardware to itself, so a process-wide lock keeps local runs
-exclusive. A run that outlives its timeout is killed with its whole process group (torchrun
-children included).
+A throughput measurement needs the hardware to itself: ``MACHINE`` lets a measured run start only
+when nothing else of this process runs, and nothing start beside it. A run that measures only its
+loss (the guard's parity evidence) may share the machine with other such runs, each holding its
+share of the devices (GPUs, or CPU threads): the local executor says so through ``sharing``. A run
+that outlives its timeout is killed with its whole process group (torchrun children included).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
-_EXCLUSIVE = threading.Lock()
 PR_SET_PDEATHSIG = 1
 try:  # resolved here: the child, between fork and exec, must not load anything
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -40,6 +42,101 @@ class ProcessOutcome:
     wall_s: float
     stderr_tail: str
     stopped: bool = False  # killed because its stop file appeared (a search's pruner said stop)
+
+
+@dataclass(frozen=True)
+class Share:
+    """A loss-only run's part of the machine: ``units`` of its ``capacity`` (GPUs, each run pinned to
+    its own through ``CUDA_VISIBLE_DEVICES``, or CPU threads). Setting ``cancel`` kills every run of
+    that share still going (the executor's ``close``)."""
+
+    units: int
+    capacity: int
+    gpus: bool = False
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+_SHARE: ContextVar[Share | None] = ContextVar("recipetune_share", default=None)
+
+
+class Cancelled(RuntimeError):
+    """A loss-only run killed (or never started) because its executor was closed (Ctrl-C, an error)."""
+
+
+class Machine:
+    """This machine's hardware: one measured run alone, or loss-only runs side by side within the
+    capacity. A measured run waiting goes first (new shared runs wait behind it), so a campaign's
+    throughput measurements are never starved by parity runs."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._measured = False
+        self._waiting = 0  # measured runs waiting
+        self._used = 0  # units held by shared runs
+        self._busy: set[int] = set()  # GPUs held by shared runs
+
+    @property
+    def waiting(self) -> int:
+        """Measured runs waiting for the machine."""
+        return self._waiting
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[dict[str, str]]:
+        """Hold the machine for one run, as the calling context says (``sharing``); yields the
+        environment that pins the run to its share."""
+        share = _SHARE.get()
+        with self._cond:
+            if share is None:
+                self._waiting += 1
+                try:
+                    self._cond.wait_for(lambda: not self._measured and self._used == 0)
+                finally:
+                    self._waiting -= 1
+                self._measured = True
+            else:
+                units = min(share.units, share.capacity)
+                self._cond.wait_for(lambda: not self._measured and not self._waiting
+                                    and self._used + units <= share.capacity)
+                self._used += units
+                mine = [d for d in range(share.capacity) if d not in self._busy][:units] if share.gpus else []
+                self._busy.update(mine)
+        try:
+            if share is not None and share.cancel.is_set():  # closed while this run waited: never start it
+                raise Cancelled("the executor was closed")
+            yield _pin(mine) if share is not None and share.gpus else {}
+        finally:
+            with self._cond:
+                if share is None:
+                    self._measured = False
+                else:
+                    self._used -= units
+                    self._busy.difference_update(mine)
+                self._cond.notify_all()
+
+
+def _pin(devices: list[int]) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES naming ``devices``, indices into the devices this process may see."""
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(visible[d] if d < len(visible) else str(d) for d in devices)}
+
+
+def cancelled() -> bool:
+    """Whether the run started in this context was cancelled (its executor closed)."""
+    share = _SHARE.get()
+    return share is not None and share.cancel.is_set()
+
+
+MACHINE = Machine()
+
+
+@contextlib.contextmanager
+def sharing(share: Share) -> Iterator[None]:
+    """Runs started in this context measure loss only: they may share the machine (``share``)."""
+    token = _SHARE.set(share)
+    try:
+        yield
+    finally:
+        _SHARE.reset(token)
 
 
 STOP_FILE = "prune.json"  # in a run's folder: the driver's word to stop it, with why (the run may be on another
@@ -70,8 +167,8 @@ def run_process(
     files in ``log_dir``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     stdout_path, stderr_path = log_dir / "stdout.log", log_dir / "stderr.log"
-    full_env = {**os.environ, **(env or {})}
-    with _EXCLUSIVE, stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+    with MACHINE.use() as pinned, stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+        full_env = {**os.environ, **(env or {}), **pinned}
         start = time.perf_counter()
         proc = subprocess.Popen(
             list(argv), stdout=out, stderr=err, env=full_env, cwd=cwd, start_new_session=True,
@@ -94,6 +191,8 @@ def run_process(
                         stopped = True
                         _kill_group(proc)
                         break
+                    if cancelled():
+                        raise Cancelled("the executor was closed") from None  # killed below, with its group
         except BaseException:
             _kill_group(proc)  # Ctrl-C in the parent must not leave a trainer running
             raise

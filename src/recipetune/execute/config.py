@@ -44,6 +44,10 @@ class ExecuteConfig(BaseModel):
     ray_address: str | None = Field(None, description="'auto' (a running cluster), ray://host:10001, or none: start "
                                                       "a local Ray instance")
     parallel: int = Field(1, ge=1, description="trials in flight at once (ray); the local executor runs one")
+    loss_runs: int | None = Field(
+        None, ge=1, description="the local executor: loss-only runs (the guard's parity evidence) side by side at "
+        "most; default: as many as the machine's devices hold (GPUs over the devices a run uses; on a CPU, its "
+        "cores over the threads a run uses)")
     retries: int = Field(1, ge=0, le=3, description="reruns of a trial whose worker process or node died")
     heartbeat_s: int = Field(30, ge=1, description="a driver's running trials send a heartbeat this often; a trial "
                                                    "silent for 2x this is failed as interrupted")

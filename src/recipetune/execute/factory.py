@@ -24,7 +24,7 @@ def make_executor(settings: ExecuteConfig, n_devices: int, file: Path, shared: S
         if settings.parallel > 1:
             raise ConfigError(file, "--parallel", "the local executor runs one trial at a time: two measured "
                               "runs on one machine would share its hardware; use --executor ray")
-        return LocalExecutor()
+        return LocalExecutor(settings.loss_runs)
     try:
         from recipetune.execute.ray import RayExecutor
     except ImportError:

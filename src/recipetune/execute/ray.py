@@ -308,9 +308,14 @@ class RayExecutor:
         self._inflight: dict[Future, tuple[PlacementGroup, list[ray.ObjectRef]]] = {}
 
     def submit(self, workload: Workload, recipe: Recipe, steps: int, out_dir: Path, timeout_s: float | None,
-               progress: ProgressFn | None = None) -> Future[RunResult]:
-        # Progress callbacks stay in the driver: a remote run reports only its end.
+               progress: ProgressFn | None = None, measured: bool = True) -> Future[RunResult]:
+        # Progress callbacks stay in the driver: a remote run reports only its end. A loss-only run
+        # (measured=False) holds a placement of its own like any other: the cluster runs as many at
+        # once as it has placements, across its nodes.
         return self._start(_run, workload, (recipe, steps, out_dir, timeout_s), {}, note_dir=out_dir)
+
+    def loss_runs_at_once(self, workload: Workload, recipe: Recipe) -> int:
+        return max(1, placements(self.res, [n["Resources"] for n in ray.nodes() if n.get("Alive")]))
 
     def call(self, fn: Callable[..., T], workload: Workload | None, *args: Any, **kwargs: Any) -> Future[T]:
         kwargs.pop("progress", None)

@@ -18,6 +18,7 @@ from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.guard import loss, stats
 from recipetune.guard.config import GuardConfig
+from recipetune.guard.runs import Runs
 from recipetune.workloads.base import Workload
 
 Progress = Callable[[str], None]
@@ -146,16 +147,27 @@ def profile_baseline(
     settings: GuardConfig,
     out_dir: Path,
     progress: Progress | None = None,
+    runs: Runs | None = None,
 ) -> BaselineProfile:
-    """Run the baseline once per seed (``settings.parity.seeds``), each in ``out_dir/seed-S``."""
+    """Run the baseline once per seed (``settings.parity.seeds``), each in ``out_dir/seed-S``, one after
+    another on this placement (their throughput is measured too). ``runs``: where runs are stored: one
+    stored there by an earlier verdict is reused, and the profile's own runs are kept there."""
     seeds = seeds_for(workload, recipe, settings.parity.seeds)
-    runs = []
+    results = []
     for k, seed in enumerate(seeds):
+        folder = out_dir / (f"seed-{seed}" if seed is not None else f"repeat-{k}")
+        repeat = k if seed is None else 0  # without a seed knob, repeat k of one recipe is its own run
+        stored = runs.fetch(with_seed(recipe, seed), steps, repeat) if runs is not None else None
+        if stored is not None:
+            if progress:
+                progress(f"baseline run {k + 1}/{len(seeds)}: reused from {stored.out_dir}")
+            results.append(stored)
+            continue
         if progress:
             progress(f"baseline run {k + 1}/{len(seeds)}" + (f" (seed {seed})" if seed is not None else ""))
-        folder = out_dir / (f"seed-{seed}" if seed is not None else f"repeat-{k}")
-        runs.append(run_checked(workload, with_seed(recipe, seed), steps, folder, settings, "baseline run"))
-    profile = build_profile(workload, recipe, runs, seeds, steps, settings)
+        result = run_checked(workload, with_seed(recipe, seed), steps, folder, settings, "baseline run")
+        results.append(runs.store(result, steps, with_seed(recipe, seed), repeat) if runs is not None else result)
+    profile = build_profile(workload, recipe, results, seeds, steps, settings)
     if profile.throughput_noise > settings.speed.max_noise and settings.speed.noise_margin is None:
         profile = remeasure_throughput(workload, recipe, profile, settings, out_dir, progress)
     out_dir.mkdir(parents=True, exist_ok=True)

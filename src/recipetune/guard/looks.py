@@ -1,48 +1,52 @@
-"""Parity evidence gathered in looks: more seeds (or longer runs) until the test can tell.
+"""Parity evidence, planned and gathered in looks (docs/guard.md, "A planned design").
 
-The parity test (guard/parity.py) is the same in every mode; what a mode changes is how much evidence
-it needs. A candidate that replays the baseline's batches is resolved at the first look (a few seeds);
-independent runs often are not. Rather than answering "too short to tell" at once, the verdict plans
-its looks in advance: the seeds double up to ``parity.max_seeds``, or, for a trainer whose repeats are
-identical (no seed knob, a constant seed inside), the runs grow 4x up to ``parity.max_steps_factor``
-times ``parity.steps``. All looks share ``parity.alpha`` (Bonferroni), so stopping at the first look
-that tells keeps the stated confidence. T stays the one the profile defined.
+The parity test (guard/parity.py) is the same whatever the trainer; the evidence it needs is not. A
+candidate that replays the baseline's batches is resolved by the profile's few seeds, one that trains
+on other batches may need many. So the verdict plans before the candidate runs, and again after each
+look, and says what it expects to spend:
+
+- **seeds** (independent repeats: a seed knob, or a trainer that seeds itself differently): the first
+  look compares the candidate at the profile's seeds, whose baseline runs exist. From the pairs'
+  scatter (pooled, while the batches may differ, with what the profile predicts) the plan sizes the
+  seeds the test needs to show equivalence at ``parity.power``; then a look at half of them, then the
+  last. The levels come from a group-sequential design (guard/sequential.py: the first look spends a
+  fixed share of alpha, the later ones the rest by O'Brien-Fleming or Pocock spending). A look whose
+  predictive power to show equivalence within the plan is below ``parity.futility`` stops the verdict:
+  not shown equivalent.
+- **steps** (identical repeats: no seed knob, a constant seed inside): only longer runs add evidence.
+  One candidate run at the profile's length; if it cannot tell, pairs up to the length the plan says
+  resolves T (at most ``parity.max_steps_factor`` times), one at the geometric middle first when that
+  length is 4x or more (an effect that fades with training still shows there), the rest of alpha
+  split between them (Bonferroni: the looks are separate runs, not a growing sample).
+
+Every run of a look goes to the executor at once (guard/runs.py), stored and reused by key;
+``guard.max_parity_runs`` and ``guard.max_parity_s`` cap what one verdict may spend, and a verdict
+stopped by them says what more would have told.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from recipetune.core.console import Note
+from recipetune.core.fmt import fmt_duration
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
-from recipetune.guard.baseline import BaselineProfile, run_checked, with_seed
+from recipetune.guard.baseline import BaselineProfile, GuardError, with_seed
 from recipetune.guard.config import GuardConfig
-from recipetune.guard.parity import ParityEvidence, compare, seed_note
+from recipetune.guard.loss import MIN_TAIL
+from recipetune.guard.parity import Measurements, ParityEvidence, Sample, judge, measure, seed_note
+from recipetune.guard.runs import Runs, wait_all
+from recipetune.guard.sequential import Pairs, SeedDesign, factor_needed, seeds_needed
+from recipetune.guard.stats import paired
 from recipetune.workloads.base import Workload
 
-
-@dataclass(frozen=True)
-class Look:
-    pairs: int  # seeds (or repeats) compared
-    factor: int  # run length as a multiple of the first look's
-
-
-def plan_looks(profile: BaselineProfile, settings: GuardConfig) -> list[Look]:
-    """The looks a verdict may take, fixed before any candidate runs (the test's alpha is split over them)."""
-    p = settings.parity
-    independent, _ = seed_note(profile)
-    if not independent:  # identical repeats: only longer runs add evidence
-        factors = [1]
-        while factors[-1] < p.max_steps_factor:
-            factors.append(min(4 * factors[-1], p.max_steps_factor))
-        return [Look(1, f) for f in factors]
-    n = [min(p.seeds, len(profile.runs))]
-    while n[-1] < p.max_seeds:
-        n.append(min(2 * n[-1], p.max_seeds))
-    return [Look(k, 1) for k in n]
+Progress = Callable[[str], None]
 
 
 @dataclass
@@ -50,62 +54,304 @@ class Gathered:
     evidence: ParityEvidence | None  # None: a candidate run failed
     failure: str  # the failed candidate run's status and cause
     runs: int  # training runs launched for the parity test (baseline and candidate)
-    looks: list[str]  # what each look showed, for the verdict's notes
+    looks: list[str]  # the plan and what each look showed, for the verdict's notes
+    reused: int = 0  # runs found stored (earlier verdicts in the same folder) or in flight for another verdict
+    planned: int = 0  # runs the plan made before the candidate ran expected, were its batches other
+    stop: str = ""  # why the looks ended: decided, futility, budget, plan, too short, failed
+    plan: dict = field(default_factory=dict)  # the last plan: pairs, factor, runs and seconds still to go
 
 
-def _seed(profile: BaselineProfile, k: int) -> int | None:
-    first = profile.seeds[0]
-    return None if first is None else first + k
+@dataclass(frozen=True)
+class Wanted:
+    """One run a look needs: the baseline's or the candidate's, at seed (or repeat) k."""
+
+    side: str  # "baseline" | "candidate"
+    k: int
+    recipe: Recipe
+    steps: int
+    out: Path  # its name in the verdict's folder
+
+
+@dataclass
+class _Verdict:
+    """What every look of one verdict needs."""
+
+    workload: Workload
+    profile: BaselineProfile
+    baseline: Recipe
+    candidate: Recipe
+    cand_steps: int
+    settings: GuardConfig
+    out_dir: Path
+    equal_tokens: bool
+    progress: Progress | None
+    runs: Runs
+    at_once: int
+    run_s: float  # one run of the profile's length, in seconds (the profile's median)
+    started: float = field(default_factory=time.monotonic)
+    notes: list[str] = field(default_factory=list)
+
+    def say(self, line: str, note: bool = True) -> None:
+        if note:
+            self.notes.append(line)
+        if self.progress:
+            self.progress(Note(line) if note else line)
+
+    def seed(self, k: int) -> int | None:
+        first = self.profile.seeds[0]
+        return None if first is None else first + k
+
+    def repeat(self, k: int) -> int:
+        """Which repeat seed k is, for a trainer without a seed knob (guard/runs.py: the stored run's key)."""
+        return k if self.profile.seeds[0] is None else 0
+
+    def cost(self, recipe: Recipe, steps: int, k: int = 0) -> float:
+        """A run's cost against guard.max_parity_runs, in runs of the profile's length; nothing if stored."""
+        return 0.0 if self.runs.has(recipe, steps, self.repeat(k)) else steps / self.profile.steps
+
+    def spent(self) -> float:
+        return self.runs.steps_launched / self.profile.steps
+
+    def seconds(self, runs: float) -> float:
+        """Wall time of ``runs`` runs of the profile's length, ``at_once`` at a time."""
+        return math.ceil(runs / self.at_once) * self.run_s if runs > 0 else 0.0
+
+    def gather(self, wanted: list[Wanted], look: int) -> dict[tuple[str, int], RunResult] | str:
+        """Start every run of a look at once; their results by (side, k), or the failed candidate's cause."""
+        futures = {(w.side, w.k): self.runs.start(w.recipe, w.steps, w.out, self.repeat(w.k)) for w in wanted}
+        total = len(futures)
+
+        def done(k: int) -> None:
+            left = self.seconds(total - k) if total > k else 0.0
+            self.say(f"parity look {look}: {k}/{total} runs done" + (f", ~{fmt_duration(left)} to go" if left else ""),
+                     note=False)
+
+        results = dict(zip(futures, wait_all(list(futures.values()), done), strict=True))
+        for w in wanted:
+            result = results[w.side, w.k]
+            if result.ok:
+                continue
+            if w.side == "baseline":
+                raise GuardError(f"baseline run failed ({result.status}: {result.cause}); see {w.out}")
+            return f"candidate run failed at {w.out.name.replace('-', ' ')}: {result.status}: {result.cause}"
+        return results
 
 
 def gather(
     workload: Workload, profile: BaselineProfile, baseline: Recipe, candidate: Recipe, cand_steps: int,
-    settings: GuardConfig, out_dir: Path, equal_tokens: bool, progress: Callable[[str], None] | None = None,
+    settings: GuardConfig, out_dir: Path, equal_tokens: bool, progress: Progress | None = None,
+    runs: Runs | None = None,
 ) -> Gathered:
-    """Run the candidate (and, past the profile, the baseline) look by look until the test tells."""
-    plan = plan_looks(profile, settings)
-    base_runs: dict[tuple[int, int], RunResult] = {(k, 1): r for k, r in enumerate(profile.runs)}
-    cand_runs: dict[tuple[int, int], RunResult] = {}
-    launched, notes = 0, []
-    evidence: ParityEvidence | None = None
-    for i, look in enumerate(plan):
-        for k in range(look.pairs):
-            seed = _seed(profile, k)
+    """Plan the parity test, then run the candidate (and, past the profile, the baseline) look by look
+    until the test tells, futility stops it, or the budget is spent. ``runs``: where the runs go
+    (an executor, a folder of stored runs); by default this machine, nothing stored."""
+    runs = runs if runs is not None else Runs(workload, timeout_s=settings.timeout_s)
+    walls = [r.wall_s for r in profile.runs if r.wall_s > 0]
+    v = _Verdict(workload, profile, baseline, candidate, cand_steps, settings, out_dir, equal_tokens, progress, runs,
+                 at_once=max(1, runs.at_once(candidate)), run_s=statistics.median(walls) if walls else 0.0)
+    independent, _ = seed_note(profile)
+    return _by_seeds(v) if independent else _by_steps(v)
+
+
+# ------------------------------------------------------------------------------------------ seeds
+
+
+def _seeds_runs(v: _Verdict, have: int, more: int) -> float:
+    """Cost of growing from ``have`` to ``have + more`` seeds: a baseline and a candidate run each."""
+    total = 0.0
+    for k in range(have, have + more):
+        seed = v.seed(k)
+        total += v.cost(with_seed(v.baseline, seed), v.profile.steps, k)
+        total += v.cost(with_seed(v.candidate, seed), v.cand_steps, k)
+    return total
+
+
+def _seed_cap(v: _Verdict, have: int) -> int:
+    """The most seeds guard.max_parity_runs lets this verdict reach from ``have``."""
+    left = v.settings.max_parity_runs - v.spent()
+    n = have
+    while n < have + 1000:
+        step = _seeds_runs(v, n, 1)
+        if step > left + 1e-9:
+            break
+        left -= step
+        n += 1
+    return n
+
+
+def _pairs(m: Measurements, x: Sample, profile: BaselineProfile) -> Pairs:
+    """One measure's pairs for the design, with the profile's prediction of one pair's scatter if the
+    batches differ: two independent runs, each with the baseline's seed-to-seed spread."""
+    diffs = [c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)]
+    return Pairs(diffs, x.ses, x.tolerance, (math.sqrt(2.0) * x.sigma, max(1, len(profile.runs) - 1)))
+
+
+def _by_seeds(v: _Verdict) -> Gathered:
+    p = v.settings.parity
+    n = min(p.seeds, len(v.profile.runs))
+    base: dict[int, RunResult] = dict(enumerate(v.profile.runs[:n]))
+    cand: dict[int, RunResult] = {}
+    design = SeedDesign(p.alpha, p.power, p.futility, p.spending, p.first_look, not v.equal_tokens)
+    # Before the candidate runs: the first look, and what T takes if the candidate's batches differ.
+    T, sigma = v.profile.loss_tolerance, v.profile.loss_reference
+    other = seeds_needed(math.sqrt(2.0) * sigma, T, design.spending.rest, p.power, n + 1, 10_000, not v.equal_tokens)
+    planned = n * v.cand_steps / v.profile.steps + _seeds_runs(v, n, other - n)
+    v.say(f"parity plan: T {T:.4f} nats; the first look compares {n} seed(s) ({n} candidate run(s), "
+          f"~{fmt_duration(v.seconds(n))}): it decides if the candidate replays the baseline's batches; if they "
+          f"differ, resolving T takes about {other} seeds ({planned:.0f} runs, ~{fmt_duration(v.seconds(planned))} "
+          f"at {v.at_once} at a time); at most {v.settings.max_parity_runs} runs (guard.max_parity_runs)")
+    while True:
+        wanted = []
+        for k in range(n):
+            seed = v.seed(k)
             name = f"seed-{seed}" if seed is not None else f"repeat-{k}"
-            sub = "" if look.factor == 1 else f"x{look.factor}/"
-            if (k, look.factor) not in base_runs:
-                if progress:
-                    progress(f"parity look {i + 1}/{len(plan)}: baseline {name}, {profile.steps * look.factor} steps")
-                base_runs[k, look.factor] = run_checked(
-                    workload, with_seed(baseline, seed), profile.steps * look.factor,
-                    out_dir / "baseline" / f"{sub}{name}", settings, "baseline run")
-                launched += 1
-            if (k, look.factor) not in cand_runs:
-                if progress:
-                    progress(f"parity look {i + 1}/{len(plan)}: candidate {name}, {cand_steps * look.factor} steps")
-                result = workload.run(with_seed(candidate, seed), cand_steps * look.factor,
-                                      out_dir / "parity" / f"{sub}{name}", timeout_s=settings.timeout_s)
-                launched += 1
-                if not result.ok:
-                    return Gathered(None, f"candidate run failed at {name.replace('-', ' ')}: {result.status}: "
-                                    f"{result.cause}", launched, notes)
-                cand_runs[k, look.factor] = result
-        keys = [(k, look.factor) for k in range(look.pairs)]
-        evidence = compare(profile, [cand_runs[x] for x in keys], settings.parity, equal_tokens,
-                           baselines=[base_runs[x] for x in keys], looks=len(plan), longer=look.factor)
-        what = f"{look.pairs} seed(s)" if look.factor == 1 else f"{look.factor}x the steps"
-        det = f"{evidence.detectable:.4f}" if evidence.detectable is not None else "unbounded"
-        notes.append(f"parity look {i + 1}/{len(plan)} ({what}): {evidence.outcome}, difference "
-                     f"{evidence.mean_diff:+.4f}, detectable {det}, T {evidence.tolerance:.4f}")
-        if evidence.outcome != "inconclusive" or (evidence.too_short and look.factor == plan[-1].factor):
-            break  # decided; or too short, which more seeds cannot change
-    assert evidence is not None
-    if evidence.outcome == "inconclusive" and evidence.evidence_factor is not None:
-        last = plan[-1]
-        need = evidence.evidence_factor
-        evidence.reasons.append(
-            f"after {len(plan)} look(s), the most the settings allow: about {math.ceil(last.pairs * need)} seeds "
-            "would resolve T (guard.parity.max_seeds)" if last.factor == 1 and seed_note(profile)[0] else
-            f"after {len(plan)} look(s), the most the settings allow: runs of about "
-            f"{math.ceil(profile.steps * last.factor * need)} steps would resolve T (guard.parity.max_steps_factor)")
-    return Gathered(evidence, "", launched, notes)
+            if k not in base:
+                wanted.append(Wanted("baseline", k, with_seed(v.baseline, seed), v.profile.steps,
+                                     v.out_dir / "baseline" / name))
+            if k not in cand:
+                wanted.append(Wanted("candidate", k, with_seed(v.candidate, seed), v.cand_steps,
+                                     v.out_dir / "parity" / name))
+        got = v.gather(wanted, design.looks + 1)
+        if isinstance(got, str):
+            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, round(planned), "failed")
+        for (side, k), result in got.items():
+            (base if side == "baseline" else cand)[k] = result
+        m = measure(v.profile, [cand[k] for k in range(n)], p, v.equal_tokens, [base[k] for k in range(n)])
+        if m.problems or not m.samples:  # not comparable, or too short: more seeds cannot change it
+            ev = judge(m, p, p.alpha)
+            v.say(_look_line(design.looks + 1, f"{n} seed(s)", p.alpha, ev))
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned),
+                            "decided" if m.problems else "too short")
+        # The first look pools the pairs' scatter with the profile's prediction unless the batches are
+        # known to be the same (guard/sequential.py: SeedDesign).
+        d = design.decide([_pairs(m, x, v.profile) for x in m.samples], _seed_cap(v, n),
+                          pooled=m.mode != "same batches")
+        ev = judge(m, p, d.level, pilot=d.pilot)
+        line = _look_line(design.looks, f"{n} seed(s)", d.level, ev)
+        if d.outcome in ("holds", "fails"):
+            v.say(line)
+            break
+        if d.outcome in ("plan", "budget"):
+            why = _what_more(v, n, d.planned, d.needed, d.outcome)
+            v.say(f"{line}; {why}: stopped")
+            ev.reasons = [_not_shown(ev, why)]
+            break
+        if d.outcome == "futility":
+            v.say(f"{line}; the chance that {d.planned} seeds show equivalence is {100 * (d.chance or 0):.0f}%, "
+                  f"below parity.futility {100 * p.futility:.0f}%: stopped")
+            ev.reasons = [_not_shown(ev, f"{d.planned} seeds would show equivalence with a chance of "
+                                         f"{100 * (d.chance or 0):.0f}% (parity.futility {100 * p.futility:.0f}%)")]
+            break
+        more = _seeds_runs(v, n, d.next - n)
+        if v.settings.max_parity_s is not None and \
+                time.monotonic() - v.started + v.seconds(more) > v.settings.max_parity_s:
+            v.say(f"{line}; the next look would end after guard.max_parity_s {v.settings.max_parity_s:g} s: stopped")
+            ev.reasons = [_not_shown(ev, _what_more(v, n, d.planned, d.needed, "time"))]
+            d.outcome = "budget"
+            break
+        aim = ("equivalence is out of reach, a difference beyond T is not: the last look at "
+               if d.rejecting else f"plan: {d.planned} seeds, the next look at ")
+        v.say(f"{line}; {aim}{d.next} seeds ({more:.0f} more runs, ~{fmt_duration(v.seconds(more))})")
+        n = d.next
+    stop = {"holds": "decided", "fails": "decided"}.get(d.outcome, d.outcome)
+    return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned), stop,
+                    {"pairs": d.planned, "needed": d.needed, "factor": 1.0, "at_once": v.at_once})
+
+
+def _not_shown(ev: ParityEvidence, why: str) -> str:
+    bounds = "" if ev.low is None else f", one-sided bounds [{ev.low:+.4f}, {ev.high:+.4f}]"
+    return (f"not shown equivalent: final {ev.final_metric} {ev.mean_diff:+.4f} nats vs the baseline{bounds}, "
+            f"T {ev.tolerance:.4f}, smallest detectable difference "
+            f"{'unbounded' if ev.detectable is None else f'{ev.detectable:.4f}'}; {why}")
+
+
+def _what_more(v: _Verdict, n: int, planned: int, need: int, why: str) -> str:
+    """What a verdict stopped short of its plan would have needed."""
+    more = f"about {need} seeds ({_seeds_runs(v, n, need - n):.0f} more runs) would resolve T"
+    if why == "time":
+        return f"guard.max_parity_s ({v.settings.max_parity_s:g} s) ends the looks at {n} seeds; {more}"
+    if why == "budget" and planned > n:
+        return (f"guard.max_parity_runs ({v.settings.max_parity_runs}) allows {planned} seeds, too few to show "
+                f"even an exact equivalent more often than not; {more}")
+    if why == "budget":
+        return f"guard.max_parity_runs ({v.settings.max_parity_runs}) allowed {n} seeds; {more}"
+    return f"the planned {n} seeds did not show it" + (f"; {more}" if need > n else "")
+
+
+# ------------------------------------------------------------------------------------------ steps
+
+
+def _by_steps(v: _Verdict) -> Gathered:
+    """Identical repeats: one candidate run at the profile's length, then longer pairs up to the length
+    that resolves T, with one pair between when that length is 4x or more: an effect that fades with
+    training still shows there, and a difference shown beyond noise at any longer look blocks approval
+    at every later one (parity.py: the fade rule)."""
+    p = v.settings.parity
+    first, rest = p.alpha * p.first_look, p.alpha * (1.0 - p.first_look)
+    name = "repeat-0" if v.seed(0) is None else f"seed-{v.seed(0)}"
+    v.say(f"parity plan: T {v.profile.loss_tolerance:.4f} nats; the baseline's repeats are identical, so only longer "
+          f"runs add evidence: one candidate run at {v.cand_steps} steps, then, if it cannot tell, pairs up to the "
+          f"length that resolves T (at most {p.max_steps_factor}x); at most {v.settings.max_parity_runs} run(s) of "
+          f"{v.profile.steps} steps (guard.max_parity_runs)")
+    got = v.gather([Wanted("candidate", 0, v.candidate, v.cand_steps, v.out_dir / "parity" / name)], 1)
+    if isinstance(got, str):
+        return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, 1, "failed")
+    m = measure(v.profile, list(got.values()), p, v.equal_tokens, v.profile.runs[:1])
+    ev = judge(m, p, first)
+    line = _look_line(1, "1x the steps", first, ev)
+    factor, look, planned = 1.0, 1, 1
+    while True:
+        if ev.outcome != "inconclusive" or m.problems:
+            v.say(line)
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
+                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        if factor > 1 and any("differs from the baseline's beyond noise" in r for r in ev.reasons):
+            v.say(f"{line}; a difference shown beyond noise at {factor:g}x blocks approval at any longer look: stopped")
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
+                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        # How long the runs must be: as long as T needs at this look's error (it shrinks as 1 / sqrt(tokens));
+        # or, when the runs logged too few losses to have an error, long enough to have one.
+        if m.samples:
+            x = m.samples[0]
+            se = paired([c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)], x.ses, False).se
+            need = factor * factor_needed(se, x.tolerance, rest / 2, p.power, m.two_sided)
+            what = f"runs of about {math.ceil(need * v.profile.steps)} steps would resolve T"
+        else:
+            need = factor * MIN_TAIL / max(1, m.tail_records)
+            what = f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
+        target = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
+        if look == 3 or target <= factor:
+            v.say(line)
+            ev.reasons.append(f"after {look} look(s): {what} (guard.parity.max_steps_factor {p.max_steps_factor})")
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "plan" if look == 3 else "budget",
+                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        # From the profile's length, a pair between when the plan is 4x or more (geometric middle).
+        nxt = float(math.ceil(math.sqrt(target))) if look == 1 and target >= 4 else target
+        cost = v.cost(v.baseline, round(v.profile.steps * nxt)) + v.cost(v.candidate, round(v.cand_steps * nxt))
+        planned = round(planned + 2 * nxt)
+        late = v.settings.max_parity_s is not None and \
+            time.monotonic() - v.started + v.seconds(cost) > v.settings.max_parity_s
+        if cost > v.settings.max_parity_runs - v.spent() + 1e-9 or late:
+            cap = "guard.max_parity_s" if late else f"guard.max_parity_runs ({v.settings.max_parity_runs})"
+            v.say(f"{line}; runs {nxt:g}x as long would exceed {cap}: stopped")
+            ev.reasons = [_not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}")]
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "budget",
+                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        v.say(f"{line}; plan: {target:g}x the steps, the next pair at {nxt:g}x ({round(v.cand_steps * nxt)} steps, "
+              f"~{fmt_duration(v.seconds(cost))})")
+        look, factor, sub = look + 1, nxt, f"x{nxt:g}"
+        longer = [Wanted("baseline", 0, v.baseline, round(v.profile.steps * nxt), v.out_dir / "baseline" / sub / name),
+                  Wanted("candidate", 0, v.candidate, round(v.cand_steps * nxt), v.out_dir / "parity" / sub / name)]
+        got = v.gather(longer, look)
+        if isinstance(got, str):
+            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, planned, "failed")
+        m = measure(v.profile, [got["candidate", 0]], p, v.equal_tokens, [got["baseline", 0]])
+        ev = judge(m, p, rest / 2, longer=factor)
+        line = _look_line(look, f"{factor:g}x the steps", rest / 2, ev)
+
+
+def _look_line(look: int, what: str, level: float, ev: ParityEvidence) -> str:
+    det = f"{ev.detectable:.4f}" if ev.detectable is not None else "unbounded"
+    bounds = "" if ev.low is None else f" [{ev.low:+.4f}, {ev.high:+.4f}]"
+    return (f"parity look {look} ({what}, one-sided level {level:.4g}): {ev.outcome}, difference "
+            f"{ev.mean_diff:+.4f}{bounds}, detectable {det}, T {ev.tolerance:.4f}")

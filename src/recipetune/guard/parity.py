@@ -21,10 +21,11 @@ over other sequence lengths, are not compared (REJECTED with the reason).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import SPEED
@@ -60,7 +61,6 @@ class Measured(BaseModel):
     reference_kind: str
     se_source: str
     outcome: Literal["holds", "fails", "inconclusive"]
-    evidence_factor: float | None = None  # inconclusive: by how much the evidence must grow to resolve T
     reason: str = ""
 
 
@@ -78,7 +78,7 @@ class ParityEvidence(BaseModel):
     candidate_finals: list[float]
     mean_diff: float  # candidate - baseline M, averaged over the pairs
     se: float | None
-    low: float | None  # one-sided bounds at alpha / looks
+    low: float | None  # one-sided bounds at this look's level
     high: float | None
     tolerance: float  # T
     detectable: float | None  # the smallest difference these runs resolve (80% power); APPROVED needs <= T
@@ -86,17 +86,25 @@ class ParityEvidence(BaseModel):
     reference_kind: str  # how that standard deviation was measured
     two_sided: bool = True
     alpha: float
-    looks: int = 1
+    level: float  # this look's nominal one-sided level (alpha for a single look; less at a sequential look)
     se_source: str = ""
-    evidence_factor: float | None = None  # inconclusive: by how much the evidence must grow to resolve T
     too_short: bool = False  # too few logged losses in a tail to estimate the noise: only longer runs help
     measures: list[Measured] = []  # each measure's test; the fields above are the decisive one's
     gap: float | None = None  # diagnostic: RMS of the smoothed per-step difference (first pair), nats
     window: int = 10
     noise: dict[str, float] = {}  # step-to-step noise of each side's logged loss in the tail
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_verdicts(cls, data: object) -> object:
+        # Verdicts written before the planned design carry `looks` (Bonferroni over the doublings) and no
+        # level: their level was alpha split over those looks. Reports still read them.
+        if isinstance(data, dict) and "level" not in data and "alpha" in data:
+            data = {**data, "level": data["alpha"] / max(1, int(data.get("looks") or 1))}
+        return data
+
     def summary(self) -> str:
-        conf = f"{100 * (1 - self.alpha / max(1, self.looks)):.1f}%"
+        conf = f"{100 * (1 - self.level):.2f}".rstrip("0").rstrip(".") + "%"
         bounds = "" if self.low is None else f", one-sided {conf} bounds [{self.low:+.4f}, {self.high:+.4f}]"
         side = "+-T" if self.two_sided else "below T"
         det = "" if self.detectable is None else f", detectable {self.detectable:.4f}"
@@ -184,13 +192,50 @@ def incomparable(base: RunResult, cand: RunResult, equal_tokens: bool) -> list[s
 # ------------------------------------------------------------------------------------- the test
 
 
-def compare(
+@dataclass
+class Sample:
+    """What one loss measure shows over the pairs of runs, before any look's level is applied."""
+
+    name: str
+    baseline_finals: list[float]
+    candidate_finals: list[float]
+    ses: list[float] | None  # within-run standard error of each pair's difference (None: the measure has none)
+    tolerance: float  # T
+    sigma: float  # the baseline's seed-to-seed standard deviation of the measure, T's reference
+    how: str  # how sigma was measured
+
+
+
+@dataclass
+class Measurements:
+    """The pairs of runs read for the parity test: which batches, whether the measure is comparable,
+    and each measure's sample. ``judge`` applies one look's level to it."""
+
+    mode: Mode
+    mode_reason: str
+    independent: bool
+    two_sided: bool
+    problems: list[str]  # why the measure is not comparable (then the candidate fails)
+    samples: list[Sample]  # empty: too short to tell
+    tail_records: int  # the fewest logged losses in a compared tail
+    notes: list[str]
+    share: str  # the tail the training measure averages, in words
+    seeds: list[int | None]
+    steps_compared: int
+    gap: float | None
+    noise: dict[str, float]
+
+    @property
+    def pairs(self) -> int:
+        return len(self.seeds)
+
+
+def measure(
     profile: BaselineProfile, candidates: list[RunResult], settings: ParitySettings, equal_tokens: bool = False,
-    baselines: list[RunResult] | None = None, looks: int = 1, longer: int = 1,
-) -> ParityEvidence:
-    """Judge candidate runs; ``candidates[i]`` ran with the seed of ``baselines[i]`` (by default the
-    profile's runs). ``looks``: how many looks at growing evidence the caller plans (they share alpha).
-    ``longer``: the runs are this many times the profile's length (a trainer with identical repeats)."""
+    baselines: list[RunResult] | None = None,
+) -> Measurements:
+    """Read candidate runs against baseline runs; ``candidates[i]`` ran with the seed of ``baselines[i]``
+    (by default the profile's runs)."""
     baselines = baselines if baselines is not None else profile.runs[: len(candidates)]
     if not candidates or len(candidates) != len(baselines):
         raise ValueError(f"need one candidate run per baseline run; got {len(candidates)} for {len(baselines)}")
@@ -223,74 +268,90 @@ def compare(
         noise["candidate"].append(stats.step_noise([s.loss for s in tail(cand, total, settings.tail)]))
     compared = min(min(tokens(b)[-1], tokens(c)[-1]) for b, c in pairs)  # T over the same run length
     share = f"the last {100 * settings.tail:.0f}% of the tokens"
-    two_sided = not equal_tokens
-    measures: list[Measured] = []
+    samples: list[Sample] = []
     notes = [note, f"step-to-step noise of the logged loss: baseline {np.mean(noise['baseline']):.4f}, candidate "
                    f"{np.mean(noise['candidate']):.4f} nats"]
-    too_short = shortest < MIN_TAIL
-    if not too_short:
-        measures.append(_judge(f"training loss (mean over {share})", train_b, train_c, ses,
-                               tolerance(profile.runs, settings, False, compared, independent), settings, looks,
-                               independent, two_sided, longer))
+    if shortest >= MIN_TAIL:
+        T, sigma, how = tolerance(profile.runs, settings, False, compared, independent)
+        samples.append(Sample(f"training loss (mean over {share})", train_b, train_c, ses, T, sigma, how))
     elif with_val:
         notes.append(f"fewer than {MIN_TAIL} logged losses in {share}: the validation loss alone is the measure")
     if with_val:
-        measures.append(_judge("validation loss", [b.evals[-1].val_loss for b, _ in pairs],
-                               [c.evals[-1].val_loss for _, c in pairs], None,
-                               tolerance(profile.runs, settings, True, compared, independent), settings, looks,
-                               independent, two_sided, longer))
+        T, sigma, how = tolerance(profile.runs, settings, True, compared, independent)
+        samples.append(Sample("validation loss", [b.evals[-1].val_loss for b, _ in pairs],
+                              [c.evals[-1].val_loss for _, c in pairs], None, T, sigma, how))
     elif any(b.evals for b, _ in pairs):
         notes.append("the trainer prints a validation loss, but without independent repeats one value per run has "
                      "no measurable noise: the training loss is the measure")
-
-    reasons: list[str] = []
-    if problems:
-        outcome = "fails"
-        reasons = [f"the loss measure is not comparable: {p}" for p in problems]
-    elif not measures:  # too short, and no validation loss to fall back on: more seeds cannot help
-        outcome = "inconclusive"
-        reasons.append(f"the runs are too short to tell: fewer than {MIN_TAIL} logged losses in {share}; "
-                       "raise guard.parity.steps")
-    else:
-        outcome = ("fails" if any(m.outcome == "fails" for m in measures) else
-                   "inconclusive" if any(m.outcome == "inconclusive" for m in measures) else "holds")
-        reasons = [m.reason for m in measures if m.outcome == outcome and m.reason]
-    decisive = _decisive(measures, outcome)
     gap = None
     b0, c0 = pairs[0]
     bl, cl = {s.step: s.loss for s in b0.steps}, {s.step: s.loss for s in c0.steps}
     common = sorted(bl.keys() & cl.keys())
     if not equal_tokens and len(common) >= 2:
         gap = stats.rms(stats.smooth([cl[t] - bl[t] for t in common], settings.window))
-    d = decisive
-    return ParityEvidence(
-        mode=mode, mode_reason=why, passed=outcome == "holds", outcome=outcome, reasons=reasons, notes=notes,
+    return Measurements(
+        mode=mode, mode_reason=why, independent=independent, two_sided=not equal_tokens, problems=problems,
+        samples=samples, tail_records=shortest, notes=notes, share=share,
         seeds=[b.recipe.get("seed") for b, _ in pairs] if profile.seeds[0] is not None else [None] * len(pairs),
-        steps_compared=min(len(b.steps) for b, _ in pairs),
-        final_metric=d.measure if d else f"training loss (mean over {share})",
-        baseline_finals=d.baseline_finals if d else train_b, candidate_finals=d.candidate_finals if d else train_c,
-        mean_diff=d.mean_diff if d else float(np.mean(np.subtract(train_c, train_b))),
-        se=d.se if d else None, low=d.low if d else None, high=d.high if d else None,
-        tolerance=d.tolerance if d else tolerance(profile.runs, settings, False, compared, independent)[0],
-        detectable=d.detectable if d else None, reference=d.reference if d else 0.0,
-        reference_kind=d.reference_kind if d else "", two_sided=two_sided, alpha=settings.alpha, looks=looks,
-        se_source=d.se_source if d else "", evidence_factor=d.evidence_factor if d else None,
-        too_short=too_short and not measures, measures=measures, gap=gap, window=settings.window,
+        steps_compared=min(len(b.steps) for b, _ in pairs), gap=gap,
         noise={k: float(np.mean(v)) for k, v in noise.items()},
     )
 
 
-def _judge(name: str, b_fin: list[float], c_fin: list[float], ses: list[float] | None,
-           tol: tuple[float, float, str], settings: ParitySettings, looks: int, independent: bool,
-           two_sided: bool, longer: int = 1) -> Measured:
-    T, sigma, how = tol
-    diffs = [c - b for b, c in zip(b_fin, c_fin, strict=True)]
-    test = stats.equivalence(diffs, ses, T, settings.alpha, looks, independent, two_sided)
-    conf = f"{100 * (1 - settings.alpha / max(1, looks)):.1f}%"
+def judge(m: Measurements, settings: ParitySettings, level: float | None = None, longer: float = 1.0,
+          pilot: int = 0) -> ParityEvidence:
+    """The parity test on ``m`` at one look's nominal one-sided ``level`` (alpha for a single look).
+    ``longer``: the runs are this many times the profile's length (a trainer with identical repeats);
+    ``pilot``: the first pairs sized the evidence, so the scatter is taken over the later ones
+    (stats.paired)."""
+    level = settings.alpha if level is None else level
+    measures = [_judge(x, settings, m.independent, m.two_sided, level, longer, pilot) for x in m.samples]
+    reasons: list[str] = []
+    if m.problems:
+        outcome = "fails"
+        reasons = [f"the loss measure is not comparable: {p}" for p in m.problems]
+    elif not measures:  # too short, and no validation loss to fall back on: more seeds cannot help
+        outcome = "inconclusive"
+        reasons.append(f"the runs are too short to tell: fewer than {MIN_TAIL} logged losses in {m.share}; "
+                       "raise guard.parity.steps")
+    else:
+        outcome = ("fails" if any(x.outcome == "fails" for x in measures) else
+                   "inconclusive" if any(x.outcome == "inconclusive" for x in measures) else "holds")
+        reasons = [x.reason for x in measures if x.outcome == outcome and x.reason]
+    d = _decisive(measures, outcome)
+    return ParityEvidence(
+        mode=m.mode, mode_reason=m.mode_reason, passed=outcome == "holds", outcome=outcome, reasons=reasons,
+        notes=list(m.notes), seeds=m.seeds, steps_compared=m.steps_compared,
+        final_metric=d.measure if d else f"training loss (mean over {m.share})",
+        baseline_finals=d.baseline_finals if d else [], candidate_finals=d.candidate_finals if d else [],
+        mean_diff=d.mean_diff if d else 0.0, se=d.se if d else None, low=d.low if d else None,
+        high=d.high if d else None, tolerance=d.tolerance if d else 0.0, detectable=d.detectable if d else None,
+        reference=d.reference if d else 0.0, reference_kind=d.reference_kind if d else "", two_sided=m.two_sided,
+        alpha=settings.alpha, level=level, se_source=d.se_source if d else "",
+        too_short=not m.samples and not m.problems, measures=measures, gap=m.gap, window=settings.window,
+        noise=m.noise,
+    )
+
+
+def compare(
+    profile: BaselineProfile, candidates: list[RunResult], settings: ParitySettings, equal_tokens: bool = False,
+    baselines: list[RunResult] | None = None, level: float | None = None, longer: float = 1.0,
+) -> ParityEvidence:
+    """``measure`` and ``judge`` in one: the parity test on these runs as a single look (at alpha,
+    unless ``level`` says otherwise). A search trial's screening and the tests use it."""
+    return judge(measure(profile, candidates, settings, equal_tokens, baselines), settings, level, longer)
+
+
+def _judge(x: Sample, settings: ParitySettings, independent: bool, two_sided: bool, level: float,
+           longer: float, pilot: int) -> Measured:
+    diffs = [c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)]
+    test = stats.equivalence(diffs, x.ses, x.tolerance, level, independent, two_sided, pilot)
+    name, T = x.name, x.tolerance
+    conf = f"{100 * (1 - level):.2f}".rstrip("0").rstrip(".") + "%"
     bounds = f"one-sided {conf} bounds [{test.low:+.4f}, {test.high:+.4f}]"
-    origin = "guard.parity.margin" if settings.margin is not None else f"{settings.tolerance:g} x {how} {sigma:.4f}"
+    origin = "guard.parity.margin" if settings.margin is not None else f"{settings.tolerance:g} x {x.how} {x.sigma:.4f}"
     t_text = f"T = {T:.4f} ({origin})"
-    factor, reason = None, ""
+    reason = ""
     outcome = {"equivalent": "holds", "different": "fails", "inconclusive": "inconclusive"}[test.outcome]
     if outcome == "fails":
         direction = "worse" if test.diff > 0 else "better than the baseline, which a speed change cannot be"
@@ -298,7 +359,6 @@ def _judge(name: str, b_fin: list[float], c_fin: list[float], ses: list[float] |
         reason = (f"the candidate {what}: final {name} {test.diff:+.4f} nats vs the baseline ({direction}), "
                   f"{bounds} outside {'+-' if two_sided else 'below '}{t_text}")
     elif outcome == "inconclusive":
-        factor = stats.evidence_needed(test.detectable, T)
         reason = (f"the runs cannot resolve T: final {name} {test.diff:+.4f} nats vs the baseline, {bounds}, "
                   f"smallest detectable difference {test.detectable:.4f} vs {t_text}")
     elif longer > 1 and (test.low > 0 or test.high < 0):
@@ -306,15 +366,15 @@ def _judge(name: str, b_fin: list[float], c_fin: list[float], ses: list[float] |
         # smaller: a difference they show beyond noise, though inside T, may be an effect that fades with
         # training (a lost share of the gradient does). Not approved on that evidence.
         outcome = "inconclusive"
-        reason = (f"over {longer}x the profile's steps the candidate's final {name} differs from the baseline's "
+        reason = (f"over {longer:g}x the profile's steps the candidate's final {name} differs from the baseline's "
                   f"beyond noise ({test.diff:+.4f} nats, {bounds}): inside {t_text}, but T is the spread of "
                   "shorter runs, and an effect that fades with training looks like this; expose a seed knob "
                   "so that runs of the campaign's length can be compared")
     return Measured(
-        measure=name, baseline_finals=b_fin, candidate_finals=c_fin, mean_diff=test.diff, se=_finite(test.se),
-        low=_finite(test.low), high=_finite(test.high), tolerance=T, detectable=_finite(test.detectable),
-        reference=sigma, reference_kind=how, se_source=test.source, outcome=outcome,
-        evidence_factor=_finite(factor), reason=reason)
+        measure=name, baseline_finals=x.baseline_finals, candidate_finals=x.candidate_finals, mean_diff=test.diff,
+        se=_finite(test.se), low=_finite(test.low), high=_finite(test.high), tolerance=T,
+        detectable=_finite(test.detectable), reference=x.sigma, reference_kind=x.how, se_source=test.source,
+        outcome=outcome, reason=reason)
 
 
 def _decisive(measures: list[Measured], outcome: str) -> Measured | None:

@@ -8,6 +8,11 @@ baseline runs are A/A pairs: with the stored profile's (when plausible) they giv
 An A/A noise above ``speed.max_noise`` is refused: the pairs are measured once more, and if the
 noise is still absurd the verdict says the machine was busy instead of deciding.
 ``smallest_approvable`` states the test's power: the smallest speed-up these pairs could have approved.
+
+Two looks (``speed.first_pairs``, then ``speed.pairs``): a gain whose interval already clears the
+margin after the first pairs is approved there, and one whose interval already lies below it is
+kept there; the two looks spend the interval's level by Lan-DeMets Pocock spending
+(guard/sequential.py), so stopping early keeps the stated confidence.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from recipetune.core.console import Note
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.guard import stats
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.config import GuardConfig
+from recipetune.guard.sequential import Spending, spent
 from recipetune.workloads.base import Workload
 
 
@@ -54,15 +61,16 @@ class SpeedEvidence(BaseModel):
     smallest_approvable: float | None = None
     failure: str = ""  # a candidate run that failed: then nothing else here counts
     busy: str = ""  # the A/A noise stayed absurd after measuring again: no decision on speed
-    notes: list[str] = []  # a refused stored noise, a re-measurement
+    notes: list[str] = []  # a refused stored noise, a re-measurement, each look
 
 
 def _pairs(workload: Workload, baseline: Recipe, candidate: Recipe, settings: GuardConfig, out_dir: Path,
-           progress: Callable[[str], None] | None) -> tuple[list[Pair], str]:
-    """One round of interleaved pairs; a failed candidate run ends it (its message is returned)."""
+           progress: Callable[[str], None] | None, first: int = 0, count: int | None = None) -> tuple[list[Pair], str]:
+    """Interleaved pairs ``first`` .. ``first + count``; a failed candidate run ends them (its message is
+    returned)."""
     sp = settings.speed
     pairs: list[Pair] = []
-    for i in range(sp.pairs):
+    for i in range(first, first + (sp.pairs if count is None else count)):
         order = "AB" if i % 2 == 0 else "BA"
         runs: dict[str, RunResult] = {}
         for side in order:
@@ -94,6 +102,13 @@ def own_aa(pairs: list[Pair]) -> list[float]:
     return stats.aa_log_ratios([p.baseline_tokens_per_s for p in pairs])
 
 
+def looks(settings: GuardConfig) -> list[int]:
+    """The pairs measured by each look: ``speed.first_pairs``, then ``speed.pairs`` (one look when the
+    first would be all of them)."""
+    sp = settings.speed
+    return [sp.first_pairs, sp.pairs] if 2 <= sp.first_pairs < sp.pairs else [sp.pairs]
+
+
 def measure_speed(
     workload: Workload,
     baseline: Recipe,
@@ -103,22 +118,53 @@ def measure_speed(
     prior_aa: list[float] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> SpeedEvidence:
-    """``settings.speed.pairs`` interleaved pairs of ``settings.speed.steps`` steps each."""
+    """Interleaved pairs of ``settings.speed.steps`` steps each, in looks (``looks``), up to
+    ``settings.speed.pairs``."""
     sp = settings.speed
     notes: list[str] = []
-    pairs, failure = _pairs(workload, baseline, candidate, settings, out_dir, progress)
+    plan = looks(settings)
+    one_sided = (1 - sp.confidence) / 2  # the interval's lower end is a one-sided test at this level
+    spending = Spending(one_sided, "pocock", spent("pocock", plan[0] / plan[-1], one_sided) / one_sided)
+    pairs, failure = _pairs(workload, baseline, candidate, settings, out_dir, progress, 0, plan[0])
     aa = own_aa(pairs)
     if not failure and sp.noise_margin is None and stats.noise_margin(aa, 0.0) > sp.max_noise:
         notes.append(f"A/A noise {100 * stats.noise_margin(aa, 0.0):.0f}% over the first round of pairs is above "
                      f"speed.max_noise {100 * sp.max_noise:.0f}%: measured again")
-        pairs, failure = _pairs(workload, baseline, candidate, settings, out_dir / "again", progress)
+        pairs, failure = _pairs(workload, baseline, candidate, settings, out_dir / "again", progress, 0, plan[0])
         aa = own_aa(pairs)
-    if failure:
-        return SpeedEvidence(pairs=pairs, speedup=None, ci_low=None, ci_high=None, confidence=sp.confidence,
-                             ci_method="", noise_margin=0.0, noise_source="", aa_log_ratios=[], faster=False,
-                             failure=failure, notes=notes)
+    for k, n in enumerate(plan):
+        if k:
+            more, failure = _pairs(workload, baseline, candidate, settings, out_dir, progress, len(pairs),
+                                   n - len(pairs))
+            pairs += more
+            aa = own_aa(pairs)
+        if failure:
+            return SpeedEvidence(pairs=pairs, speedup=None, ci_low=None, ci_high=None, confidence=sp.confidence,
+                                 ci_method="", noise_margin=0.0, noise_source="", aa_log_ratios=[], faster=False,
+                                 failure=failure, notes=notes)
+        final = k == len(plan) - 1
+        level = spending.look(n, n / plan[-1], final) if len(plan) > 1 else one_sided
+        evidence = _judge(pairs, aa, prior_aa, settings, 1 - 2 * level, notes)
+        if len(plan) > 1:
+            verdict = ("clears the margin" if evidence.faster else "lies below the margin"
+                       if (evidence.ci_high or 0) < 1 + evidence.noise_margin else "cannot tell yet")
+            notes.append(f"speed look {k + 1}/{len(plan)} ({n} pairs, {100 * (1 - 2 * level):.2f}% interval): "
+                         f"{evidence.speedup:.3f}x [{evidence.ci_low:.3f}, {evidence.ci_high:.3f}], margin "
+                         f"{100 * evidence.noise_margin:.1f}%: {verdict}")
+            if progress:
+                progress(Note(notes[-1]))
+        decided = evidence.busy or evidence.faster or (evidence.ci_high or 0) < 1 + evidence.noise_margin
+        if final or decided:
+            return evidence
+    raise AssertionError("unreachable: the last look returns")
+
+
+def _judge(pairs: list[Pair], aa: list[float], prior_aa: list[float] | None, settings: GuardConfig,
+           confidence: float, notes: list[str]) -> SpeedEvidence:
+    """The speed-up of these pairs and its interval at ``confidence`` against the noise margin."""
+    sp = settings.speed
     ratios = stats.log_ratios([p.candidate_tokens_per_s for p in pairs], [p.baseline_tokens_per_s for p in pairs])
-    ci = stats.speedup_ci(ratios, sp.confidence, sp.resamples)
+    ci = stats.speedup_ci(ratios, confidence, sp.resamples)
     own = stats.noise_margin(aa, 0.0)
     busy = ""
     if sp.noise_margin is None and own > sp.max_noise:
@@ -135,6 +181,6 @@ def measure_speed(
     return SpeedEvidence(
         pairs=pairs, speedup=ci.speedup, ci_low=ci.low, ci_high=ci.high, confidence=ci.confidence,
         ci_method=ci.method, noise_margin=margin, noise_source=source, aa_log_ratios=aa,
-        faster=stats.clears(ci, margin) and not busy, busy=busy, notes=notes,
-        smallest_approvable=stats.smallest_approvable(ratios, sp.confidence, margin),
+        faster=stats.clears(ci, margin) and not busy, busy=busy, notes=list(notes),
+        smallest_approvable=stats.smallest_approvable(ratios, confidence, margin),
     )

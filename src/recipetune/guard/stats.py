@@ -83,13 +83,67 @@ POWER = 0.8  # the detectable difference is the true difference these runs would
 
 
 @dataclass(frozen=True)
+class Paired:
+    """The mean of paired differences and its standard error (docs/guard.md, "The test")."""
+
+    mean: float
+    se: float
+    df: int | None  # Student's t degrees of freedom; None: the normal quantile (within-run errors decide)
+    source: str
+    n: int
+
+
+def paired(diffs: Sequence[float], ses: Sequence[float] | None, independent: bool = True, pilot: int = 0) -> Paired:
+    """Per pair of runs k: a difference d_k and (when the measure has one) its within-run standard
+    error s_k. The mean d has se = max(sqrt(sum s_k^2) / n, sd(d_k) / sqrt(n)): the within-run errors
+    (many degrees of freedom: z) and, with independent repeats, the pairs' own scatter, which catches
+    what within-run noise misses (a trajectory's offset from its initialisation); where the scatter
+    decides, or the measure has no within-run error (one validation loss per run), it is estimated
+    from the pairs alone, so Student's t.
+
+    ``pilot``: the first pairs sized the evidence (a sequential verdict planned its seeds from their
+    scatter): the mean is over every pair, the scatter over the pairs after them, on n - pilot - 1
+    degrees of freedom. Judged by the scatter that chose how many pairs to run, a verdict would favour
+    the plans drawn after a small scatter by chance (Stein's two-stage test: this way the statistic is
+    exactly Student's t whatever the plan)."""
+    d = np.asarray(diffs, dtype=float)
+    n = len(d)
+    if n == 0:
+        raise ValueError("a paired difference needs at least one pair of runs")
+    mean = float(d.mean())
+    within = None
+    if ses is not None and len(ses) == n and all(math.isfinite(s) for s in ses):
+        within = float(np.sqrt(np.sum(np.square(ses)))) / n
+    rest = d[pilot:] if 0 < pilot < n - 1 else d
+    scatter = float(np.std(rest, ddof=1)) / math.sqrt(n) if independent and len(rest) > 1 else None
+    df, kind = len(rest) - 1, f"{n} independent pairs" if len(rest) == n else \
+        f"the {len(rest)} pairs after the {n - len(rest)} that sized the plan, over {n}"
+    if within is None and scatter is None:  # one value per run and no repeats: no measurable noise
+        return Paired(mean, math.inf, None, "no measurable noise (one value per run, no independent repeats)", n)
+    if within is None:
+        return Paired(mean, float(scatter), df, f"scatter of {kind} (Student's t, {df} df)", n)
+    if scatter is not None and scatter > within:  # the pairs vary more than their runs' noise says
+        return Paired(mean, float(scatter), df, f"scatter of {kind}, above their within-run noise "
+                                                f"(Student's t, {df} df)", n)
+    return Paired(mean, within, None, f"within-run noise of {n} pair(s)", n)
+
+
+def quantile(level: float, df: int | None) -> float:
+    """One-sided critical value at nominal ``level``: Student's t on ``df`` degrees of freedom, the
+    normal quantile where ``df`` is None."""
+    if level <= 0.0:
+        return math.inf
+    return float(sps.norm.isf(level) if df is None else sps.t.isf(level, df))
+
+
+@dataclass(frozen=True)
 class Equivalence:
     """The one parity test (docs/guard.md, "The standard of proof"): is the candidate's loss measure
     within +-T of the baseline's, shown at the stated confidence?"""
 
     diff: float  # candidate - baseline, averaged over the pairs of runs (positive: the candidate is worse)
     se: float  # standard error of ``diff``
-    quantile: float  # critical value: z or Student's t at alpha / looks (one-sided)
+    quantile: float  # critical value: z or Student's t at this look's nominal level (one-sided)
     low: float  # diff - quantile * se
     high: float  # diff + quantile * se
     tolerance: float  # T
@@ -97,64 +151,32 @@ class Equivalence:
     two_sided: bool  # a speed change: equivalence; an allowed semantic change: non-inferiority
     outcome: str  # "equivalent" | "different" | "inconclusive"
     source: str  # where se came from
+    df: int | None = None
 
 
-def equivalence(diffs: Sequence[float], ses: Sequence[float] | None, tolerance: float, alpha: float,
-                looks: int = 1, independent: bool = True, two_sided: bool = True) -> Equivalence:
-    """Two one-sided tests of |candidate - baseline| < T (``two_sided``), or of candidate - baseline < T.
-
-    Per pair of runs k: a difference d_k, and (when the measure has one) its within-run standard error
-    s_k. The mean d has se = max(sqrt(sum s_k^2) / n, std(d_k) / sqrt(n)): the within-run errors
-    (many degrees of freedom: z) and, with independent repeats, the pairs' own scatter, which catches
-    what within-run noise misses (a trajectory's offset from its initialisation); where the scatter
-    decides, or the measure has no within-run error (one validation loss per run), it is estimated from
-    n pairs alone, so Student's t on n - 1 degrees of freedom. ``looks`` planned looks at growing
-    evidence share ``alpha`` (Bonferroni: valid whenever the evidence stops growing).
+def equivalence(diffs: Sequence[float], ses: Sequence[float] | None, tolerance: float, level: float,
+                independent: bool = True, two_sided: bool = True, pilot: int = 0) -> Equivalence:
+    """Two one-sided tests of |candidate - baseline| < T (``two_sided``), or of candidate - baseline < T,
+    at the nominal one-sided ``level`` of this look (alpha for a single look; a group-sequential
+    design gives each look its own, guard/sequential.py). The standard error: ``paired``.
 
     equivalent: the one-sided bounds lie inside (-T, T) (above -T only matters for a speed change)
       and the runs resolve T: detectable <= T;
     different: the bounds lie entirely outside [-T, T]: shown to differ by more than T;
     inconclusive: otherwise (more seeds or steps would tell).
     """
-    d = np.asarray(diffs, dtype=float)
-    n = len(d)
-    if n == 0:
-        raise ValueError("equivalence needs at least one pair of runs")
-    level = alpha / max(1, looks)
-    mean = float(d.mean())
-    within = None
-    if ses is not None and len(ses) == n and all(math.isfinite(s) for s in ses):
-        within = float(np.sqrt(np.sum(np.square(ses)))) / n
-    scatter = float(np.std(d, ddof=1)) / math.sqrt(n) if independent and n > 1 else None
-    if within is None and scatter is None:  # one value per run and no repeats: no measurable noise
-        se, q, source = math.inf, math.inf, "no measurable noise (one value per run, no independent repeats)"
-    elif within is None:
-        se, q = float(scatter), float(sps.t.ppf(1 - level, n - 1))
-        source = f"scatter of {n} independent pairs (Student's t, {n - 1} df)"
-    else:
-        se, q = within, float(sps.norm.ppf(1 - level))
-        source = f"within-run noise of {n} pair(s)"
-        if scatter is not None and scatter > within:  # the pairs vary more than their runs' noise says
-            se, q = float(scatter), float(sps.t.ppf(1 - level, n - 1))
-            source = f"scatter of {n} independent pairs, above their within-run noise (Student's t, {n - 1} df)"
+    est = paired(diffs, ses, independent, pilot)
+    q = quantile(level, est.df) if math.isfinite(est.se) else math.inf
     z_power = float(sps.norm.ppf(POWER))
-    low, high = mean - q * se, mean + q * se
-    detectable = (q + z_power) * se if math.isfinite(se) else math.inf
+    low, high = (est.mean - q * est.se, est.mean + q * est.se) if math.isfinite(q) else (-math.inf, math.inf)
+    detectable = (q + z_power) * est.se if math.isfinite(q * est.se) else math.inf
     if two_sided:
         inside, outside = -tolerance < low and high < tolerance, low > tolerance or high < -tolerance
     else:
         inside, outside = high < tolerance, low > tolerance
     resolved = detectable <= tolerance
     outcome = "equivalent" if inside and resolved else "different" if outside else "inconclusive"
-    return Equivalence(mean, se, q, low, high, tolerance, detectable, two_sided, outcome, source)
-
-
-def evidence_needed(detectable: float, tolerance: float) -> float:
-    """By how much the evidence (seeds, or tokens in the compared tail) must grow for the runs to resolve
-    T: se shrinks as 1 / sqrt(evidence), so by (detectable / T)^2."""
-    if not math.isfinite(detectable):
-        return math.inf
-    return max(1.0, (detectable / tolerance) ** 2) if tolerance > 0 else math.inf
+    return Equivalence(est.mean, est.se, q, low, high, tolerance, detectable, two_sided, outcome, est.source, est.df)
 
 
 # ----------------------------------------------------------------------------------- throughput

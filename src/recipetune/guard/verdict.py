@@ -1,8 +1,10 @@
 """The final decision on one candidate: APPROVED, REJECTED or KEEP BASELINE, with the evidence.
 
-Static checks first (a violation rejects before anything runs), then loss parity over the seeds,
-then interleaved throughput. Every run has its own folder under ``out_dir``; the verdict is also
-written there as ``verdict.json`` for machines.
+Static checks first (a violation rejects before anything runs), then loss parity over the seeds
+(planned and gathered in looks, guard/looks.py: its runs go to the executor side by side, and are
+stored under ``runs_folder`` for every later verdict against the same baseline), then interleaved
+throughput on one placement. Every run has its own folder under ``out_dir`` (or a link there to the
+stored run); the verdict is also written there as ``verdict.json`` for machines, with what it cost.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from recipetune.core.recipe import Recipe
+from recipetune.execute.executor import Executor
 from recipetune.guard.baseline import BaselineProfile, profile_baseline, trusted_aa
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.looks import gather
+from recipetune.guard.runs import Runs
 from recipetune.guard.speed import measure_speed
 from recipetune.guard.static import StaticReport, static_report
 from recipetune.workloads.base import Workload
@@ -43,7 +47,10 @@ class Verdict(BaseModel):
     candidate: dict[str, Any] = Field(default_factory=dict)
     change: str = ""
     notes: list[str] = Field(default_factory=list)  # how the evidence was gathered: mode, seeds, noise refused
-    cost: dict[str, float] = Field(default_factory=dict)  # runs launched and seconds spent, per part
+    # what it cost: runs trained and seconds, per part; parity runs reused (stored by an earlier verdict)
+    # and the runs the plan expected before the candidate ran, were its batches other than the baseline's
+    cost: dict[str, float] = Field(default_factory=dict)
+    stop: str = ""  # why the parity looks ended: decided, futility, budget, plan, too short, failed
     settings: dict[str, Any] = Field(default_factory=dict)
     out_dir: str = ""
 
@@ -85,8 +92,14 @@ def final_verdict(
     allow_semantic: Collection[str] = (),
     profile: BaselineProfile | None = None,
     progress: Callable[[str], None] | None = None,
+    executor: Executor | None = None,
+    runs_folder: Path | None = None,
 ) -> Verdict:
-    """Decide on ``candidate``; raises ``baseline.GuardError`` when the baseline itself cannot be measured."""
+    """Decide on ``candidate``; raises ``baseline.GuardError`` when the baseline itself cannot be measured.
+
+    ``executor``: where the runs go (default: this machine); the parity runs as separate units, the
+    speed pairs as one. ``runs_folder``: where parity runs are stored and found again (None: each
+    verdict trains its own)."""
     report = static_report(workload, baseline, candidate, allow_semantic)
     verdict = static_verdict(report, baseline, candidate, settings, str(out_dir))
     if report.violations:
@@ -101,8 +114,10 @@ def final_verdict(
     # steps; otherwise the baseline is profiled again at the parity settings.
     reusable = (profile is not None and profile.recipe == dict(baseline) and profile.steps >= parity_cfg.steps
                 and len(profile.runs) >= parity_cfg.seeds)
+    runs = Runs(workload, executor, runs_folder, settings.timeout_s)
     if not reusable:
-        profile = profile_baseline(workload, baseline, parity_cfg.steps, settings, out_dir / "baseline", progress)
+        profile = profile_baseline(workload, baseline, parity_cfg.steps, settings, out_dir / "baseline", progress,
+                                   runs=runs)
         fresh, refused = trusted_aa(profile, settings)
         prior_aa += fresh
         verdict.notes += [n for n in (profile.noise_note, refused) if n]
@@ -116,8 +131,10 @@ def final_verdict(
         if tb and tc:
             steps = max(2, round(profile.steps * tb / tc))
     started = time.monotonic()
-    got = gather(workload, profile, baseline, candidate, steps, settings, out_dir, equal_tokens, progress)
-    verdict.cost = {"parity_runs": got.runs, "parity_s": round(time.monotonic() - started, 1)}
+    got = gather(workload, profile, baseline, candidate, steps, settings, out_dir, equal_tokens, progress, runs)
+    verdict.cost = {"parity_runs": got.runs, "parity_reused": got.reused, "parity_planned": got.planned,
+                    "parity_s": round(time.monotonic() - started, 1)}
+    verdict.stop = got.stop
     verdict.notes += got.looks
     if got.evidence is None:
         verdict.reasons = [got.failure]
@@ -135,7 +152,13 @@ def final_verdict(
 
     # Throughput: interleaved pairs, the speed-up's CI against the noise margin.
     started = time.monotonic()
-    speed = measure_speed(workload, baseline, candidate, settings, out_dir / "speed", prior_aa, progress)
+    if progress:
+        progress(f"speed: {settings.speed.pairs} interleaved pairs of {settings.speed.steps} steps")
+    if executor is None:
+        speed = measure_speed(workload, baseline, candidate, settings, out_dir / "speed", prior_aa, progress)
+    else:  # one placement: its interleaved pairs must see the same hardware
+        speed = executor.call(measure_speed, workload, baseline, candidate, settings, out_dir / "speed", prior_aa,
+                              progress=progress).result()
     verdict.cost.update(speed_runs=2 * len(speed.pairs), speed_s=round(time.monotonic() - started, 1))
     verdict.pairs = [p.model_dump(mode="json") for p in speed.pairs]
     verdict.speed = speed.model_dump(mode="json", exclude={"pairs"})

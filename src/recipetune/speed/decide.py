@@ -1,7 +1,7 @@
 """The end of a speed campaign: the guard's final verdict on the best few screened candidates, then
 the decision, APPROVED or KEEP BASELINE, written by the engine's ``conclude`` (engine/job.py).
 
-    decide()         final verdicts on the finalists (on the executor; a resume keeps the finished ones)
+    decide()         final verdicts on the finalists, side by side (a resume keeps the finished ones)
     approved_text()  approved.yaml: a campaign file whose baseline is the approved recipe
 """
 
@@ -11,16 +11,19 @@ import contextlib
 import shlex
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 
 from recipetune.config import Campaign
+from recipetune.core.console import Note
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.engine.tree import Node
+
+RUNS_FOLDER = "guard-runs"  # in a campaign's folder: the parity runs its verdicts store and reuse
 
 if TYPE_CHECKING:
     from recipetune.guard.baseline import BaselineProfile
@@ -41,22 +44,34 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
     previous = {v["candidate_id"]: v for v in store.read_json("verdicts.json") or []}
     verdicts: list[tuple[Node, Verdict]] = []
     saved: list[dict] = []
-    # Each verdict is one unit on one placement, so its interleaved A/B pairs see the same
-    # hardware; different finalists may be judged at once on different placements.
+    # The finalists are judged side by side, each verdict in a thread of this driver: its parity runs
+    # go to the executor as separate units (on Ray, across the cluster), its interleaved speed pairs as
+    # one unit on one placement. Parity runs are stored in the campaign's guard-runs/ folder, so the
+    # finalists share the baseline's (and a resumed campaign finds every run already made).
+    todo = [n for n in finalists if n.id not in previous]
     pending: dict[str, Future[Verdict]] = {}
-    for n in finalists:
-        if n.id not in previous:
-            phase(f"final verdict for {n.recipe.describe_diff(baseline)} (screened {n.score:.2f}x)")
-            pending[n.id] = executor.call(
+
+    def told(change: str) -> Callable[[str], None]:
+        """A verdict's plan and each look's outcome reach the live view; what runs now does not."""
+        prefix = f"{change}: " if len(todo) > 1 else ""
+        return lambda msg: phase(prefix + msg) if isinstance(msg, Note) else None
+
+    with ThreadPoolExecutor(max_workers=max(1, len(todo)), thread_name_prefix="verdict") as pool:
+        for n in todo:
+            change = n.recipe.describe_diff(baseline)
+            phase(f"final verdict for {change} (screened {n.score:.2f}x)")
+            pending[n.id] = pool.submit(
                 guard.final_verdict, campaign.workload, baseline, n.recipe, campaign.config.guard,
-                store.folder / "final" / n.id, allow_semantic=allowed(n.recipe), profile=profile, progress=phase,
+                store.folder / "final" / n.id, allow_semantic=allowed(n.recipe), profile=profile,
+                progress=told(change),
+                executor=executor, runs_folder=store.folder / RUNS_FOLDER,
             )
-    for n in finalists:
-        verdict = guard.load_verdict(previous[n.id]["verdict"]) if n.id in previous else pending[n.id].result()
-        verdicts.append((n, verdict))
-        saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.score,
-                      "verdict": verdict.model_dump(mode="json")})
-        store.write_json("verdicts.json", saved)  # after each: a resume does not redo a finished verdict
+        for n in finalists:
+            verdict = guard.load_verdict(previous[n.id]["verdict"]) if n.id in previous else pending[n.id].result()
+            verdicts.append((n, verdict))
+            saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.score,
+                          "verdict": verdict.model_dump(mode="json")})
+            store.write_json("verdicts.json", saved)  # after each: a resume does not redo a finished verdict
     approved = [(n, v) for n, v in verdicts if v.decision == "APPROVED"]
     if not approved:
         reasons = [f"{n.recipe.describe_diff(baseline)}: {v.decision}: {'; '.join(v.reasons)}" for n, v in verdicts]

@@ -70,7 +70,8 @@ class Guard(Protocol):
 
     def final_verdict(self, workload: Workload, baseline: Recipe, candidate: Recipe, settings: GuardConfig,
                       out_dir: Path, allow_semantic: Collection[str] = (), profile: BaselineProfile | None = None,
-                      progress: Callable[[str], None] | None = None) -> Verdict: ...
+                      progress: Callable[[str], None] | None = None, executor: Executor | None = None,
+                      runs_folder: Path | None = None) -> Verdict: ...
 
     def load_profile(self, text: str) -> BaselineProfile:
         """A profile read back from baseline_profile.json (a resume)."""
@@ -102,11 +103,12 @@ class RealGuard:
 
     def final_verdict(self, workload: Workload, baseline: Recipe, candidate: Recipe, settings: GuardConfig,
                       out_dir: Path, allow_semantic: Collection[str] = (), profile: BaselineProfile | None = None,
-                      progress: Callable[[str], None] | None = None) -> Verdict:
+                      progress: Callable[[str], None] | None = None, executor: Executor | None = None,
+                      runs_folder: Path | None = None) -> Verdict:
         from recipetune.guard.verdict import final_verdict
 
         return final_verdict(workload, baseline, candidate, settings, out_dir, allow_semantic=allow_semantic,
-                             profile=profile, progress=progress)
+                             profile=profile, progress=progress, executor=executor, runs_folder=runs_folder)
 
     def load_profile(self, text: str) -> BaselineProfile:
         from recipetune.guard.baseline import BaselineProfile

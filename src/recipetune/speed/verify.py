@@ -5,9 +5,15 @@ the guard) and asks the guard for its verdict on their recipes.
 
 Exit codes, one per outcome, so a CI job can gate on the verdict (``EXIT``): 0 APPROVED; 3 KEEP
 BASELINE (the evidence does not show a gain); 4 REJECTED, by the static checks (nothing runs, nothing
-is written) or after measurement (the candidate trains differently or failed to run); 2 bad input (a
-file, an override, mismatched workloads: nothing runs, nothing is written); 1 no verdict (the
-baseline itself failed to run, or a crash).
+is written; a ``knob=value`` edit of the candidate that breaks a domain or a relation is refused so,
+named as the candidate's) or after measurement (the candidate trains differently or failed to run);
+2 bad input (a file, a settings override, mismatched workloads: nothing runs, nothing is written);
+1 no verdict (the baseline itself failed to run, or a crash).
+
+The verdict says its plan before the candidate runs and each look as it ends, with what is left
+(``Printer``): on a terminal above a spinner, in a log as plain lines. Parity runs are stored in
+``guard-runs/`` beside the output folder (``--runs``): a later verify against the same baseline there
+reuses them.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console, Group
@@ -23,13 +30,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from recipetune.config import Campaign, CampaignConfig, load_campaign
-from recipetune.core.console import fail
+from recipetune.config import Campaign, CampaignConfig, check_recipe, load_campaign, resolve_paths
+from recipetune.core.console import Note, fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.files import parse_override
-from recipetune.core.fmt import fmt_pct
+from recipetune.core.fmt import fmt_duration, fmt_pct
+from recipetune.core.recipe import Recipe
+from recipetune.engine import options as opt
+from recipetune.execute.factory import make_executor
 from recipetune.guard.baseline import GuardError
-from recipetune.guard.static import static_report
+from recipetune.guard.static import StaticReport, static_report
 from recipetune.guard.verdict import Verdict, final_verdict, static_verdict
 
 STYLE = {"APPROVED": "bold green", "KEEP BASELINE": "bold yellow", "REJECTED": "bold red"}
@@ -46,6 +56,31 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     return to_candidate, to_baseline
 
 
+def _candidate(cand: Campaign, edits: list[str]) -> tuple[Recipe, StaticReport | None]:
+    """The candidate's recipe: its file's, with the command line's ``knob=value`` edits. An edit that
+    leaves a knob's domain or breaks a relation is the candidate's, refused by the static checks (exit
+    4), not bad input; a file that is broken as written stays bad input (exit 2, from load_campaign)."""
+    if not edits:
+        return cand.baseline, None
+    values = dict(cand.config.baseline)
+    knobs = cand.workload.knobs()
+    for text in edits:
+        path, value = parse_override(text, CampaignConfig.model_fields, "baseline")
+        if len(path) != 2 or path[1] not in knobs:  # a typo is bad input, not the candidate's fault
+            raise ConfigError("command line", text, f"the {cand.workload.kind} workload has no knob "
+                              f"'{'.'.join(path[1:])}'; valid knobs are: {', '.join(sorted(knobs))}")
+        values[path[1]] = value
+    values = resolve_paths(cand.workload, values, cand.path.resolve().parent)
+    try:
+        return check_recipe(cand.workload, values, cand.path, "baseline"), None
+    except ConfigError:
+        raw = Recipe({**cand.workload.knobs().defaults(), **values})
+        report = static_report(cand.workload, cand.baseline, raw)
+        if not report.violations:
+            raise
+        return raw, report
+
+
 def _check_same_workload(base: Campaign, cand: Campaign) -> None:
     a = base.config.workload.model_dump(mode="json")
     b = cand.config.workload.model_dump(mode="json")
@@ -59,6 +94,33 @@ def _check_same_workload(base: Campaign, cand: Campaign) -> None:
                            for k in fields)
     raise ConfigError(cand.path, "workload", f"describes another workload than {base.path} ({detail}); "
                       "verify compares two recipes of the same workload")
+
+
+class Printer:
+    """The verdict's progress: lines the guard marks as notes (its plan, each look's outcome) are
+    printed and stay; the others (runs done, what runs now) update a spinner on a terminal and are
+    left out of a log, so that a CI log shows the plan and each look, one line each."""
+
+    def __init__(self, console: Console):
+        self.console, self.status = console, None
+        self.started = time.monotonic()
+
+    def __enter__(self) -> Printer:
+        if self.console.is_terminal:
+            self.status = self.console.status("starting")
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.status is not None:
+            self.status.__exit__(*exc)
+
+    def __call__(self, message: str) -> None:
+        clock = f"[{fmt_duration(time.monotonic() - self.started)}]"
+        if isinstance(message, Note):
+            self.console.print(f"{clock} {message}", highlight=False, markup=False)
+        elif self.status is not None:
+            self.status.update(escape(message))
 
 
 def render(verdict: Verdict) -> Panel:
@@ -106,9 +168,16 @@ def render(verdict: Verdict) -> Panel:
                           f"difference {m['mean_diff']:+.4f} nats{bounds} ({escape(m['se_source'])})\n"
                           f"T ±{m['tolerance']:.4f} ({escape(m['reference_kind'])}: {m['reference']:.4f}); "
                           f"smallest detectable {det}: {m.get('outcome', par['outcome'])}")
-        table.add_row("seeds", f"{par['seeds']}; {par['looks']} planned look(s)")
+        level = par.get("level", par.get("alpha", 0.05))
+        table.add_row("seeds", f"{par['seeds']}; last look's one-sided level {level:.4g}")
         table.add_row("verdict", par["outcome"])
         parts.append(table)
+    if verdict.cost:
+        c = verdict.cost
+        speed = f"; speed {c['speed_runs']:.0f} runs, {fmt_duration(c.get('speed_s'))}" if "speed_runs" in c else ""
+        parts.append(Text(f"\ncost: parity {c.get('parity_runs', 0):.0f} run(s) trained, "
+                          f"{c.get('parity_reused', 0):.0f} reused, {fmt_duration(c.get('parity_s'))}{speed}",
+                          style="dim"))
     if verdict.notes:
         parts.append(Text("\nnotes", style="bold"))
         parts += [Text(f"  - {n}") for n in verdict.notes]
@@ -130,7 +199,11 @@ def verify(
         None, help="knob=value edits the candidate's recipe; section.field=value (e.g. guard.speed.pairs=3) "
         "edits the settings, which come from the baseline file"),
     out: Path | None = typer.Option(None, help="output folder (default: runs/verify-TIME-CANDIDATEID)"),
+    runs: Path | None = typer.Option(None, help="where parity runs are stored and reused by later verdicts "
+                                               "(default: guard-runs beside the output folder)"),
     json_output: bool = typer.Option(False, "--json", help="print the verdict as JSON on stdout"),
+    executor: opt.Executor = None,
+    ray_address: opt.RayAddress = None,
 ) -> None:
     """Decide whether CANDIDATE may replace BASELINE: APPROVED, REJECTED or KEEP BASELINE, with evidence.
 
@@ -140,33 +213,43 @@ def verify(
     console = Console(stderr=json_output)  # with --json, stdout carries the JSON alone
     try:
         to_candidate, to_baseline = _split_overrides(overrides or [])
+        to_baseline = opt.option_overrides(to_baseline, {"executor": executor, "ray_address": ray_address})
         base = load_campaign(baseline_file, to_baseline)
-        cand = load_campaign(candidate_file, to_candidate)
+        cand = load_campaign(candidate_file, [])  # the file as written; the edits are the candidate's
         _check_same_workload(base, cand)
+        candidate, refused = _candidate(cand, to_candidate)
     except ConfigError as e:
         raise fail(e) from None
 
     settings = base.config.guard
     allow = base.config.search.allow_semantic
-    report = static_report(base.workload, base.baseline, cand.baseline, allow)
+    report = refused or static_report(base.workload, base.baseline, candidate, allow)
     if report.violations:
-        verdict = static_verdict(report, base.baseline, cand.baseline, settings, "")
+        verdict = static_verdict(report, base.baseline, candidate, settings, "")
         if json_output:
             print(verdict.model_dump_json(indent=2))
         else:
             console.print(render(verdict))
-        raise fail(f"{cand.path}: the candidate breaks {len(report.violations)} rule(s); nothing was run",
+        edited = f" with {' '.join(to_candidate)}" if to_candidate else ""
+        raise fail(f"{cand.path}{edited}: the candidate breaks {len(report.violations)} rule(s); nothing was run",
                    EXIT[verdict.decision])
 
-    out_dir = out or Path("runs") / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{cand.baseline.id}"
-    console.print(f"verifying {cand.baseline.describe_diff(base.baseline)} against baseline "
+    out_dir = out or Path("runs") / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{candidate.id}"
+    try:
+        runner = make_executor(base.config.execute, base.workload.n_devices(base.baseline), base.path)
+    except ConfigError as e:
+        raise fail(e) from None
+    console.print(f"verifying {candidate.describe_diff(base.baseline)} against baseline "
                   f"{base.baseline.id} -> {out_dir}", highlight=False)
     try:
-        with console.status("starting") as status:
-            verdict = final_verdict(base.workload, base.baseline, cand.baseline, settings, out_dir,
-                                    allow_semantic=allow, progress=lambda msg: status.update(msg))
+        with Printer(console) as printer:
+            verdict = final_verdict(base.workload, base.baseline, candidate, settings, out_dir,
+                                    allow_semantic=allow, progress=printer, executor=runner,
+                                    runs_folder=runs or out_dir.parent / "guard-runs")
     except GuardError as e:
         raise fail(e, NO_VERDICT) from None
+    finally:
+        runner.close()
     if json_output:
         print(verdict.model_dump_json(indent=2))
     else:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import platform
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +68,17 @@ class Workload(ABC):
     def n_devices(self, recipe: Recipe) -> int:
         return 1
 
+    def cpu_threads(self, recipe: Recipe) -> int | None:
+        """CPU threads one run of ``recipe`` uses, where the workload knows (None: as many as it
+        finds). How many loss-only runs share a CPU machine (execute/executor.py: local_share)."""
+        return None
+
+    def code_fingerprint(self) -> str:
+        """What the runs' results depend on besides the recipe and the step count: the trainer's code
+        and how it is launched. Two runs with equal (fingerprint, recipe, steps) are the same
+        experiment, so the guard may reuse one for the other (guard/runs.py)."""
+        return self.kind
+
     def prepare(self, recipe: Recipe) -> None:
         """Called once when a campaign starts, before its planning: start, in the background, what
         its runs will need (nothing by default), so that it overlaps the driver's own work."""
@@ -102,6 +115,29 @@ class Workload(ABC):
     def resolve(self, values: dict) -> Recipe:
         """Defaults overlaid with ``values``, each in its domain, derived knobs computed."""
         return self.relations().derive(self.knobs().resolve(values), given=values)
+
+
+def code_digest(code: Path | list[Path], *parts: str) -> str:
+    """A short hash of the code a trainer runs (a file, or a folder's Python files), ``parts`` (how it
+    is launched) and the versions it runs on (Python, torch, recipetune)."""
+    from importlib import metadata
+
+    from recipetune import __version__
+
+    h = hashlib.sha256()
+    paths = code if isinstance(code, list) else [code]
+    for path in paths:
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for f in files:
+            h.update(str(f.name).encode())
+            h.update(f.read_bytes())
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "none"
+    for part in (*parts, platform.python_version(), torch_version, __version__):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:16]
 
 
 def classify(outcome: ProcessOutcome, out_dir: Path) -> tuple[str, str]:

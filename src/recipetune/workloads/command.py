@@ -27,7 +27,7 @@ from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import Knob, KnobError, KnobSet, Recipe
 from recipetune.workloads import presets
-from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
+from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, code_digest, count_lines
 
 Scalar = bool | int | float | str
 
@@ -298,6 +298,21 @@ class CommandWorkload(Workload):
 
     def n_devices(self, recipe: Recipe) -> int:
         return int(expr.evaluate(self.spec.devices, recipe))
+
+    def cpu_threads(self, recipe: Recipe) -> int | None:
+        threads = self.environment(recipe, 1, self.cwd).get("OMP_NUM_THREADS", "")
+        return int(threads) * self.n_devices(recipe) if threads.isdigit() and int(threads) > 0 else None
+
+    def code_fingerprint(self) -> str:
+        # The spec (how the trainer is launched, what is read back) and every file its argv names,
+        # whole or after '=' (train.py, --config=cfg.py), as they are now.
+        files = []
+        for arg in self.spec.argv:
+            for text in (arg, arg.partition("=")[2]):
+                path = self.cwd / text if text and not placeholders(text) else None
+                if path is not None and path.is_file():
+                    files.append(path)
+        return code_digest(files, self.spec.model_dump_json(), str(self.cwd))
 
     def tokens_per_step(self, recipe: Recipe) -> int | None:
         text = self.spec.tokens_per_step

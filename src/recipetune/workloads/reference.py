@@ -12,7 +12,7 @@ from recipetune.core.recipe import KnobSet, Recipe
 from recipetune.trainer.knobs import check_recipe, reference_knobs
 from recipetune.trainer.layout import RELATIONS
 from recipetune.workloads import warm
-from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
+from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, code_digest, count_lines
 
 
 class ReferenceWorkload(Workload):
@@ -46,6 +46,14 @@ class ReferenceWorkload(Workload):
 
     def n_devices(self, recipe: Recipe) -> int:
         return int(recipe["nproc"])
+
+    def cpu_threads(self, recipe: Recipe) -> int | None:
+        threads = int(recipe["num_threads"])  # 0: PyTorch's default, as many as it finds
+        return threads * int(recipe["nproc"]) if threads and str(recipe["device"]) == "cpu" else None
+
+    def code_fingerprint(self) -> str:
+        # The trainer is part of this package: its sources (and the versions they run on) are its code.
+        return code_digest(Path(__file__).resolve().parents[1] / "trainer", "reference")
 
     def flops_per_token(self, recipe: Recipe) -> float | None:
         from recipetune.trainer.presets import flops_per_token, get_model_config

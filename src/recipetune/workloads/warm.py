@@ -27,10 +27,10 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from recipetune.core.process import _EXCLUSIVE, ProcessOutcome, tail
+from recipetune.core.process import MACHINE, Cancelled, ProcessOutcome, cancelled, tail
 
 ENV_FLAG = "RECIPETUNE_WARM_START"
 
@@ -129,33 +129,59 @@ def serve() -> None:
 
 
 class Launcher:
-    """The driver's handle on one launcher process (started on first use, reused after)."""
+    """The driver's launcher processes: one per run in flight (loss-only runs may share the machine,
+    process.sharing), each started on first use and reused after."""
 
     _lock = threading.Lock()
-    _proc: subprocess.Popen | None = None
+    _idle: list[subprocess.Popen] = []
+    _all: list[subprocess.Popen] = []
 
     @classmethod
-    def _get(cls) -> subprocess.Popen:
-        if cls._proc is None or cls._proc.poll() is not None:
-            cls._proc = subprocess.Popen(
-                [sys.executable, "-m", "recipetune.workloads.warm"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
-            )
-        return cls._proc
+    def _new(cls) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "recipetune.workloads.warm"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
+        )
+        cls._all.append(proc)
+        return proc
 
     @classmethod
     def start(cls) -> None:
-        """Start the launcher now (it imports in the background); the first run then finds it ready."""
+        """Start a launcher now (it imports in the background); the first run then finds it ready."""
         with cls._lock:
-            cls._get()
+            if not any(p.poll() is None for p in cls._idle):
+                cls._idle.append(cls._new())
+
+    @classmethod
+    @contextlib.contextmanager
+    def held(cls) -> Iterator[subprocess.Popen]:
+        """A launcher for one run: an idle one, or a new one when every launcher is busy."""
+        with cls._lock:
+            cls._idle = [p for p in cls._idle if p.poll() is None]
+            cls._all = [p for p in cls._all if p.poll() is None]
+            proc = cls._idle.pop(0) if cls._idle else cls._new()
+        try:
+            yield proc
+        finally:
+            with cls._lock:
+                if proc.poll() is None:
+                    cls._idle.append(proc)
+
+    @classmethod
+    def processes(cls) -> list[subprocess.Popen]:
+        """The launchers alive now."""
+        with cls._lock:
+            return [p for p in cls._all if p.poll() is None]
 
     @classmethod
     def close(cls) -> None:
-        if cls._proc is not None and cls._proc.poll() is None:
-            with contextlib.suppress(OSError):
-                cls._proc.stdin.close()  # type: ignore[union-attr]
-            cls._proc.wait(timeout=10)
-        cls._proc = None
+        with cls._lock:
+            procs, cls._idle, cls._all = cls._all, [], []
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # type: ignore[union-attr]
+                proc.wait(timeout=10)
 
 
 def _read(proc: subprocess.Popen, deadline: float | None) -> dict | None:
@@ -185,10 +211,9 @@ def run_warm(
 ) -> ProcessOutcome:
     """``python -m recipetune.trainer ARGS`` as a fork of the warm launcher; like ``run_process``."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    req = {"args": list(args), "stdout": str(log_dir / "stdout.log"), "stderr": str(log_dir / "stderr.log"),
-           "cwd": str(cwd or Path.cwd()), "env": {**os.environ, **(env or {})}}
-    with _EXCLUSIVE, Launcher._lock:
-        proc = Launcher._get()
+    with MACHINE.use() as pinned, Launcher.held() as proc:
+        req = {"args": list(args), "stdout": str(log_dir / "stdout.log"), "stderr": str(log_dir / "stderr.log"),
+               "cwd": str(cwd or Path.cwd()), "env": {**os.environ, **(env or {}), **pinned}}
         start = time.perf_counter()
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(req) + "\n")
@@ -202,6 +227,8 @@ def run_warm(
                 if answer is None:
                     if on_poll:
                         on_poll()
+                    if cancelled():
+                        raise Cancelled("the executor was closed")  # killed below
                     timed_out = timeout_s is not None and time.perf_counter() - start > timeout_s
                     stopped = not timed_out and stop_file is not None and stop_file.exists()
                     if timed_out or stopped:
@@ -211,6 +238,13 @@ def run_warm(
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)  # Ctrl-C in the driver must not leave a trainer running
+            # The launcher answers for the killed child; a launcher that holds that answer unread
+            # would give it to its next run, so it is read here or the launcher is not reused.
+            try:
+                if _read(proc, time.perf_counter() + 5) is None:
+                    proc.kill()
+            except Exception:
+                proc.kill()
             raise
         wall = time.perf_counter() - start
     if on_poll:
