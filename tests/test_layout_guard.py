@@ -22,7 +22,7 @@ from recipetune.workloads.reference import ReferenceWorkload
 
 MOE = {"model": "nano-moe", "seq_len": 64, "global_batch_size": 16, "micro_batch_size": 16, "lr": 3e-3,
        "warmup_steps": 5, "num_threads": 1, "eval_batches": 2}
-SETTINGS = GuardConfig.model_validate({"parity": {"steps": 24, "seeds": 3, "max_seeds": 6},
+SETTINGS = GuardConfig.model_validate({"parity": {"steps": 24, "seeds": 3}, "max_parity_runs": 12,
                                        "speed": {"pairs": 2, "steps": 6}, "timeout_s": 600})
 
 
