@@ -3,7 +3,8 @@
     python benchmarks/gpu_check_report.py runs/gpu_check-<time>
 
 Reads the check's folder: pytest's junit XML, the measured run's result.json, the campaign's
-verdict.json. Exits 1 when any phase failed (its figures are still written, marked as such).
+verdict.json, the layouts' figures (layouts-moe.json, layouts-dense.json). Exits 1 when any phase failed
+(its figures are still written, marked as such).
 """
 
 from __future__ import annotations
@@ -66,12 +67,27 @@ def tune_figures(folder: Path) -> dict:
             "trials": v.get("trials"), "speedup": verdict.get("speedup"), "reasons": v.get("reasons", [])[:4]}
 
 
+def layout_figures(folder: Path) -> dict:
+    """Per preset and layout: tokens/s, peak memory, the profile; and the layouts left out (too few GPUs)."""
+    out: dict = {}
+    for suite in ("moe", "dense"):
+        try:
+            data = json.loads((folder / f"layouts-{suite}.json").read_text())
+        except (OSError, ValueError):
+            continue
+        for preset, layouts in data.get("figures", {}).items():
+            out[preset] = {name: {k: v for k, v in fig.items() if k != "losses"} for name, fig in layouts.items()}
+        out.setdefault("left_out", []).extend(data.get("skipped", []))
+    return out
+
+
 def main(folder: Path) -> int:
     gpus = (folder / "gpus.txt").read_text().strip().splitlines() if (folder / "gpus.txt").exists() else []
-    codes = {p: rc(folder, p) for p in ("pytest", "run", "tune")}
+    codes = {p: rc(folder, p) for p in ("pytest", "run", "tune", "layouts")}
     figures = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "gpus": gpus, "folder": str(folder),
         "exit_codes": codes, "pytest": pytest_counts(folder), "run": run_figures(folder), "tune": tune_figures(folder),
+        "layouts": layout_figures(folder),
     }
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", (figures["run"].get("device_name") or (gpus[0] if gpus else "gpu")))
     stem = f"gpu_check-{figures['date']}-{gpu.strip('-')[:40]}"
@@ -91,6 +107,21 @@ def main(folder: Path) -> int:
         f"- recipetune tune: {t.get('decision', '?')} {t.get('change', '')} speed-up {t.get('speedup')} "
         f"after {t.get('runs', '?')} runs (exit {codes['tune']})",
     ]
+    for preset, layouts in figures["layouts"].items():
+        if preset == "left_out":
+            continue
+        for name, fig in layouts.items():
+            prof = fig.get("profile", {})
+            step = prof.get("step_time_s") or 1.0
+            extra = "".join([
+                f", all-to-all {prof['a2a_s'] / step:.0%} of the step" if "a2a_s" in prof else "",
+                f", pipeline bubble {prof['pp_bubble']:.0%}" if "pp_bubble" in prof else "",
+                f", expert imbalance {prof['expert_imbalance']:.2f}" if "expert_imbalance" in prof else ""])
+            lines.append(f"- layouts {preset}, {name}: {fig['tokens_per_s']:,.0f} tokens/s, "
+                         f"peak memory {fig['peak_mem_mib'] / 1024:.1f} GiB{extra}")
+    lines += [f"- layout left out: {x}" for x in figures["layouts"].get("left_out", [])]
+    if codes["layouts"] is not None:
+        lines.append(f"- layouts phase exit {codes['layouts']}")
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"written: {RESULTS / stem}.json, .md")

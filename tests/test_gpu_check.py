@@ -23,7 +23,8 @@ def sh(*args: str, **env: str) -> subprocess.CompletedProcess:
 def test_dry_run_validates_the_files_and_prints_the_plan():
     res = sh("--dry-run")
     assert res.returncode == 0, res.stderr
-    for step in ("pytest -q -m gpu", "recipetune run examples/gpt2-gpu.yaml", "recipetune tune", "gpu_check_report"):
+    for step in ("pytest -q -m gpu", "recipetune run examples/gpt2-gpu.yaml", "recipetune tune",
+                 "layouts.py --suite moe --presets moe-8x", "gpu_check_report"):
         assert step in res.stdout
 
 
@@ -48,7 +49,11 @@ def test_report_collects_the_figures(tmp_path):
     (out / "tune").mkdir()
     (out / "tune" / "verdict.json").write_text(json.dumps({"decision": "KEEP BASELINE", "change": "(baseline)",
                                                            "runs": 3, "verdict": None}))
-    for phase, code in (("pytest", 0), ("run", 0), ("tune", 0)):
+    grouped = {"tokens_per_s": 50000.0, "peak_mem_mib": 30000.0, "losses": [5.0],
+               "profile": {"expert_imbalance": 1.3, "step_time_s": 0.3}}
+    (out / "layouts-moe.json").write_text(json.dumps({"figures": {"moe-8x": {"1 process, grouped experts": grouped}},
+                                                      "skipped": ["moe-8x PP x2: needs 2 GPUs, 1 here"]}))
+    for phase, code in (("pytest", 0), ("run", 0), ("tune", 0), ("layouts", 0)):
         (out / f"{phase}.rc").write_text(f"{code}\n")
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check_report.py"), str(out)],
                          capture_output=True, text=True, timeout=60,
@@ -59,4 +64,6 @@ def test_report_collects_the_figures(tmp_path):
     assert data["run"]["status"] == "ok" and data["run"]["tokens_per_s"] == 163840  # 32768 / 0.2
     assert data["run"]["mfu"] == pytest.approx(163840 * 5e8 / 989e12)
     assert data["tune"]["decision"] == "KEEP BASELINE"
-    assert "tokens/s" in figures.with_suffix(".md").read_text()
+    assert data["layouts"]["moe-8x"]["1 process, grouped experts"]["tokens_per_s"] == 50000.0
+    md = figures.with_suffix(".md").read_text()
+    assert "tokens/s" in md and "expert imbalance 1.30" in md and "left out: moe-8x PP x2" in md

@@ -24,7 +24,7 @@ from recipetune.trainer.parallel import (
 )
 
 NANO = PRESETS["nano"]
-NANO_MOE = replace(NANO, n_experts=4, top_k=2)
+NANO_MOE = PRESETS["nano-moe"]
 
 
 def build(cfg=NANO, attention: str = "sdpa", seed: int = 0) -> Transformer:
@@ -146,7 +146,7 @@ def test_bad_attention_backend() -> None:
 def test_gqa_projection_sizes() -> None:
     cfg = replace(NANO, n_head=4, n_kv_head=1)
     model = build(cfg)
-    attn = model.layers[0].attn
+    attn = model.layers["0"].attn
     assert attn.wq.weight.shape == (cfg.d_model, cfg.d_model)
     assert attn.wk.weight.shape == attn.wv.weight.shape == (cfg.head_dim, cfg.d_model)
     logits, _ = model(tokens(cfg, T=8))
@@ -155,8 +155,8 @@ def test_gqa_projection_sizes() -> None:
 
 def test_residual_projection_init_is_scaled() -> None:
     model = build(PRESETS["tiny"])
-    std_q = model.layers[0].attn.wq.weight.std().item()
-    std_o = model.layers[0].attn.wo.weight.std().item()
+    std_q = model.layers["0"].attn.wq.weight.std().item()
+    std_o = model.layers["0"].attn.wo.weight.std().item()
     assert std_q == pytest.approx(0.02, rel=0.05)
     assert std_o == pytest.approx(0.02 / math.sqrt(2 * 4), rel=0.05)
 
@@ -172,7 +172,7 @@ def test_determinism() -> None:
 
 
 def test_moe_routing_uses_exactly_top_k_experts() -> None:
-    moe = build(NANO_MOE).layers[0].ffn
+    moe = build(NANO_MOE).layers["0"].ffn
     assert isinstance(moe, MoE)
     x = torch.randn(50, NANO_MOE.d_model)
     weights, ids, probs = moe.route(x)
@@ -183,13 +183,17 @@ def test_moe_routing_uses_exactly_top_k_experts() -> None:
 
 
 def test_moe_forward_matches_per_token_reference() -> None:
-    moe = build(NANO_MOE).layers[0].ffn
+    moe = build(NANO_MOE).layers["0"].ffn
     x = torch.randn(1, 9, NANO_MOE.d_model)
     with torch.no_grad():
         out, _ = moe(x)
         weights, ids, _ = moe.route(x[0])
+        def expert(e: int, tok: torch.Tensor) -> torch.Tensor:
+            w1, w3, w2 = moe.experts.w1[e], moe.experts.w3[e], moe.experts.w2[e]
+            return (F.silu(tok @ w1.T) * (tok @ w3.T)) @ w2.T
+
         ref = torch.stack([
-            sum(w * moe.experts[e](tok) for w, e in zip(weights[n], ids[n].tolist(), strict=True))
+            sum(w * expert(e, tok) for w, e in zip(weights[n], ids[n].tolist(), strict=True))
             for n, tok in enumerate(x[0])
         ])
     torch.testing.assert_close(out[0], ref, rtol=0, atol=1e-6)
@@ -202,17 +206,79 @@ def test_moe_aux_loss_and_router_grads() -> None:
     # each layer's balance loss is >= 1 (1 = perfectly balanced), so the sum is >= coef * n_layer
     assert aux.item() >= NANO_MOE.aux_loss_coef * NANO_MOE.n_layer - 1e-6
     loss_of(model, tokens(NANO_MOE)).backward()
-    for layer in model.layers:
+    for layer in model.layers.values():
         g = layer.ffn.router.weight.grad
         assert g is not None and g.abs().sum() > 0
 
-    # one token visits top_k of the n_experts; the idle experts still get a zero grad, so DDP sees
-    # every param every step
-    model.zero_grad(set_to_none=True)
-    loss_of(model, tokens(NANO_MOE, B=1, T=2)).backward()
-    idle = [p.grad for layer in model.layers for e in layer.ffn.experts for p in e.parameters()]
-    assert all(g is not None for g in idle)
-    assert sum(int(g.abs().sum() == 0) for g in idle) >= 3 * (NANO_MOE.n_experts - NANO_MOE.top_k)
+    # one token visits top_k of the n_experts; the idle experts' rows of the stacked weights get a zero
+    # grad, so DDP sees every param every step, in both implementations
+    for impl in ("loop", "grouped"):
+        for layer in model.layers.values():
+            layer.ffn.experts.impl = impl
+        model.zero_grad(set_to_none=True)
+        loss_of(model, tokens(NANO_MOE, B=1, T=2)).backward()
+        idle = [p.grad[e] for layer in model.layers.values() for p in layer.ffn.experts.parameters()
+                for e in range(NANO_MOE.n_experts)]
+        idle_rows = 3 * NANO_MOE.n_layer * (NANO_MOE.n_experts - NANO_MOE.top_k)  # w1, w3, w2 per expert
+        assert sum(int(g.abs().sum() == 0) for g in idle) >= idle_rows
+
+
+def test_grouped_experts_are_the_loops_maths() -> None:
+    # expert_impl is a speed knob: batched matmuls over padded groups give the loop's outputs and grads
+    loop = build(NANO_MOE)
+    grouped = Transformer(NANO_MOE, expert_impl="grouped")
+    grouped.load_state_dict(loop.state_dict())
+    idx = tokens(NANO_MOE, B=3, T=20)
+    a, b = loss_of(loop, idx), loss_of(grouped, idx)
+    a.backward()
+    b.backward()
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-5)
+    for (name, pa), pb in zip(loop.named_parameters(), grouped.parameters(), strict=True):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-7, msg=name)
+    with pytest.raises(ValueError, match="loop"):
+        Transformer(NANO_MOE, expert_impl="fused")
+    # an ep rank's experts may receive no token at all (tiny-moe, pp x ep over 4 ranks did): both
+    # implementations return no row, and the weights stay in the graph with a zero grad
+    for impl in ("loop", "grouped"):
+        experts = copy.deepcopy(loop.layers["0"].ffn.experts)
+        experts.impl = impl
+        x = torch.zeros(0, NANO_MOE.d_model, requires_grad=True)
+        out = experts(x, torch.zeros(NANO_MOE.n_experts, dtype=torch.long))
+        assert out.shape == (0, NANO_MOE.d_model), impl
+        out.sum().backward()
+        assert all(p.grad is not None and not p.grad.any() for p in experts.parameters()), impl
+
+
+def test_capacity_keeps_top1_choices_first_within_each_sequence() -> None:
+    moe = MoE(replace(NANO_MOE, capacity_factor=1.0))  # 4 experts, top-2: capacity ceil(1 * T * 2 / 4) = T / 2
+    # one sequence of 4 tokens: every top-1 choice is expert 0, every top-2 choice expert 1 or 2
+    ids = torch.tensor([[[0, 1], [0, 2], [0, 1], [0, 1]]])
+    kept = moe.kept(ids)
+    assert moe.capacity(4) == 2
+    assert kept[0, :, 0].tolist() == [True, True, False, False]  # expert 0 takes the first two top-1 slots
+    assert kept[0, :, 1].tolist() == [True, True, True, False]  # expert 1 takes 2 of its 3, expert 2 its 1
+    # the limit is per sequence: a second sequence has its own capacity
+    assert moe.kept(ids.repeat(2, 1, 1)).tolist() == [kept[0].tolist()] * 2
+    assert MoE(NANO_MOE).kept(ids).all()  # capacity_factor 0: no limit
+
+
+def test_capacity_factor_drops_only_beyond_capacity_and_never_depends_on_the_batch() -> None:
+    base = build(NANO_MOE)
+    x = torch.randn(3, 24, NANO_MOE.d_model)
+    moes = {cf: MoE(replace(NANO_MOE, capacity_factor=cf)) for cf in (0.0, 2.0, 0.5)}
+    for moe in moes.values():
+        moe.load_state_dict(base.layers["0"].ffn.state_dict())
+    with torch.no_grad():
+        out = {cf: moe(x)[0] for cf, moe in moes.items()}
+        alone = moes[0.5](x[1:2])[0]
+    # E / top_k = 2: each expert can take every token of a sequence, nothing drops, the same outputs
+    torch.testing.assert_close(out[2.0], out[0.0], rtol=0, atol=0)
+    routed, kept = moes[0.5].stats  # [2, E]: slots routed to each expert over both calls, and kept
+    assert routed.sum() == 2 * (3 + 1) * 24 and kept.sum() < routed.sum()
+    assert not torch.allclose(out[0.5], out[0.0])
+    torch.testing.assert_close(alone, out[0.5][1:2], rtol=0, atol=1e-6)  # drops are per sequence
+    moes[0.5].reset_stats()
+    assert moes[0.5].stats is None
 
 
 # --- execution: activation checkpointing, compile, DDP ----------------------------------------------
@@ -230,7 +296,7 @@ def test_activation_checkpointing_is_exact(cfg) -> None:
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         results[mode] = (loss.detach(), grads)
-    wrapped = sum(isinstance(layer, CheckpointedBlock) for layer in model.layers)
+    wrapped = sum(isinstance(layer, CheckpointedBlock) for layer in model.layers.values())
     assert wrapped == cfg.n_layer
     ref_loss, ref_grads = results["none"]
     for mode in ("selective", "full"):
@@ -244,7 +310,7 @@ def test_full_checkpointing_recomputes_each_block_in_backward() -> None:
     model = build()
     apply_activation_checkpointing(model, "full")
     calls = []
-    for layer in model.layers:
+    for layer in model.layers.values():
         layer.block.register_forward_pre_hook(lambda *_: calls.append(1))
     loss = loss_of(model, tokens())
     assert len(calls) == NANO.n_layer
@@ -256,17 +322,17 @@ def test_activation_checkpointing_keeps_state_dict_keys_and_is_reversible() -> N
     model = build()
     keys = list(model.state_dict())
     apply_activation_checkpointing(model, "selective")
-    assert [isinstance(layer, CheckpointedBlock) for layer in model.layers] == [True, False]
+    assert [isinstance(layer, CheckpointedBlock) for layer in model.layers.values()] == [True, False]
     apply_activation_checkpointing(model, "full")
     assert list(model.state_dict()) == keys
     # checkpoints move between wrapped and unwrapped models both ways
     plain = build(seed=99)
     plain.load_state_dict(model.state_dict())
-    assert torch.equal(plain.layers[1].ffn.w2.weight, model.layers[1].block.ffn.w2.weight)
+    assert torch.equal(plain.layers["1"].ffn.w2.weight, model.layers["1"].block.ffn.w2.weight)
     model.load_state_dict(build(seed=5).state_dict())
-    assert torch.equal(model.layers[0].block.attn.wq.weight, build(seed=5).layers[0].attn.wq.weight)
+    assert torch.equal(model.layers["0"].block.attn.wq.weight, build(seed=5).layers["0"].attn.wq.weight)
     apply_activation_checkpointing(model, "none")
-    assert not any(isinstance(layer, CheckpointedBlock) for layer in model.layers)
+    assert not any(isinstance(layer, CheckpointedBlock) for layer in model.layers.values())
     assert list(model.state_dict()) == keys
     with pytest.raises(ValueError, match="selective"):
         apply_activation_checkpointing(model, "half")
@@ -276,9 +342,9 @@ def test_apply_compile_modes_and_bad_mode() -> None:
     model = build()
     keys = list(model.state_dict())
     apply_compile(model, "none")
-    assert model._compiled_call_impl is None and all(b._compiled_call_impl is None for b in model.layers)
+    assert model._compiled_call_impl is None and all(b._compiled_call_impl is None for b in model.layers.values())
     apply_compile(model, "regional")  # each block in place (nothing compiles before a call)
-    assert model._compiled_call_impl is None and all(b._compiled_call_impl is not None for b in model.layers)
+    assert model._compiled_call_impl is None and all(b._compiled_call_impl is not None for b in model.layers.values())
     assert list(model.state_dict()) == keys  # in place: checkpoints keep their keys
     whole = build()
     apply_compile(whole, "model", "max-autotune")

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_search_campaign import Recorder, fake_guard  # noqa: E402
 
 FAKE = Path(__file__).resolve().parent / "fixtures" / "fake_trainer.py"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SIZES = [1, 2, 4, 8, 16, 32]
 
 
@@ -107,6 +108,31 @@ def test_random_proposals_are_repaired_not_wasted(tmp_path):
     for p in proposals:
         recipe = ctx.baseline.with_(**p.edits)
         assert recipe["batch_size"] * recipe["grad_accum"] == 32, p
+
+
+def test_a_repair_moves_the_coupled_relations_knobs_only_when_the_broken_ones_cannot():
+    # The tiny-moe campaign's case: the analyst asks for experts over 2 ranks from a 2-stage pipeline on 2
+    # processes. ep's relation has one other knob, dp_shard, and dp_shard=2 breaks the layout relation
+    # (pp x dp_shard == nproc), whose pp then leaves the stage and micro-batch relations broken: the repair
+    # reaches pp, its schedule and micro-batches through the relations they share, not refuse the proposal.
+    ctx = context_for(EXAMPLES / "tiny-moe-campaign.yaml")
+    base = ctx.baseline
+    recipe, note = ctx.complete(base, {"ep": 2})
+    assert {k: recipe[k] for k in ("ep", "dp_shard", "pp", "pp_microbatches", "pp_schedule", "expert_impl")} == {
+        "ep": 2, "dp_shard": 2, "pp": 1, "pp_microbatches": 1, "pp_schedule": "1F1B", "expert_impl": "loop"}
+    assert note.startswith("repaired:") and "dp_shard 1 -> 2" in note and "pp 2 -> 1" in note
+    assert static_check(ctx.workload, base, recipe) == []
+    # Beside it, the case the own knobs repair: without a pipeline, ep=2 moves dp_shard alone.
+    flat = base.with_(pp=1, pp_microbatches=1, expert_impl="grouped")
+    recipe, note = ctx.complete(flat, {"ep": 2})
+    assert recipe.edits_from(flat) == {"ep": 2, "dp_shard": 2} and "pp" not in note.replace("dp_shard", "")
+    # Where the coupled knobs are not searched, nothing reaches them: refused, and the guard says why.
+    w = ctx.workload
+    space = SearchSpace.from_lists(w.knobs(), {"dp_shard": [1, 2], "ep": [1, 2], "expert_impl": ["loop", "grouped"]})
+    narrow = SearchContext(w, base, space, Tree(base), **BRIEFING)
+    recipe, note = narrow.complete(base, {"ep": 2})
+    assert note.startswith("no repair") and "dp_shard" in note
+    assert [v.rule for v in static_check(w, base, recipe)][:1] == ["relation"]
 
 
 # -- derived knobs ------------------------------------------------------------------------------

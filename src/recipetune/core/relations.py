@@ -134,7 +134,8 @@ class Relations:
     # -- repairing ---------------------------------------------------------------------------
 
     def repair(self, recipe: Recipe, keep: Collection[str], space: Mapping[str, Sequence[Scalar]]) -> Repair:
-        """The nearest feasible recipe that moves the fewest searched knobs of the broken relations.
+        """The nearest feasible recipe that moves the fewest searched knobs of the broken relations (and,
+        where those alone cannot, of the relations that share knobs with them).
 
         ``keep``: knobs that must keep their value (what a proposal asked for). Only knobs listed in
         ``space`` move, to values it lists; a speed knob moves before one that may change learning,
@@ -151,10 +152,43 @@ class Relations:
         for p in broken:
             for name in p.knobs:
                 involved |= {name, *self._inputs(name)}
-        movable = [n for n in space if n in involved and n not in keep and n not in self.derived]
         what = "; ".join(p.message for p in broken)
+        movable = self._movable(involved, keep, space)
         if not movable:
             return Repair(start, {}, f"{what}; no other searched knob of it may move", ok=False)
+        found = self._nearest(recipe, movable, space)
+        coupled = self._movable(self._coupled(involved), keep, space)
+        if found is None and len(coupled) > len(movable):
+            # moving these knobs breaks a relation they share knobs with (ep needs dp_shard, which
+            # leaves no room for pp, whose micro-batches must then go): that relation's knobs may move too
+            movable, found = coupled, self._nearest(recipe, coupled, space)
+        if found is None:
+            return Repair(start, {}, f"{what}; no values of {', '.join(movable)} in the search space repair it",
+                          ok=False)
+        repaired, moved = found
+        changes = ", ".join(f"{n} {json.dumps(old)} -> {json.dumps(new)}" for n, (old, new) in moved.items())
+        derived = [n for n in self.derived if repaired.get(n) != start.get(n)]
+        also = f" ({', '.join(f'{n}={json.dumps(repaired[n])}' for n in derived)} derived)" if derived else ""
+        return Repair(repaired, moved, f"repaired: {changes}{also}, because {what}")
+
+    def _movable(self, involved: set[str], keep: Collection[str], space: Mapping[str, Sequence[Scalar]]) -> list[str]:
+        return [n for n in space if n in involved and n not in keep and n not in self.derived]
+
+    def _coupled(self, involved: set[str]) -> set[str]:
+        """``involved`` and the knobs of every relation linked to it through shared knobs."""
+        out = set(involved)
+        grown = True
+        while grown:
+            grown = False
+            for rel in self.relations:
+                if rel.knobs & out and not rel.knobs <= out:
+                    out |= rel.knobs
+                    grown = True
+        return out
+
+    def _nearest(self, recipe: Recipe, movable: list[str],
+                 space: Mapping[str, Sequence[Scalar]]) -> tuple[Recipe, dict] | None:
+        """The feasible recipe moving the fewest of ``movable``, speed knobs first, then the smallest move."""
         best: tuple[tuple, Recipe, dict] | None = None
         checks = 0
         for r in range(1, len(movable) + 1):
@@ -178,14 +212,7 @@ class Relations:
                         best = (key, candidate, {n: (recipe.get(n), v) for n, v in zip(combo, values, strict=True)})
             if best is not None:
                 break
-        if best is None:
-            return Repair(start, {}, f"{what}; no values of {', '.join(movable)} in the search space repair it",
-                          ok=False)
-        _, repaired, moved = best
-        changes = ", ".join(f"{n} {json.dumps(old)} -> {json.dumps(new)}" for n, (old, new) in moved.items())
-        derived = [n for n in self.derived if repaired.get(n) != start.get(n)]
-        also = f" ({', '.join(f'{n}={json.dumps(repaired[n])}' for n in derived)} derived)" if derived else ""
-        return Repair(repaired, moved, f"repaired: {changes}{also}, because {what}")
+        return None if best is None else (best[1], best[2])
 
     def _inputs(self, name: str) -> set[str]:
         text = self.derived.get(name)

@@ -1,7 +1,8 @@
 """The speed job's facts of a node, for the Researcher: knob values (an outside trainer's under the
 reference names their meanings give), the run's profile (step time and its data/compute/optimizer
-shares, accumulation, memory headroom, MFU, tokens/s) and the device. The speed playbook's
-conditions (speed/playbook.yaml) are written in this vocabulary."""
+shares, accumulation, memory headroom, MFU, tokens/s; for the layouts of MoE and pipelined models,
+all-to-all time, pipeline bubble, expert load and memory per stage) and the device. The speed
+playbook's conditions (speed/playbook.yaml) are written in this vocabulary."""
 
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ from recipetune.engine.tree import Node
 PLAYBOOK = "recipetune.speed:playbook.yaml"
 GOAL = "raise training tokens/s per device without changing what the model learns"
 PROFILE = ("device", "step_s", "data_share", "compute_share", "optim_share", "accum_steps", "mem_headroom", "mfu",
-           "tokens_per_s", "n_devices")
+           "tokens_per_s", "n_devices", "n_experts", "a2a_share", "pp_bubble", "expert_imbalance", "expert_drop",
+           "stage_mem_gb")
+# Per-step figures of the reference trainer's metrics stream beyond StepRecord's (trainer/loop.py), averaged
+# over the measured steps: name in the stream -> fact
+STREAM_FIGURES = {"a2a_s": "a2a_s", "a2a_s_max": "a2a_max_s", "pp_bubble": "pp_bubble",
+                  "pp_bubble_max": "pp_bubble_max", "expert_imbalance": "expert_imbalance",
+                  "expert_drop": "expert_drop"}
 
 
 
@@ -55,6 +62,37 @@ def _run_info(node: Node) -> dict[str, Any]:
         return json.loads((Path(node.result.out_dir) / "run.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def stream_facts(node: Node) -> dict[str, Any]:
+    """The run's per-rank figures from its metrics stream (``metrics.jsonl``), measured steps only:
+    all-to-all seconds per rank (mean and slowest), the pipeline bubble (the share of the schedule's
+    time a rank's stages idle, mean and worst), expert load imbalance and drops, peak memory per stage."""
+    result = node.result
+    if result is None or not result.out_dir:
+        return {}
+    try:
+        lines = (Path(result.out_dir) / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return {}
+    steps = []
+    for line in lines:
+        with contextlib.suppress(json.JSONDecodeError):
+            record = json.loads(line)
+            if "loss" in record:
+                steps.append(record)
+    measured = steps[result.warmup_steps:] or steps
+    facts: dict[str, Any] = {}
+    for field, fact in STREAM_FIGURES.items():
+        values = [float(s[field]) for s in measured if s.get(field) is not None]
+        if values:
+            facts[fact] = sum(values) / len(values)
+    stages = [s["stage_mem_bytes"] for s in measured if s.get("stage_mem_bytes")]
+    if stages:
+        per_stage = [max(col) for col in zip(*stages, strict=True)]
+        facts["stage_mem_gb"] = max(per_stage) / 2**30
+        facts["stage_mem_spread"] = max(per_stage) / max(min(per_stage), 1)
+    return facts
 
 
 def profile_facts(node: Node, context: SearchContext) -> dict[str, Any]:
@@ -92,12 +130,21 @@ def profile_facts(node: Node, context: SearchContext) -> dict[str, Any]:
         facts[part] = value
         if value is not None and s.mean_step_time_s > 0:
             facts[part.replace("_s", "_share")] = value / s.mean_step_time_s
+    if info.get("n_experts") is not None:
+        facts["n_experts"] = info["n_experts"]
+    stream = stream_facts(node)
+    facts.update(stream)
+    for fact in ("a2a_s", "a2a_max_s"):
+        if fact in stream and s.mean_step_time_s > 0:
+            facts[fact.replace("_s", "_share")] = stream[fact] / s.mean_step_time_s
     total = device_memory_bytes(facts["device"])
-    if s.peak_mem_bytes is not None:
-        facts["peak_mem_gb"] = s.peak_mem_bytes / 2**30
+    # a pipeline runs out of memory on its fullest stage, not necessarily rank 0's
+    peak = max(s.peak_mem_bytes or 0, int(stream.get("stage_mem_gb", 0) * 2**30)) or s.peak_mem_bytes
+    if peak is not None:
+        facts["peak_mem_gb"] = peak / 2**30
         if total:
             facts["mem_total_gb"] = total / 2**30
-            facts["mem_headroom"] = 1.0 - s.peak_mem_bytes / total
+            facts["mem_headroom"] = 1.0 - peak / total
     return facts
 
 

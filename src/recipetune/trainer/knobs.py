@@ -29,6 +29,9 @@ def reference_knobs() -> KnobSet:
         Knob("grad_clip", 1.0, SEMANTIC, low=0.0, high=1e6, help="0 turns clipping off"),
         Knob("ewa_decay", 0.0, SEMANTIC, low=0.0, high=1.0,
              help="exponential weight averaging; 0 = off, validation on the averaged weights otherwise"),
+        Knob("capacity_factor", 0.0, SEMANTIC, low=0.0, high=1024.0,
+             help="MoE: routing slots an expert takes per sequence, over its fair share T * top_k / n_experts; "
+                  "slots beyond it are dropped (changes learning); 0 = no limit"),
         # How fast the same maths runs.
         Knob("micro_batch_size", 16, SPEED, low=1, high=2**20, integer=True,
              help="sequences per forward/backward per process; accumulation makes up the global batch"),
@@ -48,14 +51,27 @@ def reference_knobs() -> KnobSet:
         Knob("dataloader_workers", 0, SPEED, low=0, high=64, integer=True),
         Knob("pin_memory", False, SPEED, choices=(False, True)),
         Knob("nproc", 1, SPEED, low=1, high=4096, integer=True,
-             help="processes (torchrun), split as dp_replicate * dp_shard * tp"),
-        # The parallel layout (trainer/layout.py, parallel.py): dp_replicate * dp_shard * tp == nproc.
+             help="processes (torchrun), split as pp * dp_replicate * dp_shard * cp * tp"),
+        # The parallel layout (trainer/layout.py, parallel.py): pp * dp_replicate * dp_shard * cp * tp == nproc.
         Knob("dp_shard", 1, SPEED, low=1, high=4096, integer=True,
              help="FSDP2 degree: parameters, gradients and optimizer state sharded over this many processes"),
         Knob("dp_replicate", 0, SPEED, low=0, high=4096, integer=True,
              help="replicated data parallelism (DDP; HSDP with dp_shard > 1); 0 = whatever nproc leaves"),
         Knob("tp", 1, SPEED, low=1, high=4096, integer=True,
              help="tensor-parallel degree over attention heads and MLP units; divides n_head and n_kv_head"),
+        Knob("pp", 1, SPEED, low=1, high=4096, integer=True,
+             help="pipeline-parallel degree (torch.distributed.pipelining): the blocks split into stages"),
+        Knob("pp_schedule", "1F1B", SPEED, choices=("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble",
+                                                    "ZBVZeroBubble"),
+             help="pipeline schedule; the interleaved and zero-bubble ones hold 2 stages per rank"),
+        Knob("pp_microbatches", 1, SPEED, low=1, high=4096, integer=True,
+             help="pipeline micro-batches each micro-batch is split into (at least pp; 1 without pp)"),
+        Knob("cp", 1, SPEED, low=1, high=4096, integer=True,
+             help="context-parallel degree: the sequence split over ranks, ring attention (dense models, CUDA)"),
+        Knob("ep", 1, SPEED, low=1, high=4096, integer=True,
+             help="expert-parallel degree (MoE): experts split over this many of the dp_shard ranks, all-to-all"),
+        Knob("expert_impl", "loop", SPEED, choices=("loop", "grouped"),
+             help="MoE experts: a Python loop of matmuls per expert, or batched matmuls over all experts"),
         Knob("sequence_parallel", False, SPEED, choices=(False, True),
              help="with tp > 1: norms and residual stream split over the sequence"),
         Knob("reshard_after_forward", True, SPEED, choices=(True, False),
@@ -83,12 +99,12 @@ def check_recipe(recipe: dict) -> list[str]:
 
     problems = []
     gbs, mbs, nproc = recipe["global_batch_size"], recipe["micro_batch_size"], recipe["nproc"]
-    model = PRESETS.get(recipe["model"])
-    layout_problems = check_layout(recipe, model and model.n_head, model and model.n_kv_head,
-                                   bool(model and model.n_experts))
-    # the batch is split over the data-parallel ranks (tp ranks share theirs)
-    dp = nproc if layout_problems else Layout.of(recipe).dp
-    by = f"nproc={nproc}" if dp == nproc else f"the data-parallel degree {dp} (nproc={nproc} / tp={recipe['tp']})"
+    layout_problems = check_layout(recipe, PRESETS.get(recipe["model"]))
+    # the batch is split over the data-parallel ranks (pp, cp and tp ranks share theirs)
+    layout = Layout.of(recipe)
+    dp = layout.dp if layout.world == nproc else nproc
+    shared = " * ".join(f"{k}={recipe[k]}" for k in ("pp", "cp", "tp") if recipe.get(k, 1) > 1)
+    by = f"nproc={nproc}" if dp == nproc else f"the data-parallel degree {dp} (nproc={nproc} / {shared})"
     if gbs % dp:
         problems.append(f"global_batch_size={gbs} is not divisible by {by}")
     elif (gbs // dp) % mbs:

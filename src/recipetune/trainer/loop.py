@@ -1,8 +1,8 @@
 """The training loop of the reference trainer, every knob applied for real.
 
-Runs alone (``python -m recipetune.trainer``) or under torchrun (DDP, FSDP2, tensor parallel). Writes one
-JSON line per step to ``metrics.jsonl`` and says how it ended in ``status.json``, because a
-launcher like torchrun folds every child failure into exit code 1.
+Runs alone (``python -m recipetune.trainer``) or under torchrun (DDP, FSDP2, tensor, expert, context and
+pipeline parallelism). Writes one JSON line per step to ``metrics.jsonl`` and says how it ended in
+``status.json``, because a launcher like torchrun folds every child failure into exit code 1.
 """
 
 from __future__ import annotations
@@ -32,10 +32,21 @@ from recipetune.trainer.data import (
     split_micro_batches,
 )
 from recipetune.trainer.ewa import EWA
-from recipetune.trainer.layout import Layout
+from recipetune.trainer.expert_parallel import A2ATimer
+from recipetune.trainer.layout import SCHEDULES, Layout
 from recipetune.trainer.model import Transformer, flops_per_token, get_model_config
 from recipetune.trainer.noise_scale import NoiseScaleTracker
-from recipetune.trainer.parallel import clip_grad_norm, gradient_sync, parallelize, reshard
+from recipetune.trainer.parallel import (
+    build_mesh,
+    clip_grad_norm,
+    context_parallel,
+    gradient_sync,
+    parallelize,
+    reshard,
+    scale_expert_grads,
+)
+from recipetune.trainer.pipeline import Pipeline, split, stage_ids
+from recipetune.trainer.profile import moe_figures, rank_figures
 
 EVAL_BATCH_SIZE = 8
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -155,22 +166,48 @@ def train(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     corpus = load_corpus(str(r["data"]))
-    cfg = dataclasses.replace(get_model_config(r["model"], vocab_size=corpus.vocab_size), max_seq_len=r["seq_len"])
-    if d.layout.sharded and (init_from or save_checkpoint):
-        raise KnobError("dp_shard" if d.layout.dp_shard > 1 else "tp",
-                        "checkpoints (--init-from, --save-checkpoint) are only written and read with "
-                        "dp_shard=1 and tp=1 (plain or DDP runs)")
-    # Same init on every rank: DDP broadcasts rank 0's weights, FSDP and TP keep each rank's share.
+    cfg = dataclasses.replace(get_model_config(r["model"], vocab_size=corpus.vocab_size), max_seq_len=r["seq_len"],
+                              capacity_factor=r["capacity_factor"])
+    layout = d.layout
+    if layout.sharded and (init_from or save_checkpoint):
+        knob = next(k for k in ("dp_shard", "tp", "pp", "cp", "ep") if getattr(layout, k) > 1)
+        raise KnobError(knob, "checkpoints (--init-from, --save-checkpoint) are only written and read with "
+                              "dp_shard=1, tp=1, pp=1, cp=1 and ep=1 (plain or DDP runs)")
+    # The batch is split over the data-parallel ranks; the pp, cp and tp ranks of one data-parallel rank
+    # share it (cp ranks each take a share of its sequences' tokens).
+    dp = layout.dp
+    per_rank = r["global_batch_size"] // dp
+    tokens_per_rank = per_rank * r["seq_len"]
+    tokens_here = tokens_per_rank // layout.cp  # what this rank's loss is normalised over
+    n_micro = per_rank // r["micro_batch_size"]
+
+    # Same init on every rank: DDP broadcasts rank 0's weights, FSDP, TP, EP and PP keep each rank's share.
     torch.manual_seed(r["seed"])
-    raw_model = Transformer(cfg, attention=r["attention"]).to(d.device)
+    raw_model = Transformer(cfg, attention=r["attention"], expert_impl=r["expert_impl"]).to(d.device)
+    n_params = raw_model.num_params()
     ckpt = torch.load(init_from, map_location=d.device, weights_only=False) if init_from else None
     if ckpt:
         raw_model.load_state_dict(ckpt["model"])
-    # float8, TP, AC, compile, then FSDP or DDP; `model` is what is called, `raw_model` owns the params
-    model = parallelize(raw_model, r, d.layout, d.device)
-    optimizer = make_optimizer(raw_model, r)
+    mesh = build_mesh(layout, d.device.type) if layout.sharded else None
+    a2a = A2ATimer()
+    pipe: Pipeline | None = None
+    if layout.pp > 1:
+        # the model cut into this rank's stages, each parallelized like a whole model (pipeline.py)
+        n_stages = layout.pp * SCHEDULES[r["pp_schedule"]]
+        stages = split(raw_model, stage_ids(r["pp_schedule"], layout.pp, layout.pp_rank(d.rank)), n_stages, per_rank)
+        del raw_model
+        for stage in stages:
+            parallelize(stage, r, layout, d.device, mesh, a2a)
+        pipe = Pipeline(stages, r, layout, mesh, d.device, d.rank, tokens_per_rank)
+        owner: torch.nn.Module = torch.nn.ModuleList(stages)
+        model = owner
+    else:
+        # float8, TP, EP, AC, compile, then FSDP or DDP; `model` is what is called, `owner` owns the params
+        owner = raw_model
+        model = parallelize(raw_model, r, layout, d.device, mesh, a2a)
+    optimizer = make_optimizer(owner, r)
     scaler = torch.amp.GradScaler(d.device.type, enabled=r["dtype"] == "fp16")
-    ewa = EWA(raw_model, r["ewa_decay"]) if r["ewa_decay"] > 0 else None
+    ewa = EWA(owner, r["ewa_decay"]) if r["ewa_decay"] > 0 else None
     noise = NoiseScaleTracker() if r["noise_scale"] else None
 
     start_step = 0
@@ -182,13 +219,11 @@ def train(
         start_step = ckpt["step"]
         for g in optimizer.param_groups:  # a branch may change these (CBS: scaled LR, new beta2)
             g["betas"] = (r["beta1"], r["beta2"])
-    params = [p for p in raw_model.parameters() if p.requires_grad]
+    params = [p for p in owner.parameters() if p.requires_grad]
+    parts: list[Transformer] = list(owner.children()) if pipe else [owner]  # type: ignore[list-item]
+    moe_layers = {i: m for part in parts for i, m in part.moe_layers().items()}
+    profiled = layout.pp > 1 or layout.ep > 1  # the per-rank figures are gathered each step
 
-    # The batch is split over the data-parallel ranks; the tp ranks of one data-parallel rank share it.
-    dp = d.layout.dp
-    per_rank = r["global_batch_size"] // dp
-    tokens_per_rank = per_rank * r["seq_len"]
-    n_micro = per_rank // r["micro_batch_size"]
     sampler = GlobalBatchSampler(len(corpus.train), r["seq_len"], r["global_batch_size"], r["seed"])
     loader = make_loader(
         StepBatches(corpus.train, sampler, d.dp_rank, dp, start_step, steps),
@@ -204,12 +239,15 @@ def train(
         device_name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
         (out_dir / "run.json").write_text(json.dumps({
             "n_devices": d.world,
-            "layout": d.layout.describe(),
+            "layout": layout.describe(),
+            "degrees": dataclasses.asdict(layout),
             "device": str(d.device),
             "device_name": device_name,
             "flops_per_token": flops_per_token(cfg, r["seq_len"]),
             "peak_flops_per_device": peak_flops(d.device.type, device_name, compute_dtype(r), torch.get_num_threads()),
-            "params": raw_model.num_params(),
+            "params": n_params,
+            "n_layer": cfg.n_layer,
+            "n_experts": cfg.n_experts,
             "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint, "vocab_size": corpus.vocab_size},
             "accumulation_steps": n_micro,
             "start_step": start_step,
@@ -225,10 +263,13 @@ def train(
         """Log the validation loss; True when the target is reached (agreed on by every rank)."""
         reached = torch.zeros((), device=d.device)
         t0 = time.perf_counter()
-        if d.main or d.layout.sharded:  # sharded parameters: every rank takes part in the forward
+        if d.main or layout.sharded:  # sharded parameters: every rank takes part in the forward
             with ewa.swapped_in() if ewa else nullcontext():
-                val = evaluate(raw_model, val_batches, d.device, autocast)
-                reshard(raw_model)  # FSDP keeps the root's gathered (here: averaged) weights otherwise
+                if pipe is not None:
+                    val = pipe.evaluate(val_batches, autocast)
+                else:
+                    val = evaluate(owner, val_batches, d.device, autocast)
+                reshard(owner)  # FSDP keeps the root's gathered (here: averaged) weights otherwise
         if d.main:
             # the time is what evaluating costs (eval_batches), for the overhead benchmark's split
             log({"step": step, "val_loss": val, "kind": "val", "val_time_s": time.perf_counter() - t0})
@@ -252,6 +293,8 @@ def train(
         lr = lr_at(step, r)
         for g in optimizer.param_groups:
             g["lr"] = lr
+        for moe in moe_layers.values():
+            moe.reset_stats()
         # With noise_scale across processes, every micro-batch runs without DDP's sync so each
         # rank's own gradient can be measured before the manual all-reduce below.
         manual_sync = noise is not None and d.world > 1
@@ -259,19 +302,27 @@ def train(
         micro_sq: list[float] = []
         previous: list[torch.Tensor] | None = None
         for i, (x, y) in enumerate(split_micro_batches(batch, r["micro_batch_size"])):
+            if pipe is not None:  # the schedule runs forward and backward of its pipeline micro-batches
+                loss_sum += pipe.step(x, y)
+                continue
+            if layout.cp > 1:  # context parallelism shards them in place: not the batch's own storage
+                x, y = x.clone(), y.clone()
             skip_sync = d.world > 1 and (manual_sync or i < n_micro - 1)
-            with gradient_sync(model, enabled=not skip_sync):
+            with gradient_sync(model, enabled=not skip_sync), context_parallel(mesh, owner, x, y):
                 with autocast:
                     logits, aux = model(x)
                 ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
                 # Normalised over the whole per-rank batch: any micro-batch split gives one update.
-                loss = ce / tokens_per_rank + aux * (x.shape[0] / per_rank)
+                loss = ce / tokens_here + aux * (x.shape[0] / per_rank)
                 scaler.scale(loss).backward()
             loss_sum += ce.detach()
             if noise is not None and d.world == 1 and n_micro > 1:
                 scale = scaler.get_scale() if scaler.is_enabled() else 1.0
                 micro_sq.append(grads_sq_norm(params, previous) * (n_micro / scale) ** 2)
                 previous = [p.grad.detach().float().clone() for p in params]
+        if pipe is not None:
+            pipe.sum_tied_grads()
+        scale_expert_grads(parts, layout.ep)
         sync(d.device)
         t_compute = time.perf_counter()
 
@@ -291,7 +342,8 @@ def train(
                 noise_value = noise.update(sum(micro_sq) / len(micro_sq), grads_sq_norm(params) / scale**2,
                                            r["micro_batch_size"], per_rank)
         scaler.unscale_(optimizer)
-        grad_norm = clip_grad_norm(params, r["grad_clip"] if r["grad_clip"] > 0 else math.inf)
+        grad_norm = clip_grad_norm(params, r["grad_clip"] if r["grad_clip"] > 0 else math.inf,
+                                   pipe.group if pipe else None, pipe.tied_copy() if pipe else frozenset())
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -300,12 +352,11 @@ def train(
         sync(d.device)
         t_end = time.perf_counter()
 
-        # Outside the timed region: the loss is averaged over ranks for the log only.
-        mean_loss = loss_sum / tokens_per_rank
+        # Outside the timed region: the loss over the global batch, for the log only. Every tp rank holds
+        # the whole loss of its tokens, the cp ranks a share each, and only the last pipeline stage any.
         if d.world > 1:
-            dist.all_reduce(mean_loss)
-            mean_loss /= d.world
-        loss_value = mean_loss.item()
+            dist.all_reduce(loss_sum)
+        loss_value = (loss_sum / (layout.tp * r["global_batch_size"] * r["seq_len"])).item()
         record = {
             "step": step + 1,
             "loss": loss_value,
@@ -322,6 +373,11 @@ def train(
         }
         if noise_value is not None:
             record["noise_scale"] = noise_value
+        if moe_layers:
+            record.update(moe_figures(moe_layers, cfg.n_layer, cfg.n_experts, d.device, d.world))
+        if profiled:
+            record.update(rank_figures(layout, d.device, a2a.take(), pipe.take_times() if pipe else (0.0, 0.0),
+                                       record["peak_mem_bytes"]))
         log(record)
         if not math.isfinite(loss_value):
             raise NonFiniteLoss(f"non-finite training loss at step {step + 1}")
@@ -333,7 +389,7 @@ def train(
         validate(start_step + steps)
     if save_checkpoint is not None and d.main:
         torch.save({
-            "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+            "model": owner.state_dict(), "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(), "ewa": ewa.state_dict() if ewa else None,
             "step": last_step, "recipe": r,
         }, save_checkpoint)

@@ -1,13 +1,15 @@
 """How the model is executed, kept apart from what it computes (torchtitan style).
 
-Each function takes a built Transformer and changes how it runs, in torchtitan's order: float8 linears,
-tensor parallelism (DTensor, over a DeviceMesh), activation checkpointing, torch.compile, then FSDP2
-(or HSDP) or DDP. ``parallelize`` applies them all from a recipe; the model never knows about meshes.
+Each function takes a built Transformer (or a pipeline stage of one: pipeline.py) and changes how it
+runs, in torchtitan's order: float8 linears, tensor parallelism (DTensor, over a DeviceMesh), expert
+parallelism (expert_parallel.py), activation checkpointing, torch.compile, then FSDP2 (or HSDP) or
+DDP. ``parallelize`` applies them all from a recipe; the model never knows about meshes. Context
+parallelism is applied per micro-batch (``context_parallel``), gradient clipping over every mesh here.
 """
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -27,6 +29,7 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from recipetune.trainer.expert_parallel import A2ATimer, ExpertParallel
 from recipetune.trainer.layout import Layout
 from recipetune.trainer.model import MoE, Transformer
 
@@ -70,10 +73,10 @@ def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
     """
     if mode not in AC_MODES:
         raise ValueError(f"activation checkpointing mode must be one of {AC_MODES}, got {mode!r}")
-    for i, layer in enumerate(model.layers):
+    for key, layer in list(model.layers.items()):
         block = layer.block if isinstance(layer, CheckpointedBlock) else layer
-        wrap = mode == "full" or (mode == "selective" and i % 2 == 0)
-        model.layers[i] = CheckpointedBlock(block) if wrap else block
+        wrap = mode == "full" or (mode == "selective" and int(key) % 2 == 0)
+        model.layers[key] = CheckpointedBlock(block) if wrap else block
 
 
 def apply_compile(model: Transformer, mode: str, compile_mode: str = "default") -> None:
@@ -92,7 +95,7 @@ def apply_compile(model: Transformer, mode: str, compile_mode: str = "default") 
     if mode == "model":
         model.compile(**options)
     elif mode == "regional":
-        for layer in model.layers:
+        for layer in model.layers.values():
             layer.compile(**options)
 
 
@@ -106,15 +109,13 @@ def wrap_ddp(
     device_ids = None
     if device.type == "cuda":
         device_ids = [device.index if device.index is not None else torch.cuda.current_device()]
-    # MoE experts run even on zero tokens (see MoE.forward), so every param gets a grad; this is a
-    # safety net against a hang should a future router skip experts, at the cost of a graph walk per step
-    moe = any(isinstance(m, MoE) for m in model.modules())
+    # every parameter gets a gradient every step: MoE experts are stacked tensors, used even by an
+    # expert that got no token (model.py), so DDP needs no graph walk for unused ones
     return DistributedDataParallel(
         model,
         device_ids=device_ids,
         bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=gradient_as_bucket_view,
-        find_unused_parameters=moe,
     )
 
 
@@ -123,10 +124,21 @@ def wrap_ddp(
 FSDP_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard_mod_ep", "ep", "cp", "tp")
+
+
 def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
-    """The world as a (dp_replicate, dp_shard, tp) mesh; tp varies fastest, so a TP group is one node."""
-    return init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.tp),
-                            mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    """The world as a (pp, dp_replicate, dp_shard, cp, tp) mesh, tp varying fastest (a TP group is one node).
+
+    dp_shard is itself (dp_shard_mod_ep, ep): expert parallelism borrows its ranks from FSDP's, as in
+    torchtitan. Flattened dimensions: "dp_shard" (dp_shard_mod_ep x ep) and "fsdp" (dp_shard x cp: the
+    ranks that hold different tokens of one data-parallel replica shard the parameters).
+    """
+    sizes = (layout.pp, layout.dp_replicate, layout.dp_shard // layout.ep, layout.ep, layout.cp, layout.tp)
+    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=MESH_DIMS)
+    mesh["dp_shard_mod_ep", "ep"]._flatten("dp_shard")
+    mesh["dp_shard_mod_ep", "ep", "cp"]._flatten("fsdp")
+    return mesh
 
 
 class ReplicateParallel(ParallelStyle):
@@ -155,15 +167,16 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
     """
     seq = Shard(1) if sequence_parallel else Replicate()
     norm = SequenceParallel() if sequence_parallel else ReplicateParallel()
-    tied = model.lm_head.weight is model.tok_emb.weight
-    parallelize_module(model, tp_mesh, {
+    tied = model.lm_head is not None and model.tok_emb is not None and model.lm_head.weight is model.tok_emb.weight
+    outer = {  # a pipeline stage holds only some of them
         "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
         "norm": norm,
         "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
-    })
+    }
+    parallelize_module(model, tp_mesh, {k: v for k, v in outer.items() if getattr(model, k) is not None})
     if tied:
         model.lm_head.weight = model.tok_emb.weight
-    for block in model.layers:
+    for block in model.layers.values():
         plan: dict[str, ParallelStyle] = {
             "attn_norm": norm,
             "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
@@ -179,15 +192,28 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         parallelize_module(block, tp_mesh, plan)
 
 
+def apply_ep(model: Transformer, ep_mesh: DeviceMesh, timer: A2ATimer) -> None:
+    """Expert parallelism: each MoE layer's experts sharded over ``ep_mesh`` (expert_parallel.py)."""
+    for moe in model.moe_layers().values():
+        parallelize_module(moe.experts, ep_mesh, ExpertParallel(timer))
+
+
 def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, param_dtype: str, reduce_dtype: str,
-               reshard_after_forward: bool) -> None:
+               reshard_after_forward: bool, experts_mesh: DeviceMesh | None = None) -> None:
     """FSDP2: each block is one all-gather / reduce-scatter group, the rest (embedding, head) the root's.
 
     A 2-D ``dp_mesh`` (dp_replicate, dp_shard) gives HSDP: sharded within a group, all-reduced across.
     The root keeps its parameters after forward (torchtitan): backward needs them first anyway.
+    With expert parallelism the experts are their own group on ``experts_mesh`` (the data-parallel
+    ranks that hold the same experts); ``scale_expert_grads`` finishes their gradient.
     """
     mp = MixedPrecisionPolicy(param_dtype=FSDP_DTYPES[param_dtype], reduce_dtype=FSDP_DTYPES[reduce_dtype])
-    for layer in model.layers:
+    for layer in model.layers.values():
+        if experts_mesh is not None:
+            for moe in layer.modules():
+                if isinstance(moe, MoE):
+                    fully_shard(moe.experts, mesh=experts_mesh, mp_policy=mp,
+                                reshard_after_forward=reshard_after_forward)
         fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
 
@@ -204,26 +230,66 @@ def apply_float8(model: Transformer, recipe_name: str) -> None:
                                module_filter_fn=eligible)
 
 
-def parallelize(model: Transformer, r: dict[str, Any], layout: Layout, device: torch.device) -> nn.Module:
-    """Apply every execution knob in torchtitan's order: float8, TP, AC, compile, FSDP or DDP.
+def parallelize(model: Transformer, r: dict[str, Any], layout: Layout, device: torch.device,
+                mesh: DeviceMesh | None = None, a2a: A2ATimer | None = None) -> nn.Module:
+    """Apply every execution knob in torchtitan's order: float8, TP, EP, AC, compile, FSDP or DDP.
 
     Returns the module to call in the training loop: ``model`` itself (changed in place), or a DDP
-    wrapper around it. Keep ``model`` for the optimizer, state_dict and evaluation.
+    wrapper around it. Keep ``model`` for the optimizer, state_dict and evaluation. ``mesh`` is
+    ``build_mesh``'s, for any sharded layout (FSDP, TP, EP, CP, PP); None runs plain or under DDP.
     """
     if r.get("float8", "none") != "none":
         apply_float8(model, r["float8"])
-    mesh = build_mesh(layout, device.type) if layout.sharded else None
     if mesh is not None and layout.tp > 1:
         apply_tp(model, mesh["tp"], bool(r.get("sequence_parallel", False)))
+    if mesh is not None and layout.ep > 1:
+        apply_ep(model, mesh["ep"], a2a or A2ATimer())
     apply_activation_checkpointing(model, r["activation_checkpointing"])
     apply_compile(model, r["compile"], r.get("compile_mode", "default"))
     if mesh is None:
         return wrap_ddp(model, device, r["ddp_bucket_cap_mb"], r["gradient_as_bucket_view"])
-    if layout.dp > 1:  # FSDP, or HSDP when replicated too (a shard group of 1 is plain replication)
-        dp_mesh = mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
+    if layout.dp * layout.cp > 1:  # FSDP, or HSDP when replicated too (a shard group of 1 is plain replication)
+        dp_mesh = mesh["dp_replicate", "fsdp"] if layout.dp_replicate > 1 else mesh["fsdp"]
+        experts_mesh = None
+        if layout.ep > 1:  # the ranks that hold the same experts
+            experts_mesh = (mesh["dp_replicate", "dp_shard_mod_ep"] if layout.dp_replicate > 1
+                            else mesh["dp_shard_mod_ep"])
         apply_fsdp(model, dp_mesh, r.get("fsdp_param_dtype", "fp32"), r.get("fsdp_reduce_dtype", "fp32"),
-                   bool(r.get("reshard_after_forward", True)))
+                   bool(r.get("reshard_after_forward", True)), experts_mesh)
     return model
+
+
+def context_parallel(mesh: DeviceMesh | None, model: Transformer, x: torch.Tensor,
+                     y: torch.Tensor) -> AbstractContextManager:
+    """Context parallelism for one micro-batch: the sequence of ``x``, ``y`` and the RoPE tables split
+    over the ``cp`` ranks (load-balanced for causal attention), attention as ring attention.
+
+    torch's context_parallel swaps the CUDA SDPA kernels (flash, efficient, cudnn) for ring attention;
+    the CPU kernel has no such rule in torch 2.13, which is why layout.py refuses cp > 1 on CPU.
+    """
+    if mesh is None or mesh["cp"].size() == 1:
+        return nullcontext()
+    from torch.distributed.tensor.experimental import context_parallel as cp_context
+
+    return cp_context(mesh["cp"], buffers=[x, y, model.rope_cos, model.rope_sin], buffer_seq_dims=[1, 1, 0, 0],
+                      no_restore_buffers={x, y})
+
+
+def scale_expert_grads(modules: list[Transformer], ep: int) -> None:
+    """Divide the experts' gradients by ``ep`` once they are reduced.
+
+    An expert's gradient on its rank already sums the tokens the whole ep group sent it, and FSDP
+    averages it over the ranks holding the same expert (dp / ep of them): the average over all dp
+    ranks that every other gradient gets is that divided by ep. (FSDP2's set_gradient_divide_factor
+    would do it inside the reduction, but its PREMUL_SUM does not exist on gloo.)
+    """
+    if ep == 1:
+        return
+    for model in modules:
+        for moe in model.moe_layers().values():
+            for p in moe.experts.parameters():
+                if p.grad is not None:
+                    p.grad.div_(ep)
 
 
 @contextmanager
@@ -251,12 +317,34 @@ def reshard(model: nn.Module) -> None:
             module.reshard()
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
-    """Clip by the global gradient norm, with DTensor gradients reduced over their mesh first."""
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()  # partial norms of sharded grads -> the norm of the whole gradient
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None = None,
+                   not_counted: frozenset[int] = frozenset()) -> float:
+    """Clip by the global gradient norm, DTensor gradients reduced over their meshes first.
+
+    Parameters on different meshes (the experts' under expert parallelism) are normed apart and
+    their squares summed; with pipeline parallelism each stage holds other parameters, so the
+    squares are summed over ``pp_group`` too. ``not_counted``: ids of parameters whose gradient
+    another one already counts (a tied embedding's copy on the last stage).
+    """
+    by_mesh: dict[Any, list[torch.Tensor]] = {}  # mesh (None: plain tensors) -> parameters
+    for p in params:
+        if p.grad is not None:
+            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    norms = []
+    for group in by_mesh.values():
+        counted = [p.grad for p in group if id(p) not in not_counted]
+        if counted:
+            norm = torch.nn.utils.get_total_norm(counted)
+            # partial norms of sharded grads -> the norm of the whole gradient
+            norms.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float())
+    if len(norms) == 1 and pp_group is None:
+        total = norms[0]
+    else:
+        total_sq = torch.stack(norms).square().sum() if norms else torch.zeros((), device=params[0].device)
+        if pp_group is not None:
+            dist.all_reduce(total_sq, group=pp_group)
+        total = total_sq.sqrt()
     if math.isfinite(max_norm):
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        for group in by_mesh.values():  # one call per mesh: a foreach op takes DTensors of one mesh
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
     return float(total)

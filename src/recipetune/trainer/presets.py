@@ -21,6 +21,7 @@ class ModelConfig:
     n_experts: int = 0  # 0 = dense MLP
     top_k: int = 2
     aux_loss_coef: float = 0.01
+    capacity_factor: float = 0.0  # routing slots per expert per sequence over the fair share; 0 = no limit
     tie_embeddings: bool = True
     init_std: float = 0.02
 
@@ -40,6 +41,9 @@ PRESETS: dict[str, ModelConfig] = {
     "nano": ModelConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=64, ffn_hidden=176, max_seq_len=128),
     # the CPU example model
     "tiny": ModelConfig(n_layer=4, n_head=4, n_kv_head=2, d_model=128, ffn_hidden=352, max_seq_len=256),
+    # the fastest MoE: nano with 4 top-2 experts (the expert-parallel tests)
+    "nano-moe": ModelConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=64, ffn_hidden=176, max_seq_len=128,
+                            n_experts=4, top_k=2),
     # small experts so 4 of them still fit under 1M params
     "tiny-moe": ModelConfig(
         n_layer=4, n_head=4, n_kv_head=2, d_model=128, ffn_hidden=96, max_seq_len=256, n_experts=4, top_k=2

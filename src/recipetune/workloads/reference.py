@@ -10,7 +10,7 @@ from recipetune.core.measure import RunResult
 from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import KnobSet, Recipe
 from recipetune.trainer.knobs import check_recipe, reference_knobs
-from recipetune.trainer.layout import LAYOUT_RELATION
+from recipetune.trainer.layout import RELATIONS
 from recipetune.workloads import warm
 from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, code_digest, count_lines
 
@@ -34,10 +34,11 @@ class ReferenceWorkload(Workload):
             Invariant("sample order", "seed"),
             Invariant("model", "model"),
             Invariant("data", "data"),
-            # data-parallel ranks x micro-batch x accumulation = global batch (tp ranks share a batch)
+            # data-parallel ranks x micro-batch x accumulation = global batch (pp, cp, tp ranks share a batch)
             Invariant("nproc x micro_batch_size x accumulation = global_batch_size",
-                      "global_batch_size % ((nproc + tp - 1) // tp * micro_batch_size) == 0", "holds"),
-            Invariant("parallel layout", LAYOUT_RELATION, kind="holds"),
+                      "global_batch_size % ((nproc + pp * cp * tp - 1) // (pp * cp * tp) * micro_batch_size) == 0",
+                      "holds"),
+            *(Invariant(name, relation, kind="holds") for name, relation in RELATIONS.items()),
         ]
 
     def check(self, recipe: Recipe) -> list[str]:
