@@ -3,9 +3,8 @@ claims and heartbeats in the store (SQLite here; PostgreSQL in test_distributed_
 
 from __future__ import annotations
 
-import time
-
 import pytest
+import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from recipetune.core.errors import ConfigError
@@ -86,17 +85,20 @@ def test_claims_let_one_driver_have_a_recipe(tmp_path):
 
 def test_a_trial_without_heartbeat_is_failed_and_its_recipe_released(tmp_path):
     """A driver on another host that stops beating: its trial does not stay RUNNING."""
-    store = CampaignStore(tmp_path / "c", heartbeat_s=2)
+    store = CampaignStore(tmp_path / "c", heartbeat_s=30)
     store.create({})
     r = BASE.with_(a=7)
     assert store.claim(r)
     n = store.begin(r, distributions_for(r), {"parent": BASE.id})
     trial_id = store._open[n]._trial_id
     store.storage.set_trial_user_attr(trial_id, "driver", "another-host:4242")  # not this host: only beats tell
-    live = CampaignStore(tmp_path / "c", heartbeat_s=2)
+    live = CampaignStore(tmp_path / "c", heartbeat_s=30)
     assert live.fail_interrupted(mine=False) == []  # its last beat is fresh
-    # the grace period (two beats, 4 s) passes without a beat; SQLite stamps beats to the whole second
-    time.sleep(5.5)
+    # ten minutes pass without a beat (the grace period is two beats, 60 s): the beat is made that old
+    # rather than waited for, so neither a slow machine nor SQLite's whole-second stamps decide
+    with store.storage.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, '-10 minutes') "
+                             "WHERE trial_id = :t"), {"t": trial_id})
     failed = live.fail_interrupted(mine=False)
     assert [f.number for f in failed] == [n]
     assert failed[0].state == "FAIL" and failed[0].status == "interrupted"

@@ -22,7 +22,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from test_distributed_ray import campaign_file, gone, guard, ran  # noqa: E402
-from test_search_campaign import Recorder  # noqa: E402
+from test_search_campaign import PATIENCE_S, Recorder  # noqa: E402
 
 from recipetune.config import load_campaign  # noqa: E402
 from recipetune.core.errors import ConfigError  # noqa: E402
@@ -45,7 +45,7 @@ def cluster():
     try:
         for _ in range(WORKERS):
             c.add_node(num_cpus=1)
-        c.wait_for_nodes()
+        c.wait_for_nodes(timeout=PATIENCE_S)  # Ray's default, 30 s, is not enough on a loaded machine
         yield c
     finally:
         ray.shutdown()
@@ -60,11 +60,12 @@ def attempts(run_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "attempts.jsonl").read_text().splitlines()]
 
 
-def remove_node_when_training(cluster: Cluster, trials: Path, killed: dict) -> threading.Thread:
-    """Remove (kill) the worker node running trial 0 once it is training."""
+def remove_node_when_training(cluster: Cluster, trials: Path, killed: dict, gate: Path) -> threading.Thread:
+    """Remove (kill) the worker node running trial 0 once it is training (held at ``gate`` after two
+    steps, so it is still running), then open the gate for its rerun."""
 
     def watch() -> None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + PATIENCE_S
         while time.monotonic() < deadline and not killed:
             for run_dir in sorted(trials.glob("0000-*")):
                 metrics = run_dir / "metrics.jsonl"
@@ -73,6 +74,7 @@ def remove_node_when_training(cluster: Cluster, trials: Path, killed: dict) -> t
                     node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
                     cluster.remove_node(node, allow_graceful=False)  # its raylet and workers SIGKILLed
                     killed.update(node_id=node_id, run_dir=str(run_dir))
+                    gate.touch()
                     return
             time.sleep(0.02)  # polling for the run to start, not standing in for work
 
@@ -82,14 +84,15 @@ def remove_node_when_training(cluster: Cluster, trials: Path, killed: dict) -> t
 
 
 def test_trials_spread_over_nodes_and_a_node_killed_mid_trial_reruns_elsewhere(cluster, tmp_path):
-    # parallel 2, one CPU a trial. Each step takes 0.4 s so that the kill, which comes two steps in,
-    # lands seconds before the run would end: with 0.15 s a loaded CI machine once let trial 0 finish on
-    # the node before the node was gone, and there was no second attempt to check.
-    camp = load_campaign(campaign_file(tmp_path, budget=4, delay=0.4))
+    # parallel 2, one CPU a trial. The trials' runs wait at a gate after two steps until the node is
+    # gone: with slow steps instead, a loaded CI machine once let trial 0 finish on the node before the
+    # node was gone, and there was no second attempt to check.
+    gate = tmp_path / "gate"
+    camp = load_campaign(campaign_file(tmp_path, budget=4, gate=gate))
     p = plan(camp, tmp_path / "out")
     executor = RayExecutor(camp.config.execute, 1, camp.path, shared=[p.store.folder, camp.path])
     killed: dict = {}
-    killer = remove_node_when_training(cluster, p.store.folder / "trials", killed)
+    killer = remove_node_when_training(cluster, p.store.folder / "trials", killed, gate)
     try:
         outcome = campaign_mod.run(p, guard=guard(), executor=executor, reporter=Recorder())
     finally:
@@ -123,7 +126,7 @@ def test_a_node_that_does_not_see_the_campaign_folder_is_refused_before_anything
     node = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + PATIENCE_S
         while sum(n["Alive"] for n in ray.nodes()) <= before:
             assert node.poll() is None and time.monotonic() < deadline, node.stderr.read().decode()[-2000:]
             time.sleep(0.1)  # polling for the node to join
@@ -136,7 +139,7 @@ def test_a_node_that_does_not_see_the_campaign_folder_is_refused_before_anything
         assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".recipetune-shared-check-*"))
     finally:
         os.killpg(node.pid, signal.SIGTERM)  # `ray start --block` stops its node on SIGTERM
-        node.wait(timeout=60)
+        node.wait(timeout=PATIENCE_S)
         deadline = time.monotonic() + 60
         while sum(n["Alive"] for n in ray.nodes()) > before and time.monotonic() < deadline:
             time.sleep(0.1)  # the cluster notices the node left

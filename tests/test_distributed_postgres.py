@@ -10,16 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from postgres_server import PostgresServer, binaries  # noqa: E402
-from test_search_campaign import write_campaign_file  # noqa: E402
-
-from recipetune.engine.store import CampaignStore  # noqa: E402
+from test_search_campaign import PATIENCE_S, records, wait_for, write_campaign_file  # noqa: E402
 
 pytest.importorskip("psycopg")
 DRIVER = str(Path(__file__).resolve().parent / "test_search_campaign.py")  # `recipetune tune` with the fakes
@@ -35,27 +32,13 @@ def server():
     pg.stop()
 
 
-def tune(f: Path, out: Path, url: str, *extra: str, delay: float = 0.0) -> subprocess.Popen:
-    env = {**os.environ, "FAKE_STEP_DELAY": str(delay)}
+def tune(f: Path, out: Path, url: str, *extra: str, delay: float = 0.0, gate: Path | None = None,
+         held_from: int = 0) -> subprocess.Popen:
+    """`recipetune tune` on the fakes; with ``gate``, trials from ``held_from`` on wait until it exists."""
+    env = {**os.environ, "FAKE_STEP_DELAY": str(delay),
+           **({"FAKE_GATE": str(gate), "FAKE_GATE_FROM": str(held_from)} if gate else {})}
     return subprocess.Popen([sys.executable, DRIVER, "tune", str(f), f"search.storage={url}", "--out", str(out),
                              *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{what}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-        time.sleep(0.05)  # polling the study, not standing in for work
-
-
-def records(out: Path, url: str) -> list:
-    store = CampaignStore(out, url)
-    try:
-        return store.records() if store.exists() else []
-    finally:
-        store.storage.engine.dispose()
 
 
 def finished(recs: list) -> list:
@@ -65,9 +48,8 @@ def finished(recs: list) -> list:
 def test_killed_campaign_resumes_with_every_trial_once(server, tmp_path):
     url = server.create_database("resume")
     f, out = write_campaign_file(tmp_path, budget=2), tmp_path / "campaign"
-    proc = tune(f, out, url, delay=0.25)
-    trials = out / "trials"
-    wait_for(lambda: any(m.read_text().count("\n") >= 1 for m in trials.glob("0001-*/metrics.jsonl")), proc,
+    proc = tune(f, out, url, gate=tmp_path / "gate", held_from=1)  # trial 1 is running when the kill comes
+    wait_for(lambda: any(r.number == 1 and "run_dir" in r.attrs for r in records(out, url)), proc,
              "trial 1 never started")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -76,7 +58,7 @@ def test_killed_campaign_resumes_with_every_trial_once(server, tmp_path):
     assert not (out / "study.db").exists()  # the study lives in PostgreSQL
 
     res = subprocess.run([sys.executable, DRIVER, "tune", str(f), f"search.storage={url}", "--out", str(out),
-                          "--resume"], capture_output=True, text=True, timeout=120)
+                          "--resume"], capture_output=True, text=True, timeout=PATIENCE_S)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     recs = records(out, url)
     ids = [r.attrs["recipe_id"] for r in finished(recs)]
@@ -90,17 +72,22 @@ def test_killed_campaign_resumes_with_every_trial_once(server, tmp_path):
 def test_two_drivers_on_one_study(server, tmp_path):
     url = server.create_database("team")
     f, out = write_campaign_file(tmp_path, budget=6), tmp_path / "campaign"
-    first = tune(f, out, url, delay=0.4)
+    # Every trial waits at a gate until the second driver holds one: on a loaded machine the first
+    # driver could otherwise spend the whole budget before the second has imported torch.
+    gate = tmp_path / "gate"
+    first = tune(f, out, url, delay=0.4, gate=gate)
     wait_for(lambda: (out / "baseline_profile.json").exists(), first, "the first driver did not start")
-    second = tune(f, out, url, "--resume", delay=0.4)  # a teammate joins the same study
+    second = tune(f, out, url, "--resume", delay=0.4, gate=gate)  # a teammate joins the same study
     pid = str(second.pid)
     wait_for(lambda: any(r.attrs.get("driver", "").endswith(f":{pid}") for r in records(out, url)), second,
              "the second driver opened no trial")
     running = [r.number for r in records(out, url) if r.state == "RUNNING" and
                r.attrs.get("driver", "").endswith(f":{first.pid}")]
-    first.send_signal(signal.SIGKILL)  # the first driver dies, maybe mid-trial
+    assert running  # the first driver's trial waits at the gate: it dies mid-trial
+    first.send_signal(signal.SIGKILL)
     first.wait()
-    assert second.wait(timeout=120) == 0, second.stderr.read().decode()[-3000:]
+    gate.touch()
+    assert second.wait(timeout=PATIENCE_S) == 0, second.stderr.read().decode()[-3000:]
 
     recs = records(out, url)
     ran = [r for r in finished(recs) if r.attrs.get("ran")]
@@ -108,6 +95,6 @@ def test_two_drivers_on_one_study(server, tmp_path):
     assert len(ids) == len(set(ids)) >= 6  # no recipe ran twice; the shared budget was spent
     assert {r.attrs["driver"].rsplit(":", 1)[1] for r in ran} >= {pid}
     assert all(r.state in ("COMPLETE", "FAIL") for r in recs)  # nothing stuck RUNNING
-    for number in running:
-        if recs[number].status not in ("passed", "rejected", "failed"):  # it had not finished when killed
-            assert recs[number].status == "interrupted" and "interrupted" in recs[number].attrs["cause"]
+    for r in recs:
+        if r.number in running:  # the dead driver's trial, failed by the other as interrupted
+            assert r.status == "interrupted" and "interrupted" in r.attrs["cause"]

@@ -19,7 +19,7 @@ import yaml
 
 ray = pytest.importorskip("ray")
 
-from test_search_campaign import Recorder, fake_guard  # noqa: E402
+from test_search_campaign import PATIENCE_S, Recorder, fake_guard  # noqa: E402
 
 from recipetune.config import load_campaign  # noqa: E402
 from recipetune.core.errors import ConfigError  # noqa: E402
@@ -51,17 +51,18 @@ def cluster():
             os.environ["PYTHONPATH"] = old
 
 
-def campaign_file(tmp_path: Path, budget: int, delay: float = 0.0) -> Path:
+def campaign_file(tmp_path: Path, budget: int, gate: Path | None = None) -> Path:
+    """The campaign; with ``gate``, its trials' runs wait after their second step until it exists."""
     f = tmp_path / "ray-campaign.yaml"
     f.write_text(yaml.safe_dump({
         "workload": {
             "kind": "command",
             "argv": ["{python}", str(FAKE), "--micro-batch", "{micro_batch}", "--grad-accum", "{grad_accum}",
-                     "--iters", "{steps}", "--out", "{out_dir}", "--step-delay", str(delay)],
+                     "--iters", "{steps}", "--out", "{out_dir}", *(["--gate", str(gate)] if gate else [])],
             "knobs": {"micro_batch": {"default": 2, "choices": [1, 2, 4, 8, 16]},
                       "grad_accum": {"default": 8, "choices": [1, 2, 4, 8, 16]}},
         },
-        "run": {"steps": 8, "timeout_s": 60},
+        "run": {"steps": 8, "timeout_s": PATIENCE_S},
         "guard": {"parity": {"steps": 8}},
         "search": {"knobs": {"micro_batch": [1, 2, 4, 8, 16], "grad_accum": [1, 2, 4, 8, 16]},
                    "proposer": "random", "children": 2, "steps_per_trial": 8, "budget": {"trials": budget},
@@ -122,11 +123,12 @@ def test_campaign_runs_two_trials_at_once_each_on_its_own_placement(cluster, tmp
         pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())  # every placement freed
 
 
-def kill_when_training(run_dirs, killed: dict) -> threading.Thread:
-    """SIGKILL the Ray worker of the first run (of ``run_dirs()``) seen training."""
+def kill_when_training(run_dirs, killed: dict, gate: Path) -> threading.Thread:
+    """SIGKILL the Ray worker of the first run (of ``run_dirs()``) seen training (held at ``gate``
+    after two steps, so it is still running), then open the gate for its retry."""
 
     def watch() -> None:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + PATIENCE_S
         while time.monotonic() < deadline and not killed:
             for run_dir in run_dirs():
                 metrics = run_dir / "metrics.jsonl"
@@ -134,6 +136,7 @@ def kill_when_training(run_dirs, killed: dict) -> threading.Thread:
                     attempt = json.loads((run_dir / "attempts.jsonl").read_text().splitlines()[0])
                     os.kill(attempt["pid"], signal.SIGKILL)
                     killed.update(attempt, run_dir=str(run_dir))
+                    gate.touch()
                     return
             time.sleep(0.02)  # polling for the run to start, not standing in for work
 
@@ -143,10 +146,11 @@ def kill_when_training(run_dirs, killed: dict) -> threading.Thread:
 
 
 def test_a_killed_worker_takes_its_trial_which_is_retried_and_the_campaign_goes_on(cluster, tmp_path):
-    camp = load_campaign(campaign_file(tmp_path, budget=2, delay=0.15))
+    gate = tmp_path / "gate"
+    camp = load_campaign(campaign_file(tmp_path, budget=2, gate=gate))
     p = plan(camp, tmp_path / "out")
     killed: dict = {}
-    killer = kill_when_training(lambda: sorted((p.store.folder / "trials").glob("0000-*")), killed)
+    killer = kill_when_training(lambda: sorted((p.store.folder / "trials").glob("0000-*")), killed, gate)
     outcome = campaign_mod.run(p, guard=guard(), executor=RayExecutor(camp.config.execute, 1, camp.path),
                                reporter=Recorder())
     killer.join()
@@ -164,20 +168,21 @@ def test_a_killed_worker_takes_its_trial_which_is_retried_and_the_campaign_goes_
 
 
 def test_without_retries_a_killed_run_is_lost_with_its_cause(cluster, tmp_path):
-    camp = load_campaign(campaign_file(tmp_path, budget=1, delay=0.15), ["execute.retries=0"])
+    gate = tmp_path / "gate"
+    camp = load_campaign(campaign_file(tmp_path, budget=1, gate=gate), ["execute.retries=0"])
     executor = RayExecutor(camp.config.execute, 1, camp.path)
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "trials" / "run"  # a trial's run: held at the gate
     killed: dict = {}
-    killer = kill_when_training(lambda: [run_dir], killed)
-    future = executor.submit(camp.workload, camp.baseline, 8, run_dir, 60)
+    killer = kill_when_training(lambda: [run_dir], killed, gate)
+    future = executor.submit(camp.workload, camp.baseline, 8, run_dir, None)
     with pytest.raises(TrialLost, match=r"after 1 attempt\(s\)") as lost:
-        future.result(timeout=90)
+        future.result(timeout=PATIENCE_S)
     killer.join()
     assert killed and "WorkerCrashedError" in str(lost.value), lost.value
     assert gone(str(run_dir))  # the trainer died with its worker
 
 
-def gone(run_dir: str, timeout: float = 10.0) -> bool:
+def gone(run_dir: str, timeout: float = PATIENCE_S) -> bool:
     """Whether no process runs in ``run_dir`` (the kill signal takes a moment to land)."""
     deadline = time.monotonic() + timeout
     while running_in(run_dir):
@@ -236,9 +241,9 @@ def test_a_node_gone_between_listing_and_probe_is_skipped_but_a_live_one_that_fa
 
     monkeypatch.setattr(ray_mod.ray, "nodes", lambda: [*real(), phantom])
     monkeypatch.setattr(ray_mod, "_alive", lambda node_id: False)  # it left: the re-listing no longer has it
-    ray_mod.check_shared([f, tmp_path / "out"], f, timeout_s=60)  # the live node sees everything: passes
+    ray_mod.check_shared([f, tmp_path / "out"], f, timeout_s=PATIENCE_S)  # the live node sees everything: passes
     assert not list(tmp_path.glob(".recipetune-shared-check-*"))
 
     monkeypatch.setattr(ray_mod, "_alive", lambda node_id: True)  # still listed alive: not skipped
     with pytest.raises(ray.exceptions.TaskUnschedulableError):
-        ray_mod.check_shared([f], f, timeout_s=60)
+        ray_mod.check_shared([f], f, timeout_s=PATIENCE_S)

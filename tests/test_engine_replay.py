@@ -42,6 +42,30 @@ def test_the_same_campaign_on_the_same_seed_gives_the_same_tree_as_before(i, tmp
     assert trees(before, tmp_path) == before
 
 
+def test_a_replay_hangs_neither_on_rounding_nor_on_the_clock(tmp_path, monkeypatch):
+    """Another CPU rounds numpy's log and sums in their last bits otherwise, and a busy machine makes
+    the loop's clock jump: neither may change the tree. A few ulps of noise on TPE's log-densities
+    changed this tree from its sixth trial before TPE's ties were settled (engine/samplers.py:
+    StableTPE); here the clock also jumps 10 s at every reading, so the loop syncs the study at
+    every turn."""
+    import time
+    from types import SimpleNamespace
+
+    import numpy as np
+    from optuna.samplers._tpe.parzen_estimator import _ParzenEstimator
+
+    from recipetune.engine import loop
+
+    ulps = np.random.default_rng(0)
+    log_pdf = _ParzenEstimator.log_pdf
+    monkeypatch.setattr(_ParzenEstimator, "log_pdf", lambda self, samples: log_pdf(self, samples) * (
+        1 + ulps.integers(-4, 5, size=len(next(iter(samples.values())))) * np.finfo(float).eps))
+    clock = iter(range(0, 10**9, 10))
+    monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: float(next(clock)), sleep=time.sleep))
+    before = next(r for r in BEFORE if r["strategy"] == "tpe" and r["seed"] == 1)
+    assert trees(before, tmp_path) == before
+
+
 def test_a_table_from_an_older_knob_set_is_brought_up_to_date_with_a_note():
     table = Table.load(ROOT / "benchmarks" / "table-reference.json")  # measured before tp, dp_* existed
     workload = table.make_workload()

@@ -21,13 +21,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from postgres_server import PostgresServer, binaries  # noqa: E402
-from test_search_campaign import write_campaign_file  # noqa: E402
+from test_search_campaign import PATIENCE_S, records, wait_for, write_campaign_file  # noqa: E402
 
+from recipetune.engine import store as store_mod  # noqa: E402
 from recipetune.engine.store import CampaignStore, StoreUnavailable  # noqa: E402
 
 DRIVER = str(Path(__file__).resolve().parent / "test_search_campaign.py")  # `recipetune tune` with the fakes
@@ -45,28 +47,13 @@ def server():
     pg.stop()
 
 
-def tune(f: Path, out: Path, *extra: str, delay: float = 0.0, gate: Path | None = None,
+def tune(f: Path, out: Path, *extra: str, delay: float = 0.0, gate: Path | None = None, held_from: int = 0,
          **popen) -> subprocess.Popen:
-    env = {**os.environ, "FAKE_STEP_DELAY": str(delay), **({"FAKE_GATE": str(gate)} if gate else {})}
+    """`recipetune tune` on the fakes; with ``gate``, trials from ``held_from`` on wait until it exists."""
+    env = {**os.environ, "FAKE_STEP_DELAY": str(delay),
+           **({"FAKE_GATE": str(gate), "FAKE_GATE_FROM": str(held_from)} if gate else {})}
     return subprocess.Popen([sys.executable, DRIVER, "tune", str(f), "--out", str(out), *extra], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **popen)
-
-
-def wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{what}: {proc.stderr.read().decode()[-3000:] if proc.stderr else ''}")
-        time.sleep(0.05)  # polling the campaign folder, not standing in for work
-
-
-def records(out: Path, url: str | None = None) -> list:
-    store = CampaignStore(out, url)
-    try:
-        return store.records() if store.exists() else []
-    finally:
-        store.storage.engine.dispose()
 
 
 def lines(path: Path) -> int:
@@ -93,15 +80,18 @@ def assert_each_recipe_ran_once(recs: list, budget: int) -> list:
 def test_postgres_restarted_mid_trial_the_driver_reconnects_and_loses_nothing(server, tmp_path):
     url = server.create_database("restart")
     f, out = write_campaign_file(tmp_path, budget=4), tmp_path / "campaign"
-    proc = tune(f, out, f"search.storage={url}", delay=0.25)  # a trial takes ~1 s
-    wait_for(lambda: trial_lines(out, 1) >= 1, proc, "trial 1 never started")
+    gate = tmp_path / "gate"  # trial 1 waits there until the server is down, however slow the machine
+    proc = tune(f, out, f"search.storage={url}", delay=0.25, gate=gate, held_from=1)
+    wait_for(lambda: any(r.number == 1 and "run_dir" in r.attrs for r in records(out, url)), proc,
+             "trial 1 never started")
     server.halt()  # every connection of the driver is cut while trial 1 runs
     try:
+        gate.touch()
         # Trial 1 runs to its end without the database; the driver then needs it to close the trial.
         wait_for(lambda: trial_lines(out, 1) >= 4, proc, "trial 1 did not finish while the database was down")
     finally:
         server.boot()  # the same server, data and port: a restart
-    assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-3000:]
+    assert proc.wait(timeout=PATIENCE_S) == 0, proc.stderr.read().decode()[-3000:]
     assert "unreachable; retrying" in proc.stderr.read().decode()
 
     recs = records(out, url)
@@ -117,11 +107,16 @@ def test_database_down_past_the_bound_stops_the_driver_resumably(server, tmp_pat
     store.create({})
     store.storage.engine.dispose()
     server.halt()
+    # The store's clock advances only by its own backoff sleeps, so the bound is checked on what the
+    # store waited, not on how fast a loaded machine answers a refused connection.
+    clock = [0.0]
+    waited = lambda s: clock.__setitem__(0, clock[0] + s)  # noqa: E731
     try:
-        start = time.monotonic()
-        with pytest.raises(StoreUnavailable, match=r"did not answer for 1s \(execute.db_retry_s\)") as e:
-            store.records()
-        assert time.monotonic() - start < 30  # bounded (the backoff caps at 5 s a try)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(store_mod, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=waited))
+            with pytest.raises(StoreUnavailable, match=r"did not answer for 1s \(execute.db_retry_s\)") as e:
+                store.records()
+        assert 0 < clock[0] <= 1.0  # it waited, and not past the bound
         assert f"postgres@127.0.0.1:{server.port}/outage" in str(e.value)  # which database, named
     finally:
         server.boot()
@@ -139,9 +134,9 @@ def test_two_drivers_on_one_study_never_exceed_the_shared_budget(server, tmp_pat
     wait_for(lambda: (out / "baseline_profile.json").exists(), first, "the first driver did not start")
     second = tune(f, out, f"search.storage={url}", "--resume", delay=0.3, gate=gate)
     wait_for(lambda: len({r.attrs.get("driver") for r in records(out, url) if r.status == "running"}) == 2,
-             second, "the two drivers never had a trial running each", timeout=120)
+             second, "the two drivers never had a trial running each")
     gate.touch()
-    codes = [first.wait(timeout=120), second.wait(timeout=120)]
+    codes = [first.wait(timeout=PATIENCE_S), second.wait(timeout=PATIENCE_S)]
     assert codes == [0, 0], first.stderr.read().decode()[-2000:] + second.stderr.read().decode()[-2000:]
     recs = records(out, url)
     ran = assert_each_recipe_ran_once(recs, budget)  # together, exactly the budget: not one run more
@@ -191,7 +186,7 @@ def test_twenty_random_kill_9_then_resume_keeps_every_finished_trial_once(tmp_pa
         kept = now
     assert kills == 20, f"the campaign finished after {kills} kills: {proc.returncode}"
     res = subprocess.run([sys.executable, DRIVER, "tune", str(f), "--out", str(out), "--resume"],
-                         capture_output=True, text=True, timeout=180)
+                         capture_output=True, text=True, timeout=PATIENCE_S)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     recs = records(out)
     assert_each_recipe_ran_once(recs, budget)
@@ -231,7 +226,7 @@ def test_disk_full_stops_with_a_clear_error_nothing_half_written_and_resume_work
                 b.flush()
         except OSError:
             pass
-    code = proc.wait(timeout=120)
+    code = proc.wait(timeout=PATIENCE_S)
     err = " ".join(proc.stderr.read().decode().split())
     assert code == 1, err[-3000:]
     assert f"no space left on the device of the campaign folder {out}" in err, err[-3000:]
@@ -240,7 +235,7 @@ def test_disk_full_stops_with_a_clear_error_nothing_half_written_and_resume_work
 
     ballast.unlink()  # space freed
     res = subprocess.run([sys.executable, DRIVER, "tune", str(f), "--out", str(out), "--resume"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=PATIENCE_S)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert_each_recipe_ran_once(records(out), budget)
     assert json.loads((out / "verdict.json").read_text())["decision"] in ("APPROVED", "KEEP BASELINE")

@@ -24,7 +24,7 @@ STEPS = 40
 SETTINGS = GuardConfig.model_validate({
     "parity": {"steps": STEPS, "seeds": 2, "window": 10},
     "speed": {"pairs": 2, "steps": 8},
-    "timeout_s": 600,
+    "timeout_s": 3600,  # a guard against a hung run, not a budget: bf16 is ~30x slower here, more on a busy machine
 })
 WORKLOAD = FaultyWorkload()
 # 4 micro-batches of 4: the equivalent split is 1 x 16, the dropped gradient is the last micro-batch.

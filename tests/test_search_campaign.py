@@ -55,6 +55,30 @@ with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         f.flush()
 """
 IMPL_FACTOR = {"a": 1.0, "b": 1.25, "c": 0.8}
+# A wait on another process (a driver to start, a trial to open, a gate to open) ends when what it
+# waits for happens; this bound only stops a test whose process hung, so it is generous: a loaded
+# machine is slow, not hung, and no test's outcome depends on it.
+PATIENCE_S = 300.0
+
+
+def wait_for(condition: Any, proc: subprocess.Popen, what: str, timeout: float = PATIENCE_S) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` (with ``proc``'s stderr) if ``proc``
+    ends first or it hangs past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{what}: {proc.stderr.read().decode()[-3000:] if proc.stderr else ''}")
+        time.sleep(0.05)  # polling the campaign, not standing in for work
+
+
+def records(out: Path, url: str | None = None) -> list:
+    """The campaign's trials in its study (none before the study exists), read without keeping it open."""
+    store = CampaignStore(out, url)
+    try:
+        return store.records() if store.exists() else []
+    finally:
+        store.storage.engine.dispose()
 
 
 class FakeWorkload(Workload):
@@ -76,12 +100,20 @@ class FakeWorkload(Workload):
 
     def run(self, recipe, steps, out_dir, timeout_s=None, progress=None) -> RunResult:  # type: ignore[override]
         out_dir.mkdir(parents=True, exist_ok=True)
-        gate = os.environ.get("FAKE_GATE")  # a test holds every trial but the baseline's until it opens
-        deadline = time.monotonic() + 120
+        # A test holds every trial but the baseline's (or those from trial FAKE_GATE_FROM on: a run
+        # folder is NNNN-<recipe id>) at a gate until it opens: the order of two processes is then
+        # the test's, not the machine's load.
+        gate, held_from = os.environ.get("FAKE_GATE"), int(os.environ.get("FAKE_GATE_FROM", "0"))
+        number = out_dir.name.split("-", 1)[0]
         baseline = all(recipe[k] == v for k, v in BASELINE.items())
-        while gate and not baseline and not Path(gate).exists() and time.monotonic() < deadline:
+        held = not baseline and (not number.isdigit() or int(number) >= held_from)
+        deadline = time.monotonic() + PATIENCE_S
+        while gate and held and not Path(gate).exists() and time.monotonic() < deadline:
             time.sleep(0.05)  # waiting on the test, not standing in for work
-        outcome = run_process(self.command(recipe, steps, out_dir), log_dir=out_dir, timeout_s=timeout_s)
+        # Only a hanging run needs the campaign's timeout (a tiny one in the tests that hang): one that
+        # ends by itself is never cut, so a loaded machine cannot turn a slow run into a "timeout".
+        outcome = run_process(self.command(recipe, steps, out_dir), log_dir=out_dir,
+                              timeout_s=timeout_s if recipe["mode"] == "hang" else None)
         return build_result(recipe, outcome, out_dir, steps, out_dir / "metrics.jsonl",
                             {"environment": {"python": sys.version.split()[0]}})
 
@@ -477,18 +509,10 @@ def test_kill_9_mid_trial_then_resume(tmp_path):
     f = write_campaign_file(tmp_path, budget=5)
     out = tmp_path / "campaign"
     cmd = [sys.executable, __file__, "tune", str(f), "--out", str(out)]
-    env = {**os.environ, "FAKE_STEP_DELAY": "0.25"}  # a trial takes ~1 s: long enough to be caught running
+    # the third trial waits at a gate that never opens: it is running when the kill comes, however slow the machine
+    env = {**os.environ, "FAKE_GATE": str(tmp_path / "gate"), "FAKE_GATE_FROM": "2"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    trials = out / "trials"
-    deadline = time.monotonic() + 60
-    victim = None
-    while time.monotonic() < deadline and proc.poll() is None:
-        running = sorted(trials.glob("0002-*/metrics.jsonl")) if trials.exists() else []
-        if running and running[0].read_text().count("\n") >= 1:
-            victim = running[0].parent
-            break
-        time.sleep(0.02)  # polling for the third trial to start, not standing in for work
-    assert victim is not None, proc.stderr.read().decode() if proc.poll() is not None else "trial 2 never started"
+    wait_for(lambda: any(r.number == 2 and "run_dir" in r.attrs for r in records(out)), proc, "trial 2 never started")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
@@ -496,7 +520,7 @@ def test_kill_9_mid_trial_then_resume(tmp_path):
     before = {r.number: r.attrs["recipe_id"] for r in finished(store)}
     assert len(before) == 2 and [r.state for r in store.records()][2] == "RUNNING"
 
-    res = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=120)  # no delay needed now
+    res = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=PATIENCE_S)  # no gate now
     assert res.returncode == 0, res.stdout + res.stderr
     store = CampaignStore(out)
     recs = finished(store)

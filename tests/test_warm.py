@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ from recipetune.trainer import data
 from recipetune.workloads.reference import ReferenceWorkload
 from recipetune.workloads.warm import Launcher
 
+# A wait on another process ends when what it waits for happens; this bound only stops a hung test.
+PATIENCE_S = 300.0
 W = ReferenceWorkload()
 RECIPE = W.resolve({"model": "nano", "seq_len": 32, "global_batch_size": 4, "micro_batch_size": 2,
                     "device": "cpu", "num_threads": 1, "eval_batches": 1})
@@ -51,24 +54,50 @@ def test_warm_run_timeout_and_invalid_recipe(warm, tmp_path):
     assert W.run(RECIPE, 2, tmp_path / "after", timeout_s=120).ok  # the launcher survived both
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            if f"\nPPid:\t{pid}\n" in status.read_text():
+                out.append(int(status.parent.name))
+    return out
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    with contextlib.suppress(OSError):
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    return False
+
+
 def test_launcher_kills_its_run_when_the_driver_dies(tmp_path):
     # A driver killed with SIGKILL must not leave a trainer running (it would skew the next measurement).
+    # The run is far longer than any wait here: only the launcher's kill can end it.
     code = (f"import os, sys; os.environ['RECIPETUNE_WARM_START'] = '1'; from pathlib import Path; "
             f"from recipetune.workloads.warm import Launcher; from tests.test_warm import W, RECIPE; "
-            f"W.run(RECIPE, 100_000, Path({str(tmp_path / 'run')!r}), timeout_s=600)")
+            f"W.run(RECIPE, 10**9, Path({str(tmp_path / 'run')!r}), timeout_s=None)")
     driver = subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.pathsep
                               .join([os.environ.get("PYTHONPATH", ""), os.getcwd()])})
     metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 90
-    while not (metrics.exists() and metrics.stat().st_size > 0) and time.time() < deadline:
-        time.sleep(0.2)
-    assert metrics.exists(), "the warm run never started"
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
-    time.sleep(1.5)  # the launcher notices within 0.2 s
-    size = metrics.stat().st_size
-    time.sleep(1.5)
-    assert metrics.stat().st_size == size, "the trainer kept running after its driver died"
+    try:
+        deadline = time.monotonic() + PATIENCE_S  # a guard against a hung start only
+        while not (metrics.exists() and metrics.stat().st_size > 0) and time.monotonic() < deadline:
+            time.sleep(0.2)  # polling for the run's first step, not standing in for work
+        assert metrics.exists(), "the warm run never started"
+        [launcher] = children(driver.pid)
+        trainers = children(launcher)
+        assert trainers, "the run is not the launcher's child"
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    deadline = time.monotonic() + PATIENCE_S  # the launcher notices within 0.2 s on a quiet machine
+    while any(running(pid) for pid in trainers) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for the trainer to end
+    left = [pid for pid in trainers if running(pid)]
+    for pid in left:  # not left behind by a failing test either
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the trainer kept running after its driver died"
 
 
 def test_preloaded_corpus_is_reused_until_its_file_changes(tmp_path, monkeypatch):

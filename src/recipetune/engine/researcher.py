@@ -34,7 +34,7 @@ from recipetune.core.expr import ExprError, evaluate, names, parse
 from recipetune.core.meanings import Glossary
 from recipetune.core.recipe import KnobSet, Recipe, Scalar, SearchSpace
 from recipetune.core.relations import Relations
-from recipetune.engine.samplers import FeasibleSampler
+from recipetune.engine.samplers import FeasibleSampler, StableTPE
 from recipetune.engine.store import distributions
 from recipetune.engine.tree import Node, Tree
 
@@ -370,7 +370,7 @@ class SpaceModel:
         if len(scored) < self.min_scored or not dists:
             return None
         seed = random.Random(f"{self.seed}-model-{node.id}-{len(context.tree)}").getrandbits(32)
-        sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=0)
+        sampler: optuna.samplers.BaseSampler = StableTPE(seed=seed, n_startup_trials=0)
         if context.relations:
             sampler = FeasibleSampler(sampler, dists, context.relations, context.baseline)
         study = optuna.create_study(direction="maximize", sampler=sampler)

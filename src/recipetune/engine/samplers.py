@@ -37,6 +37,26 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
         pass
 
 
+class StableTPE(optuna.samplers.TPESampler):
+    """Optuna's TPE, whose pick does not hang on the last bits of floating point. TPE keeps the
+    candidate of highest acquisition (log l(x) - log g(x)); over categorical knobs several candidates
+    often tie in exact arithmetic, and which one the argmax then keeps depends on rounding that
+    differs between CPUs (numpy's vectorised log and sums): the same campaign on the same seed drew
+    another recipe on another machine, and a few ulps of noise changed a replay's tree from its sixth
+    trial (tests/test_engine_replay.py). Values within ``TIE`` (relative) of the best count as the
+    best, so the first of them in the seeded draw wins on every machine."""
+
+    TIE = 1e-9
+
+    def _compute_acquisition_func(self, samples: dict[str, np.ndarray], mpe_below: Any, mpe_above: Any
+                                  ) -> np.ndarray:
+        acq = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        best = float(np.max(acq))
+        if not np.isfinite(best):
+            return acq
+        return np.where(acq >= best - self.TIE * max(1.0, abs(best)), best, acq)
+
+
 class _Wrapper(optuna.samplers.BaseSampler):
     """A sampler around another one: the trial's life cycle goes to the wrapped sampler as it is."""
 
@@ -132,7 +152,7 @@ def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
     dists = distributions(space, baseline)
     sampler: optuna.samplers.BaseSampler
     if strategy == "tpe":
-        sampler = ReferenceBlind(optuna.samplers.TPESampler(
+        sampler = ReferenceBlind(StableTPE(
             seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)), constant_liar=parallel > 1))
     elif strategy == "gp":  # a Gaussian process over the categorical knobs (Optuna's GPSampler, torch)
         sampler = ReferenceBlind(optuna.samplers.GPSampler(seed=seed))
