@@ -205,8 +205,8 @@ class SeedDesign:
     - futility: the predictive power that the planned last look shows equivalence, below ``futility``;
     - where equivalence is out of reach (futility, or a budget too small for it) but a measure's
       difference lies beyond T by more than its scatter hides, the plan becomes the seeds that show
-      that difference more likely than not, if at most twice the seeds compared (and within the budget): one
-      last look, REJECTED if it shows it. A poison just beyond T is not chased (it would take the
+      that difference more likely than not, if at most twice the seeds compared (and within the
+      budget): one last look, REJECTED if it shows it. A poison just beyond T is not chased (it would take the
       whole budget): it stays stopped, KEEP BASELINE.
     """
 
@@ -268,7 +268,7 @@ class SeedDesign:
             else:
                 half = math.ceil(self.planned / 2)
                 decision.next = half if self.looks == 1 and half - self.pilot - 1 >= 3 else self.planned
-        if decision.outcome in ("budget", "futility"):
+        if decision.outcome in ("budget", "futility") and not final:  # (the last look has spent all of alpha)
             # Equivalence is out of reach; a difference beyond T may not be: a poison at 4 T whose first
             # three pairs scatter widely is shown REJECTED by a few more, not kept as "not shown".
             reach = [m for x in measures if (m := self._to_reject(x, n, cap)) is not None]
