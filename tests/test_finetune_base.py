@@ -20,6 +20,7 @@ from recipetune.finetune.base_model import (
 )
 from recipetune.finetune.cli import ensure_base
 from recipetune.finetune.recipe import ModelSpec
+from recipetune.trainer.knobs import reference_knobs
 
 SMALL = ModelSpec(kind="reference", path="base", preset="nano", pretrain_steps=2, pretrain_seq_len=32)
 
@@ -34,7 +35,14 @@ def test_the_shipped_base_is_what_base_json_says(tmp_path):
     assert (meta["preset"], meta["pretrain_seq_len"], meta["pretrain_steps"]) == (
         spec.preset, spec.pretrain_seq_len, spec.pretrain_steps)
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    assert ckpt["recipe"] == base_recipe(spec) and ckpt["step"] == spec.pretrain_steps
+    # Knobs added to the reference trainer after the build (the layouts' ep, pp, cp ...) are absent from
+    # the file: they must sit at their defaults, which train one process as before; every other knob
+    # must be what the build would set now.
+    now = base_recipe(spec)
+    assert {k: now[k] for k in ckpt["recipe"]} == ckpt["recipe"] and ckpt["step"] == spec.pretrain_steps
+    defaults = dict(reference_knobs().resolve({}))
+    assert {k: now[k] for k in now if k not in ckpt["recipe"]} == {k: defaults[k] for k in now
+                                                                    if k not in ckpt["recipe"]}
     if stdlib_fingerprint() == meta["corpus_fingerprint"]:  # this Python's stdlib is the text it learned
         assert shipped_refusal(spec) is None and base_to_build(spec, cache=tmp_path) is None
         assert base_checkpoint(spec, cache=tmp_path) == path
