@@ -4,7 +4,7 @@ Expert parallelism, the experts' implementation and a pipeline are speed knobs: 
 must never reject them (APPROVED or KEEP BASELINE, the speed decides which). capacity_factor is semantic: a
 capacity that drops no slot (E / top_k) trains the same curve and is not rejected; one that drops a third of
 the routing slots moves the validation loss beyond T and is REJECTED; one at the edge (1-3 x T) is never
-approved, though the seeds a test can afford do not resolve it into a rejection. The guard settings here are the
+approved (kept, or rejected where the seeds a test can afford resolve it). The guard settings here are the
 campaign's, with fewer seeds and pairs (a test's time, not the standard); docs/parallel.md has the figures.
 """
 
@@ -61,13 +61,13 @@ def test_a_capacity_that_drops_nothing_is_kept_one_that_drops_a_third_rejected_a
     assert drops.decision == "REJECTED", drops.reasons
     assert drops.parity["mean_diff"] > drops.parity["tolerance"]
     # At the edge: 1.5 drops a tenth of the slots and moves the validation loss by 1.7 x T (measured on
-    # this CPU: +0.0103 nats, T = 0.0060). 6 seeds cannot resolve that (the detectable difference is 0.030;
-    # the guard says ~150 seeds would), so the guard keeps the baseline: never APPROVED, not REJECTED
-    # either. 1.0 above is rejected at 8.4 x T.
+    # this CPU: +0.0103 nats, T = 0.0060). The budget's seeds may not resolve that (the detectable
+    # difference was 0.030 at 6 seeds): never APPROVED; KEEP BASELINE where they cannot show it beyond T,
+    # REJECTED where the seeds a chased rejection adds do (guard/sequential.py). 1.0 above is 6-8 x T.
     edge = verdict(tmp_path, MOE, "cf-1.5", allow=("capacity_factor",), capacity_factor=1.5)
     p = edge.parity
     assert p["tolerance"] < p["mean_diff"] < 3 * p["tolerance"], p["mean_diff"]
-    assert edge.decision == "KEEP BASELINE" and not p["passed"], edge.reasons
+    assert edge.decision in ("KEEP BASELINE", "REJECTED") and not p["passed"], edge.reasons
 
 
 def test_verify_refuses_a_capacity_factor_the_campaign_does_not_allow(tmp_path):
