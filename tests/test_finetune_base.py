@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from recipetune.finetune import base_model
@@ -30,6 +31,8 @@ def test_the_shipped_base_is_what_base_json_says(tmp_path):
     recipe that leaves the shipped file stale fails here, not in a user's first experiment."""
     meta = json.loads((base_model.SHIPPED / "base.json").read_text())
     path = base_model.SHIPPED / meta["file"]
+    if not path.is_file():  # a binary is not tracked in git: a clone builds its base (the test below)
+        pytest.skip(f"{path} is not in this checkout (placed there by a release or a local build)")
     assert len(meta["sha256"]) == 64 and hashlib.sha256(path.read_bytes()).hexdigest() == meta["sha256"]
     spec = ModelSpec()  # the default experiment's base
     assert (meta["preset"], meta["pretrain_seq_len"], meta["pretrain_steps"]) == (

@@ -1,11 +1,12 @@
 """The reference route's ``path: base``: a small model pretrained on the stdlib corpus by the reference trainer.
 
-The default (``tiny``, 600 steps of 16 x 256 bytes) ships with the package in ``finetune/base/`` (3 MB,
-the model, recipe and step, no optimizer state), so a first experiment trains at once: building it took
-288 s on a quiet 2-core machine and 1601 s at load 5-9. ``base.json`` says what it is, and the shipped
-file is used only when all of it holds here: the file's full sha256, the preset, sequence length and
-steps asked for, and the fingerprint of this Python's stdlib corpus (the pretraining text: another
-Python's stdlib is other text, so that base would be a model of other data). Where any of it differs,
+The default (``tiny``, 600 steps of 16 x 256 bytes) may ship in ``finetune/base/`` (3 MB, the model,
+recipe and step, no optimizer state; a release artefact, not tracked in git), so a first experiment
+trains at once: building it took 288 s on a quiet 2-core machine and 1601 s at load 5-9. ``base.json``
+says what it is, and the shipped file is used only when all of it holds here: the file's full sha256,
+the preset, sequence length and steps asked for, and the fingerprint of this Python's stdlib corpus
+(the pretraining text: another Python's stdlib is other text, so that base would be a model of other
+data). Where any of it differs,
 or for another size, or with ``RECIPETUNE_BUILD_BASE=1``, the base is built here once, with its
 progress, and cached under ``<cache>/base/`` (``RECIPETUNE_CACHE``, default ~/.cache/recipetune); a
 cached build is used before the shipped one. ``shipped_refusal`` says why a shipped base is not used,
