@@ -305,20 +305,7 @@ def _by_steps(v: _Verdict) -> Gathered:
             v.say(line)
             return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
                             {"pairs": 1, "factor": factor, "at_once": v.at_once})
-        # At a longer look, a difference shown beyond noise (bounds excluding zero), inside T or not yet
-        # beyond it, ends the verdict: a still longer look could only find it smaller, as an effect that
-        # fades with training is (the nanoGPT fixture's stale gradient read +0.053 [+0.026, +0.081] at 3x
-        # and +0.015 [-0.000, +0.031], inside T, at 7x).
-        shown = [x for x in ev.measures if x.low is not None and x.high is not None and (x.low > 0 or x.high < 0)]
-        if factor > 1 and shown:
-            if not any("differs from the baseline's beyond noise" in r for r in ev.reasons):
-                x = shown[0]
-                ev.reasons.insert(0, (
-                    f"over {factor:g}x the profile's steps the candidate's final {x.measure} differs from the "
-                    f"baseline's beyond noise ({x.mean_diff:+.4f} nats, bounds [{x.low:+.4f}, {x.high:+.4f}]), not "
-                    f"yet beyond T = {x.tolerance:.4f}: a longer look could only find it smaller, as an effect that "
-                    "fades with training is; not approved on that evidence (expose a seed knob so that runs of "
-                    "the campaign's length can be compared)"))
+        if any(x.fades for x in ev.measures):  # parity.py: the fade rule ends the verdict
             v.say(f"{line}; a difference shown beyond noise at {factor:g}x blocks approval at any longer look: stopped")
             return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
                             {"pairs": 1, "factor": factor, "at_once": v.at_once})

@@ -204,15 +204,18 @@ class SpeedupCI:
 SMALL_SAMPLE = 10  # pairs below which the speed-up's interval is Student's t, not a bootstrap
 
 
-def t_interval(x: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """The mean of ``x`` and its Student's t interval, ``mean +- t_(n-1) sd / sqrt(n)``; unbounded
-    below two points. The speed-up's small-sample interval (over log ratios) and the quality job's
+def t_interval(x: Sequence[float], confidence: float = 0.95,
+               spread: tuple[float, int] | None = None) -> tuple[float, float, float]:
+    """The mean of ``x`` and its Student's t interval, ``mean +- t_df sd / sqrt(n)``, with ``sd`` and
+    ``df`` the points' own (``n - 1``) unless ``spread`` gives them; unbounded below two points. The
+    speed-up's small-sample interval (over log ratios, ``pair_spread``'s spread) and the quality job's
     gain over seeds (over paired differences)."""
     a = np.asarray(x, dtype=float)
     mean = float(a.mean())
     if len(a) < 2:
         return mean, -math.inf, math.inf
-    half = float(sps.t.ppf(0.5 + confidence / 2, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
+    sd, df = spread if spread is not None else (float(a.std(ddof=1)), len(a) - 1)
+    half = float(sps.t.ppf(0.5 + confidence / 2, df) * sd / math.sqrt(len(a)))
     return mean, mean - half, mean + half
 
 
@@ -248,9 +251,9 @@ def speedup_ci(ratios_log: Sequence[float], confidence: float = 0.95, n_resample
     if len(x) < 2 or sd == 0.0:
         return SpeedupCI(centre, centre, centre, confidence, "point")
     if len(x) < SMALL_SAMPLE:
-        half = float(sps.t.ppf(0.5 + confidence / 2, df)) * sd / math.sqrt(len(x))
+        mean, low, high = t_interval(x, confidence, (sd, df))
         how = "" if df == len(x) - 1 else f", the spread pooled with {df - len(x) + 1} A/A ratios"
-        return SpeedupCI(centre, centre * math.exp(-half), centre * math.exp(half), confidence,
+        return SpeedupCI(centre, centre * math.exp(low - mean), centre * math.exp(high - mean), confidence,
                          f"Student t ({len(x)} pairs{how})")
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
