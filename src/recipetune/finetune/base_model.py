@@ -85,7 +85,7 @@ def shipped_refusal(spec: ModelSpec, shipped: Path | None = None) -> str | None:
         meta = json.loads((folder / "base.json").read_text())
         path = folder / meta["file"]
         want = (meta["preset"], meta["pretrain_seq_len"], meta["pretrain_steps"])
-        sha, corpus, settings = meta["sha256"], meta["corpus_fingerprint"], meta["settings"]
+        sha, corpus, settings = meta["sha256"], meta["corpus_fingerprint"], dict(meta["settings"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{folder / 'base.json'} is unreadable ({type(e).__name__}: {e})"
     asked = (spec.preset, spec.pretrain_seq_len, spec.pretrain_steps)
