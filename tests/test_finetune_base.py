@@ -81,6 +81,10 @@ def test_a_matching_shipped_base_is_used_and_one_that_does_not_match_is_refused(
     assert "asks for ('nano', 32, 3)" in shipped_refusal(other, good)
     older = _ship(tmp_path / "older", SMALL, settings=base_settings(SMALL) | {"lr": 1e-3})  # an earlier recipe
     assert f"built with lr=0.001; this version builds with lr={base_model.LR}" in shipped_refusal(SMALL, older)
+    cached_now = base_model._cached(SMALL, cache)
+    with monkeypatch.context() as m:  # nor is a build cached with other settings reused: its name differs
+        m.setattr(base_model, "LR", 1e-3)
+        assert base_model._cached(SMALL, cache) != cached_now
     foreign = _ship(tmp_path / "foreign", SMALL, corpus_fingerprint="0" * 16)
     assert f"fingerprint {'0' * 16}" in shipped_refusal(SMALL, foreign)
     prefix = _ship(tmp_path / "prefix", SMALL)  # a truncated digest is no digest
