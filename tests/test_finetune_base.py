@@ -31,13 +31,13 @@ def test_the_shipped_base_is_what_base_json_says(tmp_path):
     """Its full sha256, and the recipe and step the code would build it with now: a change to the build
     recipe that leaves the shipped file stale fails here, not in a user's first experiment."""
     meta = json.loads((base_model.SHIPPED / "base.json").read_text())
+    spec = ModelSpec()  # the default experiment's base: base.json (tracked) describes it in every checkout
+    assert (meta["preset"], meta["pretrain_seq_len"], meta["pretrain_steps"], meta["settings"]) == (
+        spec.preset, spec.pretrain_seq_len, spec.pretrain_steps, base_settings(spec))
     path = base_model.SHIPPED / meta["file"]
     if not path.is_file():  # a binary is not tracked in git: a clone builds its base (the test below)
         pytest.skip(f"{path} is not in this checkout (placed there by a release or a local build)")
     assert len(meta["sha256"]) == 64 and hashlib.sha256(path.read_bytes()).hexdigest() == meta["sha256"]
-    spec = ModelSpec()  # the default experiment's base
-    assert (meta["preset"], meta["pretrain_seq_len"], meta["pretrain_steps"], meta["settings"]) == (
-        spec.preset, spec.pretrain_seq_len, spec.pretrain_steps, base_settings(spec))
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
     # Knobs added to the reference trainer after the build (the layouts' ep, pp, cp ...) are absent from
     # the file: they must sit at their defaults, which train one process as before; every other knob
