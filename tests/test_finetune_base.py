@@ -15,6 +15,7 @@ from recipetune.finetune.base_model import (
     BUILD_ENV,
     base_checkpoint,
     base_recipe,
+    base_settings,
     base_to_build,
     shipped_refusal,
     stdlib_fingerprint,
@@ -30,13 +31,13 @@ def test_the_shipped_base_is_what_base_json_says(tmp_path):
     """Its full sha256, and the recipe and step the code would build it with now: a change to the build
     recipe that leaves the shipped file stale fails here, not in a user's first experiment."""
     meta = json.loads((base_model.SHIPPED / "base.json").read_text())
+    spec = ModelSpec()  # the default experiment's base: base.json (tracked) describes it in every checkout
+    assert (meta["preset"], meta["pretrain_seq_len"], meta["pretrain_steps"], meta["settings"]) == (
+        spec.preset, spec.pretrain_seq_len, spec.pretrain_steps, base_settings(spec))
     path = base_model.SHIPPED / meta["file"]
     if not path.is_file():  # a binary is not tracked in git: a clone builds its base (the test below)
         pytest.skip(f"{path} is not in this checkout (placed there by a release or a local build)")
     assert len(meta["sha256"]) == 64 and hashlib.sha256(path.read_bytes()).hexdigest() == meta["sha256"]
-    spec = ModelSpec()  # the default experiment's base
-    assert (meta["preset"], meta["pretrain_seq_len"], meta["pretrain_steps"]) == (
-        spec.preset, spec.pretrain_seq_len, spec.pretrain_steps)
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
     # Knobs added to the reference trainer after the build (the layouts' ep, pp, cp ...) are absent from
     # the file: they must sit at their defaults, which train one process as before; every other knob
@@ -63,7 +64,8 @@ def _ship(folder: Path, spec: ModelSpec, **meta) -> Path:
     (folder / "base.json").write_text(json.dumps({
         "file": "base.pt", "sha256": hashlib.sha256(ckpt.read_bytes()).hexdigest(), "preset": spec.preset,
         "pretrain_seq_len": spec.pretrain_seq_len, "pretrain_steps": spec.pretrain_steps,
-        "corpus_fingerprint": stdlib_fingerprint(), "corpus": "this Python's stdlib"} | meta))
+        "corpus_fingerprint": stdlib_fingerprint(), "corpus": "this Python's stdlib",
+        "settings": base_settings(spec)} | meta))
     return folder
 
 
@@ -77,6 +79,12 @@ def test_a_matching_shipped_base_is_used_and_one_that_does_not_match_is_refused(
     # each way of not being the model asked for, beside the match above
     other = ModelSpec(kind="reference", path="base", preset="nano", pretrain_steps=3, pretrain_seq_len=32)
     assert "asks for ('nano', 32, 3)" in shipped_refusal(other, good)
+    older = _ship(tmp_path / "older", SMALL, settings=base_settings(SMALL) | {"lr": 1e-3})  # an earlier recipe
+    assert f"built with lr=0.001; this version builds with lr={base_model.LR}" in shipped_refusal(SMALL, older)
+    cached_now = base_model._cached(SMALL, cache)
+    with monkeypatch.context() as m:  # nor is a build cached with other settings reused: its name differs
+        m.setattr(base_model, "LR", 1e-3)
+        assert base_model._cached(SMALL, cache) != cached_now
     foreign = _ship(tmp_path / "foreign", SMALL, corpus_fingerprint="0" * 16)
     assert f"fingerprint {'0' * 16}" in shipped_refusal(SMALL, foreign)
     prefix = _ship(tmp_path / "prefix", SMALL)  # a truncated digest is no digest

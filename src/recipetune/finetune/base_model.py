@@ -1,16 +1,18 @@
 """The reference route's ``path: base``: a small model pretrained on the stdlib corpus by the reference trainer.
 
-The default (``tiny``, 600 steps of 16 x 256 bytes) may ship in ``finetune/base/`` (3 MB, the model,
-recipe and step, no optimizer state; a release artefact, not tracked in git), so a first experiment
-trains at once: building it took 288 s on a quiet 2-core machine and 1601 s at load 5-9. ``base.json``
-says what it is, and the shipped file is used only when all of it holds here: the file's full sha256,
-the preset, sequence length and steps asked for, and the fingerprint of this Python's stdlib corpus
-(the pretraining text: another Python's stdlib is other text, so that base would be a model of other
-data). Where any of it differs,
-or for another size, or with ``RECIPETUNE_BUILD_BASE=1``, the base is built here once, with its
-progress, and cached under ``<cache>/base/`` (``RECIPETUNE_CACHE``, default ~/.cache/recipetune); a
-cached build is used before the shipped one. ``shipped_refusal`` says why a shipped base is not used,
-so the build it costs is never a surprise.
+The default (``tiny``, 400 steps of 8 x 256 bytes: 0.8M bytes, a third of the 600 x 16 it was before
+issue 37, chosen as the most a base learns in a first experiment's wait: docs/finetune.md, "The time of
+a first experiment") may ship in ``finetune/base/`` (3 MB, the model, recipe and step, no optimizer
+state; a release artefact, not tracked in git), so a first experiment trains at once; a clone builds
+it on first use, about 137 CPU seconds on one thread. ``base.json`` says what it is, and the
+shipped file is used only when all of it holds here: the file's full sha256, the preset, sequence
+length and steps asked for, the build settings this version uses (``base_settings``: batch, learning
+rate ...), and the fingerprint of this Python's stdlib corpus (the pretraining text: another Python's
+stdlib is other text, so that base would be a model of other data). Where any of it differs, or for
+another size, or with ``RECIPETUNE_BUILD_BASE=1``, the base is built here once, with its progress, and
+cached under ``<cache>/base/`` (``RECIPETUNE_CACHE``, default ~/.cache/recipetune; the name carries a
+digest of the settings, so a changed recipe is built anew); a cached build is used before the shipped
+one. ``shipped_refusal`` says why a shipped base is not used, so the build it costs is never a surprise.
 """
 
 from __future__ import annotations
@@ -29,25 +31,37 @@ from recipetune.finetune.recipe import ModelSpec
 
 SHIPPED = Path(__file__).parent / "base"  # the default base and its base.json
 BUILD_ENV = "RECIPETUNE_BUILD_BASE"  # 1: build the base here even where a matching one ships
+# The build's batch (sequences of pretrain_seq_len bytes) and peak learning rate, chosen by measurement
+# (docs/finetune.md, "The time of a first experiment"): the most a base learns in a first experiment's wait.
+BATCH = 8
+LR = 3e-3
+
+
+def base_settings(spec: ModelSpec) -> dict:
+    """What the base build sets (the reference trainer's defaults do the rest): part of the base's
+    identity, in its cache name and checked against a shipped base.json."""
+    return {
+        "model": spec.preset, "data": "stdlib", "seq_len": spec.pretrain_seq_len, "global_batch_size": BATCH,
+        "micro_batch_size": BATCH, "lr": LR, "warmup_steps": min(50, spec.pretrain_steps // 10 + 1),
+        "lr_decay_steps": spec.pretrain_steps, "seed": 0, "num_threads": 1,  # 1 thread: a shared CPU
+    }
 
 
 def base_recipe(spec: ModelSpec) -> dict:
     """The reference trainer's recipe for the base ``spec`` asks for (what a shipped checkpoint must hold)."""
     from recipetune.trainer.knobs import reference_knobs
 
-    return dict(reference_knobs().resolve({
-        "model": spec.preset, "data": "stdlib", "seq_len": spec.pretrain_seq_len, "global_batch_size": 16,
-        "micro_batch_size": 16, "lr": 3e-3, "warmup_steps": min(50, spec.pretrain_steps // 10 + 1),
-        "lr_decay_steps": spec.pretrain_steps, "seed": 0, "num_threads": 1,  # 1 thread: a shared CPU
-    }))
+    return dict(reference_knobs().resolve(base_settings(spec)))
 
 
 def _cached(spec: ModelSpec, cache: Path | None = None) -> Path:
-    """Where this machine's own build of the base lives (one per Python version: its stdlib is the corpus)."""
+    """Where this machine's own build of the base lives: one per Python version (its stdlib is the corpus)
+    and per build settings (a changed recipe never reuses an old build)."""
     from recipetune.core.measure import cache_dir
 
     v = sys.version_info
-    name = f"ref-{spec.preset}-stdlib-py{v.major}.{v.minor}-s{spec.pretrain_seq_len}-n{spec.pretrain_steps}"
+    digest = hashlib.sha256(json.dumps(base_settings(spec), sort_keys=True).encode()).hexdigest()[:8]
+    name = f"ref-{spec.preset}-stdlib-py{v.major}.{v.minor}-s{spec.pretrain_seq_len}-n{spec.pretrain_steps}-{digest}"
     return (cache or cache_dir()) / "base" / f"{name}.pt"
 
 
@@ -71,12 +85,16 @@ def shipped_refusal(spec: ModelSpec, shipped: Path | None = None) -> str | None:
         meta = json.loads((folder / "base.json").read_text())
         path = folder / meta["file"]
         want = (meta["preset"], meta["pretrain_seq_len"], meta["pretrain_steps"])
-        sha, corpus = meta["sha256"], meta["corpus_fingerprint"]
+        sha, corpus, settings = meta["sha256"], meta["corpus_fingerprint"], dict(meta["settings"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{folder / 'base.json'} is unreadable ({type(e).__name__}: {e})"
     asked = (spec.preset, spec.pretrain_seq_len, spec.pretrain_steps)
     if want != asked:
         return f"it is preset/seq_len/steps {want}, this experiment asks for {asked}"
+    if settings != (now := base_settings(spec)):
+        changed = sorted(k for k in settings.keys() | now.keys() if settings.get(k) != now.get(k))
+        return (f"it was built with {', '.join(f'{k}={settings.get(k)}' for k in changed)}; "
+                f"this version builds with {', '.join(f'{k}={now.get(k)}' for k in changed)}")
     if not path.is_file():
         return f"{path} is missing"
     st = path.stat()

@@ -118,5 +118,5 @@ class ModelSpec(BaseModel):
     path: str = Field("base", description="reference: a .pt checkpoint or 'base'; hf: a model folder or 'tiny'")
     # how 'base' is built (reference trainer on the stdlib corpus); part of its cache key
     preset: str = "tiny"
-    pretrain_steps: int = Field(600, ge=1, le=10**6)
+    pretrain_steps: int = Field(400, ge=1, le=10**6)
     pretrain_seq_len: int = Field(256, ge=16, le=8192)
