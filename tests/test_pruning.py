@@ -39,10 +39,10 @@ from recipetune.engine.job import (
 from recipetune.engine.loop import run_search
 from recipetune.engine.samplers import make_pruner, make_sampler, pruning_bar
 from recipetune.engine.store import CampaignStore
-from recipetune.engine.tree import metric_reward
 from recipetune.execute.executor import LocalExecutor
 from recipetune.finetune import job as ft
 from recipetune.finetune import plan as ftp
+from recipetune.finetune.decide import metric_reward
 from recipetune.finetune.experiment import load_experiment, train_and_validate
 
 # -- a job whose trials report a known curve ---------------------------------------------------------

@@ -38,10 +38,11 @@ from recipetune.engine.researcher import Explore, Proposal
 from recipetune.engine.samplers import FeasibleSampler, make_sampler
 from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.strategy import Candidate, Strategy, Wait
-from recipetune.engine.tree import Node, reward
+from recipetune.engine.tree import Node
 from recipetune.execute.executor import LocalExecutor
 from recipetune.guard import stats
 from recipetune.speed.facts import BRIEFING, PLAYBOOK
+from recipetune.speed.job import reward
 
 STRATEGIES = ("mcts-analyst", "mcts-analyst-model", "mcts-analyst-max", "mcts-random", "greedy", "sequential",
               "tpe", "gp", "optuna-random", "grid")

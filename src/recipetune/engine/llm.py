@@ -43,7 +43,7 @@ Answer again, JSON only, exactly the shape asked for, with knobs and values from
 not already measured (or {{"proposals": []}} if you have nothing new)."""
 
 
-def _node_view(node: Node, baseline: Recipe, score_name: str = "speedup") -> dict[str, Any]:
+def _node_view(node: Node, baseline: Recipe, score_name: str) -> dict[str, Any]:
     view: dict[str, Any] = {"changes": node.recipe.edits_from(baseline),
                             "status": node.status}
     if node.score is not None:

@@ -4,7 +4,7 @@ The baseline experiment is the root. Each round the Researcher (analyst with the
 playbook, llm, or random) selects a node, reads its compressed context and proposes children (a
 data chain and a training recipe each); each child runs as its own process (``python -m
 recipetune.finetune``, a timeout, a crash recorded, never the campaign's), and its validation metric
-becomes the reward: the normalised gain over the baseline (engine/tree.py: ``metric_reward``).
+becomes the reward: the normalised gain over the baseline (finetune/decide.py: ``metric_reward``).
 
 Integrity, the quality job's control system:
 - the search never sees the test split: children only ever open train and validation
@@ -33,11 +33,11 @@ from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services, watch
 from recipetune.engine.loop import run_search
-from recipetune.engine.tree import metric_reward, normalised_gain
 from recipetune.execute.executor import Executor
 from recipetune.execute.factory import make_executor
 from recipetune.finetune import decide
 from recipetune.finetune.analyst import GOAL, PROFILE, experiment_facts, worst_cases
+from recipetune.finetune.decide import metric_reward, normalised_gain
 from recipetune.finetune.plan import FinetunePlan
 from recipetune.finetune.report import ExperimentReport
 from recipetune.guard.stats import proportion_ci

@@ -7,7 +7,7 @@
 
 ``SpeedJob`` is what the engine asks of this job: the guard's baseline profile is the root, the
 guard's static check refuses a recipe before it runs, screening judges a run, and the reward is the
-log speed-up (engine/tree.py). The guard is reached through ``Guard``, a typed boundary: its answers
+log speed-up (``reward``). The guard is reached through ``Guard``, a typed boundary: its answers
 are the guard's own models (tests substitute fakes that return the same shapes).
 """
 
@@ -39,7 +39,6 @@ from recipetune.engine.job import (
     watch,
 )
 from recipetune.engine.loop import run_search
-from recipetune.engine.tree import reward
 from recipetune.execute.executor import Executor
 from recipetune.execute.factory import make_executor
 from recipetune.speed import decide
@@ -53,6 +52,19 @@ if TYPE_CHECKING:
     from recipetune.guard.static import Violation
     from recipetune.guard.verdict import Verdict
     from recipetune.workloads.base import Workload
+
+# -- the reward ---------------------------------------------------------------------------------
+
+
+def reward(speedup: float | None, passed: bool, span: float = 4.0, penalty: float = 0.0) -> float:
+    """The speed job's reward of one trial, in [0, 1] (engine/tree.py). A candidate that passes
+    screening earns ``0.5 + 0.5 * log(speedup) / log(span)`` clipped to [0, 1]: 1.0x earns 0.5,
+    ``span``x earns 1, 1/``span``x earns 0. Speed-ups compose multiplicatively along a path, so the
+    logarithm makes equal ratios worth equal rewards. A rejected or failed trial earns ``penalty``."""
+    if not passed or speedup is None or not speedup > 0:
+        return penalty
+    return min(1.0, max(0.0, 0.5 + 0.5 * math.log(speedup) / math.log(span)))
+
 
 # -- the control system, as the search sees it ------------------------------------------------
 
