@@ -28,6 +28,7 @@ from typing import Any
 import optuna
 
 from recipetune.bench.table import Entry, Measurement, Table
+from recipetune.core import stats
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.engine.config import TreeSearchConfig
@@ -40,7 +41,6 @@ from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.strategy import Candidate, Strategy, Wait
 from recipetune.engine.tree import Node
 from recipetune.execute.executor import LocalExecutor
-from recipetune.guard import stats
 from recipetune.speed.facts import BRIEFING, PLAYBOOK
 from recipetune.speed.job import reward
 

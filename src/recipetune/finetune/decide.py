@@ -23,11 +23,11 @@ import yaml
 from pydantic import BaseModel
 
 from recipetune.core.recipe import Recipe
+from recipetune.core.stats import t_interval
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.finetune.final import final_evaluation
 from recipetune.finetune.plan import FinetuneCampaign
 from recipetune.finetune.report import FinalResult
-from recipetune.guard.stats import t_interval
 
 
 def normalised_gain(value: float, baseline: float) -> float:

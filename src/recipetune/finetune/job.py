@@ -31,6 +31,7 @@ from typing import Any
 from recipetune.core.errors import ConfigError
 from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Recipe
+from recipetune.core.stats import proportion_ci
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services, watch
 from recipetune.engine.loop import run_search
 from recipetune.execute.executor import Executor
@@ -40,7 +41,6 @@ from recipetune.finetune.analyst import GOAL, PROFILE, experiment_facts, worst_c
 from recipetune.finetune.decide import metric_reward, normalised_gain
 from recipetune.finetune.plan import FinetunePlan
 from recipetune.finetune.report import ExperimentReport
-from recipetune.guard.stats import proportion_ci
 
 # -- one child experiment, in its own process ------------------------------------------------------
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from recipetune.core import stats
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
-from recipetune.guard import loss, stats
+from recipetune.guard import loss
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.runs import Runs
 from recipetune.workloads.base import Workload
