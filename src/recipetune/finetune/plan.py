@@ -18,7 +18,7 @@ from recipetune.engine.plan import Plan, build_proposer, check_folder, redacted
 from recipetune.engine.samplers import make_pruner, make_sampler
 from recipetune.engine.store import CampaignStore
 from recipetune.execute.config import ExecuteConfig
-from recipetune.finetune.experiment import Experiment, ExperimentSpec, _validate, read_experiment_file
+from recipetune.finetune.experiment import Experiment, ExperimentSpec, validate_spec, read_experiment_file
 from recipetune.finetune.route import ModelError
 from recipetune.finetune.routes import check_model
 from recipetune.finetune.space import DATA_PREFIX, ExperimentSpace, check_data_steps
@@ -86,7 +86,7 @@ def load_finetune_campaign(path: str | Path, overrides: list[str] | None = None)
     # the experiment's and the search's bad fields together: one fix-and-retry for all of them
     bad: list[ConfigError] = []
     try:
-        spec: ExperimentSpec = _validate(path, raw)
+        spec: ExperimentSpec = validate_spec(path, raw)
     except ConfigError as e:
         bad.append(e)
     try:

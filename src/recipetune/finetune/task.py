@@ -219,7 +219,7 @@ def iter_rows(ds: Any, batch_size: int = 4096):
             yield dict(zip(columns, values, strict=True))
 
 
-_TEST_KEY = object()  # held by finetune/final.py, the one place that opens the test split
+TEST_KEY = object()  # held by finetune/final.py, the one place that opens the test split
 
 
 class Splits:
@@ -307,7 +307,7 @@ class Splits:
                               "(recipetune.finetune.final.final_evaluation) opens it")
 
     def open_test(self, key: object):
-        if key is not _TEST_KEY:
+        if key is not TEST_KEY:
             raise TestSplitClosed("the test split opens only through recipetune.finetune.final.final_evaluation")
         if self._test is None:
             self._test = self._read_test()
