@@ -8,7 +8,7 @@ with the reasons and asked again, up to ``search.llm.retries`` times. Nothing it
 
 The transport is the official ``openai`` client (the ``llm`` extra), with its own retries, backoff
 and timeouts for connection errors and overloaded servers (``search.llm.transport_retries``). Where
-every answer stays unusable, researcher.py's ``WithFallback`` lets the analyst (or random) propose.
+every answer stays unusable, engine/proposers.py's ``WithFallback`` lets the analyst (or random) propose.
 """
 
 from __future__ import annotations

@@ -52,10 +52,6 @@ class BaselineProfile(BaseModel):
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2))
 
-    @classmethod
-    def load(cls, path: Path) -> BaselineProfile:
-        return cls.model_validate_json(path.read_text())
-
 
 def seeds_for(workload: Workload, recipe: Recipe, n: int) -> list[int | None]:
     """The baseline's own seed first, then the next ones; plain repeats without a seed knob."""

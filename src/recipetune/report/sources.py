@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from recipetune.core.measure import RunResult
 from recipetune.core.stats import smooth as guard_smooth  # the guard's smoothing: the report shows what it judged
-from recipetune.engine.store import CampaignStore, TrialRecord
+from recipetune.engine.record import TrialRecord
+from recipetune.engine.store import CampaignStore
 
 STUDY_DB = "study.db"
 CONFIG = "campaign.json"  # the campaign's settings (CampaignConfig), overrides applied
