@@ -31,7 +31,7 @@ from recipetune.finetune import job as ft
 from recipetune.finetune import plan as ftp
 from recipetune.finetune.analyst import experiment_facts
 from recipetune.finetune.decide import metric_reward, normalised_gain
-from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, FinalResult, LossCurve, Prediction
+from recipetune.finetune.results import ErrorGroup, Evaluation, ExperimentReport, FinalResult, LossCurve, Prediction
 
 runner = CliRunner()
 SEARCH = {"knobs": {"lr": [0.001, 0.003, 0.01], "max_steps": [3, 6]},

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from recipetune.core.recipe import Recipe
 
@@ -54,6 +54,11 @@ class Trial(BaseModel, Generic[F]):
     reward: float | None = None
     score: float | None = None  # the job's figure of merit, for a passed trial
     figures: F
+
+    @field_validator("recipe_id", "parent", "proposer", "rationale", "status", "cause", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        return "" if value is None else value  # a null text reads as none, as a missing one does
 
     @model_validator(mode="before")
     @classmethod

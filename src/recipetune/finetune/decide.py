@@ -27,7 +27,7 @@ from recipetune.core.stats import t_interval
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.finetune.final import final_evaluation
 from recipetune.finetune.plan import FinetuneCampaign
-from recipetune.finetune.report import FinalResult
+from recipetune.finetune.results import FinalResult
 
 
 def normalised_gain(value: float, baseline: float) -> float:

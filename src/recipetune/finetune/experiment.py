@@ -27,9 +27,9 @@ from recipetune.data.files import DataFileError
 from recipetune.data.ops import Operator, Row
 from recipetune.finetune import metrics as M
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe
-from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, LossCurve, Prediction
+from recipetune.finetune.results import ErrorGroup, Evaluation, ExperimentReport, LossCurve, Prediction
 from recipetune.finetune.route import ModelError, Route, TrainLog
-from recipetune.finetune.routes import check_fit, check_model, load_route
+from recipetune.finetune.routing import check_fit, check_model, load_route
 from recipetune.finetune.task import Splits, TaskConfig, iter_rows, load_splits
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from recipetune.finetune.experiment import Experiment, class_labels, evaluate, prepare_data, train_and_validate
-from recipetune.finetune.report import Evaluation, ExperimentReport, FinalResult
+from recipetune.finetune.results import Evaluation, ExperimentReport, FinalResult
 from recipetune.finetune.task import TEST_KEY
 
 

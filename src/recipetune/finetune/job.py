@@ -41,7 +41,7 @@ from recipetune.finetune import decide
 from recipetune.finetune.analyst import GOAL, PROFILE, experiment_facts, worst_cases
 from recipetune.finetune.decide import metric_reward, normalised_gain
 from recipetune.finetune.plan import FinetunePlan
-from recipetune.finetune.report import ExperimentReport
+from recipetune.finetune.results import ExperimentReport
 
 # -- one child experiment, in its own process ------------------------------------------------------
 

@@ -18,7 +18,7 @@ from recipetune.engine.plan import Plan, open_campaign, redacted
 from recipetune.execute.config import ExecuteConfig
 from recipetune.finetune.experiment import Experiment, ExperimentSpec, read_experiment_file, validate_spec
 from recipetune.finetune.route import ModelError
-from recipetune.finetune.routes import check_model
+from recipetune.finetune.routing import check_model
 from recipetune.finetune.space import DATA_PREFIX, ExperimentSpace, check_data_steps
 from recipetune.finetune.task import load_splits
 

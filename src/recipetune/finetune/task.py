@@ -74,7 +74,7 @@ class TaskConfig(BaseModel):
     name: str = Field("task", min_length=1)
     builtin: Literal["arith", "stdlib-module", "funcname", "argcount", "default-value", "product",
                      "exception", "chat-rename"] | None = Field(
-        None, description="a benchmark task generated on this machine (finetune/bench.py)")
+        None, description="a benchmark task generated on this machine (finetune/bench_tasks.py)")
     files: dict[SplitName, str] = Field(default_factory=dict, description="split -> .jsonl/.csv/.parquet path, "
                                         "or a datasets save_to_disk folder")
     format: TaskFormat = Field("template", description="the rows' shape: template | instruction | chat | completion")
@@ -324,7 +324,7 @@ class Splits:
 def resolve_files(task: TaskConfig, base_dir: Path, cache_dir: Path | None = None) -> dict[str, Path]:
     """Split -> file: the task's own files (relative to the experiment file) or a generated builtin."""
     if task.builtin is not None:
-        from recipetune.finetune.bench import builtin_files
+        from recipetune.finetune.bench_tasks import builtin_files
 
         return builtin_files(task.builtin, cache_dir)
     out = {}
