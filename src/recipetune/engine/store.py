@@ -23,6 +23,18 @@ folder, so several campaigns share one database; a SQLite file holds one study n
 A server that stops answering (a restart, a failover) is waited for: every study operation is
 retried with backoff for up to ``execute.db_retry_s`` seconds, then ``StoreUnavailable`` stops the
 campaign, which ``--resume`` continues.
+
+Here: the study and the trial's lifecycle (begin, running, finish, reports), and the campaign's files.
+The claims, slots and heartbeats are engine/drivers.py (``Drivers``, a part of this class); the
+patient database is engine/database.py; what a trial stores is engine/record.py.
+
+Private Optuna API used here, because no public one serves: ``Study._storage.create_new_trial`` with a
+template trial (``begin``: a trial created whole, its driver included, in one write; ``Study.ask``
+creates it empty first, and another driver looking between the two writes would fail it as a dead
+driver's), and ``Trial._trial_id`` (the storage's key, which ``record_heartbeat`` takes). The
+baseline's curve is still a study trial with no recipe (``add_reference``, filtered by
+``is_reference``; engine/samplers.py hides it from the model samplers through Optuna's private
+``_get_trials``): Optuna's pruners read only the study's trials, so the reference has to be one.
 """
 
 from __future__ import annotations
