@@ -54,7 +54,7 @@ from pathlib import Path
 
 from recipetune.data.ops import Decontaminate
 from recipetune.data.text import ContaminationIndex, normalize
-from recipetune.finetune.bench import stdlib_functions
+from recipetune.finetune.bench_tasks import stdlib_functions
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, _walk_files
 
 EVAL = 200

@@ -266,7 +266,7 @@ class Finish:
 
 def finished_campaign(folder: Path) -> Finish | None:
     """The campaign in ``folder``, or None while it is still running."""
-    from recipetune.finetune.report import ExperimentReport
+    from recipetune.finetune.results import ExperimentReport
 
     if not (folder / "baseline" / "report.json").exists():
         return None  # its baseline is still running

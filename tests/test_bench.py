@@ -19,7 +19,7 @@ from recipetune.cli import app
 from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
 from recipetune.engine.store import distributions
-from recipetune.finetune import bench as ftbench
+from recipetune.finetune import bench_tasks as ftbench
 from recipetune.finetune import metrics as ftm
 from recipetune.workloads.reference import ReferenceWorkload
 
@@ -195,7 +195,7 @@ def test_table_command_refuses_bad_input_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
-# ---- the small fine-tuning benchmark's tasks (finetune/bench.py) ----------------------------------
+# ---- the small fine-tuning benchmark's tasks (finetune/bench_tasks.py) ----------------------------------
 
 NEW_TASKS = {  # builtin -> (example file, the field splits are keyed by, target field)
     "argcount": ("ft-argcount.yaml", "signature", "count"),

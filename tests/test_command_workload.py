@@ -12,7 +12,7 @@ import pytest
 
 from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
-from recipetune.workloads import presets
+from recipetune.workloads import log_formats
 from recipetune.workloads.command import CommandSpec, CommandWorkload
 
 FAKE = Path(__file__).resolve().parent / "fixtures" / "fake_trainer.py"
@@ -148,7 +148,7 @@ def test_values_render_for_command_lines(tmp_path):
 def test_a_custom_regex_reads_an_unknown_trainer():
     w = workload(metrics={"step_regex": r"it (?P<step>\d+) loss (?P<loss>\S+) (?P<tokens_per_s>[\d,]+) tok/s"},
                  tokens_per_step="micro_batch * 100")
-    steps, _ = presets.parse_lines(["it 3 loss 2.5 1,000 tok/s"], w.preset, 400, 1)
+    steps, _ = log_formats.parse_lines(["it 3 loss 2.5 1,000 tok/s"], w.preset, 400, 1)
     assert steps[0].step == 3 and steps[0].loss == 2.5 and steps[0].step_time_s == pytest.approx(0.4)
 
 
@@ -165,7 +165,8 @@ TITAN = [
 
 
 def test_torchtitan_lines_parse_with_per_device_throughput():
-    steps, evals = presets.parse_lines(TITAN, presets.get_preset("torchtitan"), tokens_per_step=8192, n_devices=2)
+    steps, evals = log_formats.parse_lines(TITAN, log_formats.get_preset("torchtitan"), tokens_per_step=8192,
+                                           n_devices=2)
     assert [s.step for s in steps] == [1, 10, 20]  # rank 1's copy of step 10 counts once
     assert [s.loss for s in steps] == [12.2345, 7.1234, 6.9]
     assert steps[1].grad_norm == 1.5 and steps[0].grad_norm is None
@@ -178,7 +179,7 @@ def test_torchtitan_lines_parse_with_per_device_throughput():
 def test_nanogpt_lines_and_nan():
     lines = ["iter 0: loss 10.9832, time 5123.45ms, mfu -100.00%", "step 0: train loss 10.9, val loss 10.95",
              "iter 1: loss nan, time 120.00ms, mfu 12.34%", "number of parameters: 10.65M"]
-    steps, evals = presets.parse_lines(lines, presets.get_preset("nanogpt"), tokens_per_step=1024, n_devices=1)
+    steps, evals = log_formats.parse_lines(lines, log_formats.get_preset("nanogpt"), tokens_per_step=1024, n_devices=1)
     assert [s.step for s in steps] == [0, 1] and steps[0].step_time_s == pytest.approx(5.12345)
     assert math.isnan(steps[1].loss)
     assert [(e.step, e.val_loss) for e in evals] == [(0, 10.95)]

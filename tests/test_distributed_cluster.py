@@ -153,7 +153,6 @@ def test_a_quality_campaign_runs_its_children_on_the_cluster(cluster, tmp_path, 
 
     from recipetune.engine.store import CampaignStore
     from recipetune.finetune import job as ft_job
-    from recipetune.finetune.campaign_cli import shared_files
     from recipetune.finetune.plan import load_finetune_campaign
     from recipetune.finetune.plan import plan as ft_plan
 
@@ -165,7 +164,7 @@ def test_a_quality_campaign_runs_its_children_on_the_cluster(cluster, tmp_path, 
         execute={"executor": "ray", "parallel": 2, "ray_address": "auto"})
     c = load_finetune_campaign(file)
     p = ft_plan(c, tmp_path / "camp")
-    executor = RayExecutor(c.settings.execute, 1, c.path, shared=shared_files(c, p.store.folder))
+    executor = RayExecutor(c.settings.execute, 1, c.path, shared=c.shared_files(p.store.folder))
     outcome = ft_job.run(p, executor=executor, reporter=Recorder())
     recs = [r for r in CampaignStore(tmp_path / "camp").records() if r.attrs.get("ran")]
     ids = [r.attrs["recipe_id"] for r in recs]

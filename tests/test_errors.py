@@ -10,9 +10,8 @@ from pydantic import BaseModel, Field, ValidationError
 from typer.testing import CliRunner
 
 from recipetune.cli import app
-from recipetune.config import load_campaign
+from recipetune.config import SearchConfig, load_campaign
 from recipetune.core.errors import ConfigError, validation_error
-from recipetune.engine.config import SearchConfig
 
 THREE_BAD = "baseline: {model: nano}\nsearch: {strategy: foo, budget: {trials: 0}}\nrun: {steps: -1}\n"
 
@@ -64,7 +63,7 @@ def test_a_bad_workload_kind_names_its_choices(tmp_path: Path):
 
 
 def test_a_playbook_keeps_its_own_error_type(tmp_path: Path):
-    from recipetune.engine.researcher import PlaybookError, load_playbook
+    from recipetune.engine.playbook import PlaybookError, load_playbook
 
     book = tmp_path / "book.yaml"
     book.write_text("rules:\n  - {name: a, why: b}\n  - {name: c, why: d, action: {}, extra: 1}\n")

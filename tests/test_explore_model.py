@@ -1,5 +1,5 @@
 """The analyst's undirected rule with ``search.explore: model``: TPE fitted to the tree's own results
-(engine/researcher.py: ``SpaceModel``) instead of a seeded uniform choice."""
+(engine/space_model.py: ``SpaceModel``) instead of a seeded uniform choice."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from recipetune.bench.table import Table
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.engine.config import LLMSettings, TreeSearchConfig
 from recipetune.engine.plan import build_proposer, make_proposer
-from recipetune.engine.researcher import AnalystProposer, Rule, SearchContext, SpaceModel, member
+from recipetune.engine.playbook import Rule
+from recipetune.engine.proposers import AnalystProposer
+from recipetune.engine.researcher import SearchContext, member
+from recipetune.engine.space_model import SpaceModel
 from recipetune.engine.store import distributions
 from recipetune.engine.tree import Tree
 from recipetune.speed.facts import BRIEFING, PLAYBOOK

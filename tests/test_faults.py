@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from postgres_server import PostgresServer, binaries  # noqa: E402
 from test_search_campaign import PATIENCE_S, records, wait_for, write_campaign_file  # noqa: E402
 
-from recipetune.engine import store as store_mod  # noqa: E402
-from recipetune.engine.store import CampaignStore, StoreUnavailable  # noqa: E402
+from recipetune.engine import database  # noqa: E402
+from recipetune.engine.database import StoreUnavailable  # noqa: E402
+from recipetune.engine.store import CampaignStore  # noqa: E402
 
 DRIVER = str(Path(__file__).resolve().parent / "test_search_campaign.py")  # `recipetune tune` with the fakes
 ENDED = ("passed", "rejected", "failed")
@@ -113,7 +114,7 @@ def test_database_down_past_the_bound_stops_the_driver_resumably(server, tmp_pat
     waited = lambda s: clock.__setitem__(0, clock[0] + s)  # noqa: E731
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(store_mod, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=waited))
+            mp.setattr(database, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=waited))
             with pytest.raises(StoreUnavailable, match=r"did not answer for 1s \(execute.db_retry_s\)") as e:
                 store.records()
         assert 0 < clock[0] <= 1.0  # it waited, and not past the bound

@@ -12,7 +12,9 @@ import pytest
 from test_finetune_search import campaign_file, fake_report
 
 from recipetune.engine.plan import make_proposer
-from recipetune.engine.researcher import AnalystProposer, SearchContext, load_playbook
+from recipetune.engine.playbook import load_playbook
+from recipetune.engine.proposers import AnalystProposer
+from recipetune.engine.researcher import SearchContext
 from recipetune.engine.tree import Tree
 from recipetune.finetune import plan as ftp
 from recipetune.finetune.analyst import experiment_facts

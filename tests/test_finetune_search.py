@@ -17,20 +17,21 @@ from ft_fixtures import experiment_file
 from typer.testing import CliRunner
 
 from recipetune.cli import app
+from recipetune.config import SearchConfig
 from recipetune.core.errors import ConfigError
-from recipetune.engine.config import SearchConfig
 from recipetune.engine.job import Finished, Reporter, Services
 from recipetune.engine.llm import check_edits, compress_context
 from recipetune.engine.plan import make_proposer
 from recipetune.engine.researcher import SearchContext
 from recipetune.engine.store import CampaignStore
-from recipetune.engine.tree import Tree, metric_reward, normalised_gain
+from recipetune.engine.tree import Tree
 from recipetune.execute.executor import LocalExecutor
 from recipetune.finetune import decide as decide_mod
 from recipetune.finetune import job as ft
 from recipetune.finetune import plan as ftp
 from recipetune.finetune.analyst import experiment_facts
-from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, FinalResult, LossCurve, Prediction
+from recipetune.finetune.decide import metric_reward, normalised_gain
+from recipetune.finetune.results import ErrorGroup, Evaluation, ExperimentReport, FinalResult, LossCurve, Prediction
 
 runner = CliRunner()
 SEARCH = {"knobs": {"lr": [0.001, 0.003, 0.01], "max_steps": [3, 6]},

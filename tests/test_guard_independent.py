@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recipetune.core import stats
 from recipetune.core.measure import RunResult, StepRecord, robust_rate
 from recipetune.core.recipe import Recipe
-from recipetune.guard import stats
 from recipetune.guard.baseline import build_profile, trusted_aa
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.looks import gather

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from recipetune.guard import stats
+from recipetune.core import stats
 
 
 def test_smooth_is_a_trailing_mean_over_full_windows():

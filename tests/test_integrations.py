@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from recipetune.config import load_campaign
-from recipetune.workloads.presets import get_preset, read_logs
+from recipetune.workloads.log_formats import get_preset, read_logs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # run_clm.py's own arguments (ModelArguments, DataTrainingArguments), which TrainingArguments does not know

@@ -1,4 +1,4 @@
-"""The live trial table (engine/live.py) at 80, 120 and 200 columns: no line wider than the terminal,
+"""The live trial table (view/live.py) at 80, 120 and 200 columns: no line wider than the terminal,
 no word cut in two across lines, and at 80 the columns a user needs to follow a campaign."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from recipetune.engine.job import Row
-from recipetune.engine.live import Columns, LiveReporter, _clip
+from recipetune.view.live import Columns, LiveReporter, _clip
 
 SPEED = Columns(figure="tok/s/dev", score="speed-up", check="loss check", figure_fmt=",.0f", score_fmt=".2f",
                 unit="x", none_better="nothing faster has passed screening")
@@ -76,7 +76,7 @@ def test_clip_cuts_between_words():
 
 
 def test_a_running_trial_shows_its_steps_time_and_eta_and_the_campaign_its_runs(monkeypatch):
-    from recipetune.engine import live
+    from recipetune.view import live
 
     clock = iter([100.0, 110.0, 110.0, 110.0, 110.0, 110.0])
     monkeypatch.setattr(live.time, "monotonic", lambda: next(clock, 110.0))

@@ -221,7 +221,8 @@ def test_float8_is_refused_clearly_without_torchao_or_gpu():
 
 
 def test_playbook_rules_for_the_layout_knobs():
-    from recipetune.engine.researcher import AnalystProposer, load_playbook
+    from recipetune.engine.playbook import load_playbook
+    from recipetune.engine.proposers import AnalystProposer
 
     analyst = AnalystProposer(load_playbook(builtin=PLAYBOOK))
     recipe = resolve(nproc=4, dp_shard=2, tp=2, micro_batch_size=4)
@@ -370,7 +371,8 @@ def test_profile_reads_the_per_rank_figures_of_the_stream(tmp_path):
 
 
 def test_playbook_rules_for_experts_and_pipelines():
-    from recipetune.engine.researcher import AnalystProposer, load_playbook
+    from recipetune.engine.playbook import load_playbook
+    from recipetune.engine.proposers import AnalystProposer
 
     analyst = AnalystProposer(load_playbook(builtin=PLAYBOOK))
     moe = dict(resolve(nproc=2, dp_shard=2, ep=2, model="nano-moe"), n_devices=2, n_experts=4, device="cpu",

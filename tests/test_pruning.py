@@ -37,12 +37,13 @@ from recipetune.engine.job import (
     watch,
 )
 from recipetune.engine.loop import run_search
+from recipetune.engine.record import Figures, Trial
 from recipetune.engine.samplers import make_pruner, make_sampler, pruning_bar
 from recipetune.engine.store import CampaignStore
-from recipetune.engine.tree import metric_reward
 from recipetune.execute.executor import LocalExecutor
 from recipetune.finetune import job as ft
 from recipetune.finetune import plan as ftp
+from recipetune.finetune.decide import metric_reward
 from recipetune.finetune.experiment import load_experiment, train_and_validate
 
 # -- a job whose trials report a known curve ---------------------------------------------------------
@@ -72,6 +73,7 @@ class CurveJob:
     """Reports curves[q] one checkpoint at a time and stops when told."""
 
     name = "curve"
+    figures = Figures
 
     def __init__(self, noise: float | None = None, curves: dict[int, list[float]] = CURVES) -> None:
         self.noise = noise  # a report's plausible upper bound is value + noise (None: no bound given)
@@ -110,8 +112,8 @@ class CurveJob:
     def load(self, run_dir: Path) -> None:
         return None
 
-    def row(self, key: str, number: int | None, recipe: Recipe, attrs: dict[str, Any]) -> Row:
-        return Row(key, number, str(dict(recipe)), attrs.get("status", ""))
+    def row(self, key: str, number: int | None, recipe: Recipe, trial: Trial[Figures]) -> Row:
+        return Row(key, number, str(dict(recipe)), trial.status)
 
     def decide(self, finished: Finished) -> Outcome:
         best = finished.tree.best()
@@ -503,7 +505,7 @@ def test_a_pruned_childs_reward_is_its_gain_over_the_baseline_at_the_same_checkp
     assert level.status == behind.status == "pruned" and level.reward == 0.5
     assert metric_reward(6 / 64, 0.45, True) < 0.15  # what the final value as reference made of it
     assert behind.reward == metric_reward(4 / 64, 6 / 64, True) < 0.5
-    assert later.reward == metric_reward(17 / 64, 19 / 64, True) and later.figures["baseline_at_prune"] == 19 / 64
+    assert later.reward == metric_reward(17 / 64, 19 / 64, True) and later.figures.baseline_at_prune == 19 / 64
     # a baseline that reported no checkpoints (pruning turned on for a resumed campaign): its final value
     job.root_curve = {}
     assert job.land(ft.Pruned(1, 3, 6 / 64, 64), c.baseline, tmp_path).reward == metric_reward(6 / 64, 0.45, True)

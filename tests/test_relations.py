@@ -14,7 +14,9 @@ from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import SearchSpace
-from recipetune.engine.researcher import AnalystProposer, RandomProposer, SearchContext, load_playbook
+from recipetune.engine.playbook import load_playbook
+from recipetune.engine.proposers import AnalystProposer, RandomProposer
+from recipetune.engine.researcher import SearchContext
 from recipetune.engine.samplers import make_sampler
 from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.strategy import SamplerStrategy

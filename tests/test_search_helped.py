@@ -1,5 +1,5 @@
 """The analyst's ``helped`` action: moves that raised their parent's score elsewhere in the tree, made
-on the node being expanded (engine/researcher.py: ``helped_moves``). Tested on the trees built to fool
+on the node being expanded (engine/space_model.py: ``helped_moves``). Tested on the trees built to fool
 it (a pruned child with a checkpoint's high value, a failed one, a move that hurt or changed nothing,
 a move the node already has, the same move twice) and beside the case it is for: two moves that each
 helped, one child apart instead of two expansions."""
@@ -10,7 +10,10 @@ import pytest
 from pydantic import ValidationError
 from test_search_proposers import BASE, SPACE, WORKLOAD
 
-from recipetune.engine.researcher import AnalystProposer, Rule, SearchContext, helped_moves, load_playbook
+from recipetune.engine.playbook import Rule, load_playbook
+from recipetune.engine.proposers import AnalystProposer
+from recipetune.engine.researcher import SearchContext
+from recipetune.engine.space_model import helped_moves
 from recipetune.engine.tree import Tree
 
 HELPED = Rule(name="combine", when="True", why="w", action={"knob": "*", "helped": True})

@@ -16,7 +16,9 @@ from recipetune.core.errors import ConfigError
 from recipetune.engine.config import LLMSettings
 from recipetune.engine.llm import LLMProposer
 from recipetune.engine.plan import make_proposer
-from recipetune.engine.researcher import AnalystProposer, Proposal, WithFallback, load_playbook
+from recipetune.engine.playbook import load_playbook
+from recipetune.engine.proposers import AnalystProposer, WithFallback
+from recipetune.engine.researcher import Proposal
 from recipetune.speed.facts import PLAYBOOK
 from recipetune.speed.plan import plan
 

@@ -7,14 +7,9 @@ import pytest
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import SearchSpace
 from recipetune.engine.plan import make_proposer
-from recipetune.engine.researcher import (
-    AnalystProposer,
-    PlaybookError,
-    RandomProposer,
-    Rule,
-    SearchContext,
-    load_playbook,
-)
+from recipetune.engine.playbook import PlaybookError, Rule, load_playbook
+from recipetune.engine.proposers import AnalystProposer, RandomProposer
+from recipetune.engine.researcher import SearchContext
 from recipetune.engine.tree import Tree
 from recipetune.speed.facts import BRIEFING, PLAYBOOK, profile_facts
 from recipetune.workloads.reference import ReferenceWorkload

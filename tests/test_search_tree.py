@@ -7,7 +7,8 @@ import math
 import pytest
 
 from recipetune.core.recipe import Recipe
-from recipetune.engine.tree import Tree, reward, uct
+from recipetune.engine.tree import Tree, uct
+from recipetune.speed.job import reward
 
 BASE = Recipe({"a": 1, "b": "x"})
 C = 1 / math.sqrt(2)

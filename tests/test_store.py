@@ -9,7 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from recipetune.core.recipe import Knob, KnobSet, Recipe, SearchSpace
-from recipetune.engine.store import INTERRUPTED, CampaignStore, distributions
+from recipetune.engine.drivers import INTERRUPTED
+from recipetune.engine.store import CampaignStore, distributions
 
 KNOBS = KnobSet([Knob("mbs", 1, choices=(1, 2, 4, 8)), Knob("impl", "loop", choices=("loop", "foreach")),
                  Knob("pin", False, choices=(False, True))])

@@ -171,11 +171,11 @@ def _mount_subcommands(wanted: str | None = None) -> None:
 
         app.command()(verify)
     if wanted in (None, "tune", "finetune"):
-        from recipetune.engine.live import OBSERVERS
+        from recipetune.view.live import OBSERVERS
 
         OBSERVERS["mlflow"] = _mlflow_live  # `tune --mlflow`, `finetune --mlflow`: a view from report/
     if wanted in (None, "tune"):
-        from recipetune.speed.cli import tune
+        from recipetune.view.campaign import tune
 
         app.command()(tune)
     if wanted in (None, "report", "show"):
@@ -195,7 +195,7 @@ def _mount_subcommands(wanted: str | None = None) -> None:
         app.add_typer(data_app, name="data")
         app.add_typer(ft_app, name="ft")
     if wanted in (None, "finetune"):
-        from recipetune.finetune.campaign_cli import finetune
+        from recipetune.view.campaign import finetune
 
         app.command()(finetune)
 

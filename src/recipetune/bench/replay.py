@@ -28,20 +28,23 @@ from typing import Any
 import optuna
 
 from recipetune.bench.table import Entry, Measurement, Table
+from recipetune.core import stats
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.engine import record
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services
 from recipetune.engine.loop import Search, run_search
 from recipetune.engine.plan import make_proposer
+from recipetune.engine.record import Figures
 from recipetune.engine.researcher import Explore, Proposal
 from recipetune.engine.samplers import FeasibleSampler, make_sampler
 from recipetune.engine.store import CampaignStore, distributions
 from recipetune.engine.strategy import Candidate, Strategy, Wait
-from recipetune.engine.tree import Node, reward
+from recipetune.engine.tree import Node
 from recipetune.execute.executor import LocalExecutor
-from recipetune.guard import stats
 from recipetune.speed.facts import BRIEFING, PLAYBOOK
+from recipetune.speed.job import reward
 
 STRATEGIES = ("mcts-analyst", "mcts-analyst-model", "mcts-analyst-max", "mcts-random", "greedy", "sequential",
               "tpe", "gp", "optuna-random", "grid")
@@ -143,12 +146,20 @@ class Oracle:
 # -- the table as a job -----------------------------------------------------------------------------
 
 
+class TableFigures(Figures):
+    """What a replayed trial stores: the recipe's true speed-up in the table, what its run cost."""
+
+    true: float | None = None
+    cost_s: float | None = None
+
+
 class TableJob:
     """The speed job against a table: the baseline's first good repeat is the root, an infeasible
     recipe is refused, a run is a drawn repeat, judged as screening would (ok and measured: passed,
     the observed speed-up its score and the log speed-up its reward)."""
 
     name = "table"
+    figures = TableFigures
 
     def __init__(self, oracle: Oracle, cfg: TreeSearchConfig, reward_span: float = 4.0):
         self.oracle, self.cfg, self.reward_span = oracle, cfg, reward_span
@@ -199,20 +210,20 @@ class TableJob:
             shown = m.tokens_per_s / self.oracle.base_tps  # type: ignore[operator]
             self.trajectory.trials.append(Trial(entry.id, "pruned", None, true, m.wall_s))
             return Landing("pruned", None, reward(shown, True, self.reward_span, self.cfg.failure_penalty),
-                           f"pruned at window {stopped_at}: {shown:.2f}x", {"true": true, "cost_s": m.wall_s},
+                           f"pruned at window {stopped_at}: {shown:.2f}x", TableFigures(true=true, cost_s=m.wall_s),
                            self.oracle.result(entry, m))
         ok = m.status == "ok" and bool(m.tokens_per_s)
         observed = m.tokens_per_s / self.oracle.base_tps if ok else None  # type: ignore[operator]
         self.trajectory.trials.append(Trial(entry.id, "passed" if ok else "failed", observed, true, m.wall_s))
         return Landing("passed" if ok else "failed", observed,
                        reward(observed, ok, self.reward_span, self.cfg.failure_penalty), "" if ok else m.cause,
-                       {"true": true, "cost_s": m.wall_s}, self.oracle.result(entry, m))
+                       TableFigures(true=true, cost_s=m.wall_s), self.oracle.result(entry, m))
 
     def load(self, run_dir: Path) -> None:
         return None  # a replay is never resumed
 
-    def row(self, key: str, number: int | None, recipe: Recipe, attrs: dict[str, Any]) -> Row:
-        return Row(key, number, recipe.describe_diff(self.baseline), attrs.get("status", ""))
+    def row(self, key: str, number: int | None, recipe: Recipe, trial: record.Trial[TableFigures]) -> Row:
+        return Row(key, number, recipe.describe_diff(self.baseline), trial.status)
 
     def decide(self, finished: Finished) -> Outcome:
         return Outcome("KEEP BASELINE", ["a replay measures the search, not a decision"], finished.tree,

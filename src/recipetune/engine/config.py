@@ -1,4 +1,6 @@
-"""Settings of a search campaign (the ``search:`` section of a campaign file)."""
+"""Settings of a search campaign every job has (the ``search:`` section of a campaign file); a job's
+own settings extend ``TreeSearchConfig`` in that job's campaign file (config.py: ``SearchConfig`` for
+speed, finetune/plan.py: ``FinetuneSearchConfig``)."""
 
 from __future__ import annotations
 
@@ -70,24 +72,6 @@ class LLMSettings(BaseModel):
                                                "proposals); a server that refuses it is asked without, from then on")
 
 
-class GlobalBatch(BaseModel):
-    """Opt-in to searching the global batch: bounded by a measured critical batch size, the LR following it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cbs_summary: str | None = Field(
-        None, description="summary.json of `recipetune cbs fit|sweep|scale` (relative to the campaign file)"
-    )
-    group: str | None = Field(None, description="the summary's group label, when it holds several")
-    conservative: bool = Field(True, description="bound by the lower end of B*'s 95% interval; false: B* itself")
-    max: int | None = Field(None, ge=1, description="the bound itself (the knob's unit); wins over cbs_summary")
-    lr_scaling: Literal["sqrt", "linear", "none"] = Field(
-        "sqrt", description="lr = baseline lr x k^p for a batch k times the baseline's: p = 1/2, 1 or 0"
-    )
-    knob: str = Field("global_batch_size", description="the workload's global-batch knob (sequences per step)")
-    lr_knob: str = Field("lr", description="the workload's learning-rate knob")
-
-
 class TreeSearchConfig(BaseModel):
     """What every job's search has: the space, the strategy, the Researcher, the budget, the store."""
 
@@ -116,15 +100,3 @@ class TreeSearchConfig(BaseModel):
     storage: str | None = Field(None, description="SQLAlchemy URL of the study; default sqlite in the campaign folder")
     llm: LLMSettings = LLMSettings()
     pruning: Pruning = Pruning()
-
-
-class SearchConfig(TreeSearchConfig):
-    """The speed job's search: semantic knobs only on opt-in, screened at a fixed number of steps."""
-
-    allow_semantic: list[str] = Field(default_factory=list)
-    global_batch: GlobalBatch | None = Field(None, description="needed to list the global batch in allow_semantic")
-    steps_per_trial: int = Field(30, ge=2)
-    reward_span: float = Field(
-        4.0, gt=1.0, description="speed-up that earns the full reward 1 (its inverse earns 0; 1.0x earns 0.5)"
-    )
-    finalists: int = Field(3, ge=1, description="best screened candidates sent to the guard's final verdict")

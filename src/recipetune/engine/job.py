@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.engine.record import Figures, Trial
 from recipetune.engine.researcher import Subject
 from recipetune.engine.store import CampaignStore
 from recipetune.engine.tree import Node, NodeStatus, Tree
@@ -47,7 +48,7 @@ class Row:
 
 
 class Reporter:
-    """Receives the campaign's progress; the CLI draws it (engine/live.py), tests may record it."""
+    """Receives the campaign's progress; the campaign command draws it (view/live.py), tests may record it."""
 
     def phase(self, text: str) -> None: ...
 
@@ -169,7 +170,7 @@ class Landing:
     score: float | None  # the job's figure of merit (None unless it ran to its end and was measured)
     reward: float  # in [0, 1], backpropagated (engine/tree.py)
     cause: str = ""
-    figures: dict[str, Any] = field(default_factory=dict)  # stored with the trial
+    figures: Figures | None = None  # the job's figures, stored with the trial (engine/record.py)
     result: Any = None  # what the proposer reads of this run
 
 
@@ -205,6 +206,10 @@ class Job(Protocol):
     baseline: Recipe
     space: SearchSpace
     subject: Subject  # the knobs and their relations, as proposers see them
+    # What the Researcher is told (engine/researcher.py: SearchContext's facts, goal, score_name,
+    # profile, details, max_chars): speed/facts.py BRIEFING, finetune/job.py QualityJob.
+    briefing: dict[str, Any]
+    figures: type[Figures]  # what its trials store beside the engine's fields (engine/record.py: Trial)
 
     def start(self, services: Services) -> Root:
         """Measure (or reload) the baseline. The job keeps ``services``."""
@@ -219,7 +224,8 @@ class Job(Protocol):
     def load(self, run_dir: Path) -> Any:
         """A finished run's result read back from its folder (a resume), or None."""
 
-    def row(self, key: str, number: int | None, recipe: Recipe, attrs: dict[str, Any]) -> Row: ...
+    def row(self, key: str, number: int | None, recipe: Recipe, trial: Trial[Any]) -> Row:
+        """The trial's line of the live table."""
 
     def decide(self, finished: Finished) -> Outcome: ...
 

@@ -8,7 +8,7 @@ with the reasons and asked again, up to ``search.llm.retries`` times. Nothing it
 
 The transport is the official ``openai`` client (the ``llm`` extra), with its own retries, backoff
 and timeouts for connection errors and overloaded servers (``search.llm.transport_retries``). Where
-every answer stays unusable, researcher.py's ``WithFallback`` lets the analyst (or random) propose.
+every answer stays unusable, engine/proposers.py's ``WithFallback`` lets the analyst (or random) propose.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ Answer again, JSON only, exactly the shape asked for, with knobs and values from
 not already measured (or {{"proposals": []}} if you have nothing new)."""
 
 
-def _node_view(node: Node, baseline: Recipe, score_name: str = "speedup") -> dict[str, Any]:
+def _node_view(node: Node, baseline: Recipe, score_name: str) -> dict[str, Any]:
     view: dict[str, Any] = {"changes": node.recipe.edits_from(baseline),
                             "status": node.status}
     if node.score is not None:

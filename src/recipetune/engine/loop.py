@@ -27,10 +27,12 @@ from typing import Any
 from recipetune.core.process import kill_orphans
 from recipetune.core.recipe import Recipe
 from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.database import NO_SPACE, DiskFull
 from recipetune.engine.job import Checked, Finished, Job, Landing, Outcome, Progress, Root, Row, Services
+from recipetune.engine.record import Trial, TrialRecord
 from recipetune.engine.researcher import Proposer, SearchContext
 from recipetune.engine.samplers import pruning_bar
-from recipetune.engine.store import NO_SPACE, DiskFull, TrialRecord, distributions
+from recipetune.engine.store import distributions
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
 from recipetune.engine.tree import Node, Tree
 from recipetune.execute.executor import TrialLost
@@ -117,21 +119,24 @@ class Search:
                 continue
             if rec.recipe in tree:
                 continue
-            a = rec.attrs
-            self.runs += bool(a.get("ran"))
-            parent = tree.nodes.get(a.get("parent", ""), tree.root)
-            result = self.job.load(Path(a["run_dir"])) if a.get("run_dir") else None
-            tree.add(rec.recipe, parent, a["status"], a.get("reward"), score=a.get("score", a.get("speedup")),
-                     cause=a.get("cause", ""), rationale=a.get("rationale", ""), source=a.get("proposer", ""),
-                     trial=rec.number, result=result)
+            t = self.trial(rec.attrs)
+            self.runs += t.ran
+            parent = tree.nodes.get(t.parent, tree.root)
+            result = self.job.load(Path(t.run_dir)) if t.run_dir else None
+            tree.add(rec.recipe, parent, t.status, t.reward, score=t.score, cause=t.cause, rationale=t.rationale,
+                     source=t.proposer, trial=rec.number, result=result)
             self._report_record(rec)
         if records and not quiet:
             self.reporter.phase(f"resumed: {len(records)} trials in the study, {self.runs} runs of the budget spent")
             self.reporter.best(tree.best(), self.baseline)
 
+    def trial(self, attrs: dict[str, Any]) -> Trial[Any]:
+        """A trial's stored attributes as the job's typed record."""
+        return Trial[self.job.figures].model_validate(attrs)  # type: ignore[name-defined]
+
     def _report_record(self, rec: TrialRecord) -> None:
         if "recipe" in rec.attrs:
-            self.reporter.row(self.job.row(str(rec.number), rec.number, rec.recipe, rec.attrs))
+            self.reporter.row(self.job.row(str(rec.number), rec.number, rec.recipe, self.trial(rec.attrs)))
 
     # one trial -------------------------------------------------------------------------------
 
@@ -158,7 +163,7 @@ class Search:
         if checked.refusal:
             figures = {"status": "rejected", "cause": checked.refusal, "ran": False, "violations": checked.details}
             store.finish(number, None, figures)
-            self.reporter.row(job.row(key, number, c.recipe, {**attrs, **figures}))
+            self.reporter.row(job.row(key, number, c.recipe, self.trial({**attrs, **figures})))
             return tree.add(c.recipe, c.parent, "rejected", None, cause=checked.refusal,
                             rationale=proposal.rationale, source=proposal.source, trial=number)
         if not store.take_run(number, self.cfg.budget.trials):  # other drivers' runs took the shared budget
@@ -169,7 +174,7 @@ class Search:
             return None
         run_dir = store.run_dir(number, c.recipe)
         store.set_running(number, {"run_dir": str(run_dir), "ran": True, **checked.plan})
-        self.reporter.row(job.row(key, number, c.recipe, {**attrs, "status": "running"}))
+        self.reporter.row(job.row(key, number, c.recipe, self.trial({**attrs, "status": "running"})))
         self.runs += 1
         tree.reserve(c.parent)  # virtual loss while it runs: parallel selection looks elsewhere
         progress = Progress(lambda done, total: self.reporter.progress(key, done, total),
@@ -188,24 +193,26 @@ class Search:
         try:
             landing = self.job.land(pending.future.result(), recipe, run_dir)
         except TrialLost as e:  # its worker or node died on every attempt: recorded, the campaign goes on
-            landing = Landing("failed", None, penalty, f"lost: {e}", {"run_status": "lost"})
+            landing = Landing("failed", None, penalty, f"lost: {e}", self.job.figures(run_status="lost"))
             kill_orphans(str(run_dir))  # its trainer's children, if the trial ran on this machine
         except Exception as e:  # a broken trial must not end the campaign; the record says what broke
             if isinstance(e, OSError) and e.errno in NO_SPACE:  # but a full disk is the campaign's, not the
                 raise DiskFull(store.folder, e) from e  # recipe's: stop, the trial stays open for --resume
-            landing = Landing("failed", None, penalty, f"error: {type(e).__name__}: {e}", {"run_status": "error"})
+            landing = Landing("failed", None, penalty, f"error: {type(e).__name__}: {e}",
+                              self.job.figures(run_status="error"))
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "error.txt").write_text("".join(traceback.format_exception(e)))
         passed = landing.status == "passed"
         attempts = run_dir / "attempts.jsonl"
-        figures = {**landing.figures, "status": landing.status, "cause": landing.cause, "reward": landing.reward,
+        stored = landing.figures.stored() if landing.figures is not None else {}
+        figures = {**stored, "status": landing.status, "cause": landing.cause, "reward": landing.reward,
                    "score": landing.score if passed else None,
                    **({"attempts": attempts.read_text().count("\n")} if attempts.exists() else {})}
         store.finish(number, landing.score if passed else None, figures, pruned=landing.status == "pruned")
         self.trial_s += time.monotonic() - pending.started
         store.set_meta("search_trial_s", self.trial_s)
-        self.reporter.row(self.job.row(str(number), number, recipe,
-                                       {"rationale": proposal.rationale, "proposer": proposal.source, **figures}))
+        self.reporter.row(self.job.row(str(number), number, recipe, self.trial(
+            {"rationale": proposal.rationale, "proposer": proposal.source, **figures})))
         node = tree.add(recipe, parent=c.parent, status=landing.status, value=landing.reward,
                         score=landing.score if passed else None, cause=landing.cause, rationale=proposal.rationale,
                         source=proposal.source, trial=number, result=landing.result)

@@ -1,6 +1,6 @@
 """Planning a campaign, for any job: every check before anything is written.
 
-A job's ``plan()`` (speed/plan.py, finetune/job.py) checks its own file and space, then
+A job's ``plan()`` (speed/plan.py, finetune/plan.py) checks its own file and space, then
 uses these for what all jobs share: the Researcher the search section names, and the campaign folder
 (a new campaign needs an empty one, a resumed one the same settings).
 """
@@ -13,19 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from recipetune.core.errors import ConfigError
-from recipetune.core.recipe import SearchSpace
+from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.core.relations import Relations
 from recipetune.engine.config import LLMSettings, TreeSearchConfig
 from recipetune.engine.llm import LLMProposer
-from recipetune.engine.researcher import (
-    AnalystProposer,
-    Explore,
-    PlaybookError,
-    Proposer,
-    RandomProposer,
-    WithFallback,
-    load_playbook,
-)
+from recipetune.engine.playbook import PlaybookError, load_playbook
+from recipetune.engine.proposers import AnalystProposer, RandomProposer, WithFallback
+from recipetune.engine.researcher import Explore, Proposer
+from recipetune.engine.samplers import make_pruner, make_sampler
 from recipetune.engine.store import CampaignStore
+from recipetune.execute.config import ExecuteConfig
 
 
 @dataclass
@@ -113,3 +110,18 @@ def check_folder(folder: Path, cfg: TreeSearchConfig, meta: dict[str, Any], resu
                               f"differs from the campaign being resumed in {folder} "
                               f"(was {json.dumps(old_meta.get(key))}); resume with the same file and overrides")
     return n_done
+
+
+def open_campaign(cfg: TreeSearchConfig, execute: ExecuteConfig, file: Path, folder: Path, resume: bool,
+                  meta: dict[str, Any], keys: tuple[str, ...], space: SearchSpace, baseline: Recipe,
+                  relations: Relations, playbook: str) -> tuple[Proposer | None, CampaignStore]:
+    """What every job's plan does once its own file and space are checked: the Researcher (the job's
+    built-in ``playbook``), the folder (``keys`` of ``meta`` kept on --resume), the study's sampler
+    and pruner, the store. Raises ConfigError (exit 2) before anything is written."""
+    proposer = build_proposer(cfg, file, builtin=playbook)
+    n_done = check_folder(folder, cfg, meta, resume, keys, file)
+    # A resumed campaign draws afresh: a sampler re-seeded identically would replay its first picks.
+    sampler = make_sampler(cfg.strategy, space, baseline, cfg.seed + n_done, relations, execute.parallel)
+    store = CampaignStore(folder, cfg.storage, sampler, execute.heartbeat_s, db_retry_s=execute.db_retry_s,
+                          pruner=make_pruner(cfg.pruning))
+    return proposer, store

@@ -4,19 +4,10 @@ The root is the baseline; every other node is one recipe that was proposed, chec
 the guard rejected it before running) measured. A round selects a node by UCT, asks the proposer
 for a few children, runs them and backpropagates their rewards along the path to the root.
 
-The tree is the same for every job; a node's ``score`` is the job's figure of merit and its reward
-the job's normalised gain over the baseline. Rewards lie in [0, 1] and the baseline earns 0.5:
-
-- speed (``reward``): a candidate that passes screening earns ``0.5 + 0.5 * log(speedup) /
-  log(span)`` clipped to [0, 1] (1.0x earns 0.5, ``span``x earns 1, 1/``span``x earns 0). Speed-ups
-  compose multiplicatively along a path, so the logarithm makes equal ratios worth equal rewards.
-- quality (``metric_reward``): the validation metric m against the baseline's m0, for metrics in
-  [0, 1] where higher is better. The normalised gain is the share of the headroom closed,
-  ``(m - m0) / (1 - m0)``, above the baseline, and the share of the baseline lost, ``(m - m0) / m0``,
-  below it; the reward is ``0.5 + 0.5 * gain``. So 0.5 -> 0.75 and 0.9 -> 0.95 are worth the same
-  (half the headroom each), and falling to 0 earns 0.
-
-A rejected or failed trial earns the penalty (0 by default) in both. On rewards in [0, 1] the
+The tree is the same for every job: a node's ``score`` is the job's figure of merit and its reward
+the job's normalised gain over the baseline, both computed by the job (speed: speed/job.py
+``reward``, quality: finetune/decide.py ``metric_reward``). Rewards lie in [0, 1] and the baseline
+earns 0.5; a rejected or failed trial earns the penalty (0 by default). On rewards in [0, 1] the
 classic exploration constant is c = 1/sqrt(2) (Kocsis & Szepesvari 2006).
 
 What a subtree is worth to UCT (``backup``):
@@ -50,34 +41,12 @@ NodeStatus = Literal["baseline", "passed", "rejected", "failed", "pruned"]
 Backup = Literal["mean", "max"]
 
 
-def reward(speedup: float | None, passed: bool, span: float = 4.0, penalty: float = 0.0) -> float:
-    """The speed job's reward of one trial (see the module docstring)."""
-    if not passed or speedup is None or not speedup > 0:
-        return penalty
-    return min(1.0, max(0.0, 0.5 + 0.5 * math.log(speedup) / math.log(span)))
-
-
-def normalised_gain(value: float, baseline: float) -> float:
-    """The quality job's gain in [-1, 1]: the share of the headroom closed above the baseline, the
-    share of the baseline lost below it (metrics in [0, 1], higher is better)."""
-    if value >= baseline:
-        return 0.0 if baseline >= 1.0 else (value - baseline) / (1.0 - baseline)
-    return (value - baseline) / baseline  # baseline > value >= 0, so baseline > 0
-
-
-def metric_reward(value: float | None, baseline: float, ok: bool, penalty: float = 0.0) -> float:
-    """The quality job's reward of one experiment (see the module docstring)."""
-    if not ok or value is None or not math.isfinite(value):
-        return penalty
-    return min(1.0, max(0.0, 0.5 + 0.5 * normalised_gain(min(1.0, max(0.0, value)), baseline)))
-
-
 @dataclass(eq=False)
 class Node:
     recipe: Recipe
     parent: Node | None
     status: NodeStatus
-    score: float | None = None  # the job's figure of merit: screened speed-up, or validation metric
+    score: float | None = None  # the job's figure of merit (speed: screened speed-up; quality: validation metric)
     cause: str = ""  # why it was rejected or failed
     rationale: str = ""
     source: str = ""  # which proposer suggested it
@@ -120,7 +89,7 @@ class Tree:
     """Every recipe a campaign tried, by id; a recipe is never added (hence never run) twice."""
 
     def __init__(self, baseline: Recipe, result: Any = None, exploration: float = 1 / math.sqrt(2),
-                 score: float | None = 1.0, backup: Backup = "mean"):
+                 score: float | None = None, backup: Backup = "mean"):
         self.exploration, self.backup = exploration, backup
         self.low, self.high = math.inf, -math.inf  # the range of the rewards so far (backup: max)
         self.root = Node(baseline, None, "baseline", score=score, result=result)

@@ -15,7 +15,7 @@ from typing import Any
 from recipetune.engine.researcher import SearchContext
 from recipetune.engine.tree import Node
 from recipetune.finetune.metrics import ERROR_KINDS
-from recipetune.finetune.report import ExperimentReport
+from recipetune.finetune.results import ExperimentReport
 
 GOAL = ("raise the task's primary metric on the validation split (the test split is never shown); each "
         "experiment is a training recipe plus data steps (knobs data_<name>: true adds that step)")

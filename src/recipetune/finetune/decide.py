@@ -14,6 +14,7 @@ file to run it (``recipetune ft run approved.yaml``).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
@@ -22,12 +23,29 @@ import yaml
 from pydantic import BaseModel
 
 from recipetune.core.recipe import Recipe
+from recipetune.core.stats import t_interval
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
-from recipetune.engine.tree import normalised_gain
 from recipetune.finetune.final import final_evaluation
 from recipetune.finetune.plan import FinetuneCampaign
-from recipetune.finetune.report import FinalResult
-from recipetune.guard.stats import t_interval
+from recipetune.finetune.results import FinalResult
+
+
+def normalised_gain(value: float, baseline: float) -> float:
+    """The quality job's gain in [-1, 1], for metrics in [0, 1] where higher is better: the share of
+    the headroom closed above the baseline, ``(m - m0) / (1 - m0)``, the share of the baseline lost
+    below it, ``(m - m0) / m0``. So 0.5 -> 0.75 and 0.9 -> 0.95 are worth the same (half the headroom
+    each), and falling to 0 is -1."""
+    if value >= baseline:
+        return 0.0 if baseline >= 1.0 else (value - baseline) / (1.0 - baseline)
+    return (value - baseline) / baseline  # baseline > value >= 0, so baseline > 0
+
+
+def metric_reward(value: float | None, baseline: float, ok: bool, penalty: float = 0.0) -> float:
+    """The quality job's reward of one experiment, in [0, 1] (engine/tree.py): ``0.5 + 0.5 * gain``
+    of its validation metric over the baseline's; a failed one earns ``penalty``."""
+    if not ok or value is None or not math.isfinite(value):
+        return penalty
+    return min(1.0, max(0.0, 0.5 + 0.5 * normalised_gain(min(1.0, max(0.0, value)), baseline)))
 
 
 class QualityVerdict(BaseModel):
@@ -45,7 +63,7 @@ class QualityVerdict(BaseModel):
     ci_low: float
     ci_high: float
     confidence: float
-    normalised_gain: float  # of the means (engine/tree.py)
+    normalised_gain: float  # of the means (``normalised_gain``)
     validation_baseline: float
     validation_candidate: float
 

@@ -27,9 +27,9 @@ from recipetune.data.files import DataFileError
 from recipetune.data.ops import Operator, Row
 from recipetune.finetune import metrics as M
 from recipetune.finetune.recipe import ModelSpec, TrainRecipe
-from recipetune.finetune.report import ErrorGroup, Evaluation, ExperimentReport, LossCurve, Prediction
+from recipetune.finetune.results import ErrorGroup, Evaluation, ExperimentReport, LossCurve, Prediction
 from recipetune.finetune.route import ModelError, Route, TrainLog
-from recipetune.finetune.routes import check_fit, check_model, load_route
+from recipetune.finetune.routing import check_fit, check_model, load_route
 from recipetune.finetune.task import Splits, TaskConfig, iter_rows, load_splits
 
 if TYPE_CHECKING:
@@ -78,13 +78,13 @@ class Experiment:
         raw["recipe"].update(recipe or {})
         if data is not None:
             raw["data"] = data
-        spec = _validate(self.path, raw)
+        spec = validate_spec(self.path, raw)
         if spec.task != self.spec.task or spec.model != self.spec.model:
             raise ConfigError(self.path, "task", "a child experiment cannot change the task or the model")
         return Experiment(self.path, spec, self.splits)
 
 
-def _validate(path: Path, raw: dict) -> ExperimentSpec:
+def validate_spec(path: Path, raw: dict) -> ExperimentSpec:
     try:
         return ExperimentSpec.model_validate(raw)
     except ValidationError as e:
@@ -107,7 +107,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     """Read, override and check an experiment file (a campaign's sections are ignored here)."""
     path = Path(path)
     raw, _ = read_experiment_file(path, overrides)
-    spec = _validate(path, raw)
+    spec = validate_spec(path, raw)
     try:
         splits = load_splits(spec.task, path.resolve().parent)
         check_model(spec.model, path.resolve().parent)

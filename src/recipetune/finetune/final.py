@@ -11,8 +11,8 @@ import statistics
 from pathlib import Path
 
 from recipetune.finetune.experiment import Experiment, class_labels, evaluate, prepare_data, train_and_validate
-from recipetune.finetune.report import Evaluation, ExperimentReport, FinalResult
-from recipetune.finetune.task import _TEST_KEY
+from recipetune.finetune.results import Evaluation, ExperimentReport, FinalResult
+from recipetune.finetune.task import TEST_KEY
 
 
 def _finished(run_dir: Path, experiment_id: str) -> tuple[ExperimentReport, Evaluation] | None:
@@ -27,7 +27,7 @@ def _finished(run_dir: Path, experiment_id: str) -> tuple[ExperimentReport, Eval
 
 def final_evaluation(exp: Experiment, seeds: list[int], out_dir: Path, log=lambda text: None) -> FinalResult:
     rows, version = prepare_data(exp)
-    test_rows = list(exp.splits.open_test(_TEST_KEY))
+    test_rows = list(exp.splits.open_test(TEST_KEY))
     values, val_values, runs, all_metrics = [], [], [], []
     for seed in seeds:
         child = exp.derive(recipe={"seed": seed})

@@ -4,7 +4,7 @@ The baseline experiment is the root. Each round the Researcher (analyst with the
 playbook, llm, or random) selects a node, reads its compressed context and proposes children (a
 data chain and a training recipe each); each child runs as its own process (``python -m
 recipetune.finetune``, a timeout, a crash recorded, never the campaign's), and its validation metric
-becomes the reward: the normalised gain over the baseline (engine/tree.py: ``metric_reward``).
+becomes the reward: the normalised gain over the baseline (finetune/decide.py: ``metric_reward``).
 
 Integrity, the quality job's control system:
 - the search never sees the test split: children only ever open train and validation
@@ -31,16 +31,17 @@ from typing import Any
 from recipetune.core.errors import ConfigError
 from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Recipe
+from recipetune.core.stats import proportion_ci
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services, watch
 from recipetune.engine.loop import run_search
-from recipetune.engine.tree import metric_reward, normalised_gain
+from recipetune.engine.record import Figures, Trial
 from recipetune.execute.executor import Executor
 from recipetune.execute.factory import make_executor
 from recipetune.finetune import decide
 from recipetune.finetune.analyst import GOAL, PROFILE, experiment_facts, worst_cases
+from recipetune.finetune.decide import metric_reward, normalised_gain
 from recipetune.finetune.plan import FinetunePlan
-from recipetune.finetune.report import ExperimentReport
-from recipetune.guard.stats import proportion_ci
+from recipetune.finetune.results import ExperimentReport
 
 # -- one child experiment, in its own process ------------------------------------------------------
 
@@ -159,10 +160,33 @@ def ceiling(metric: str, value: float, n: int, z: float) -> str:
             "told from noise (search.headroom_z)")
 
 
+class QualityFigures(Figures):
+    """The quality job's figures of one trial (engine/record.py), as the study stores them."""
+
+    metric: str | None = None
+    value: float | None = None  # the validation metric
+    gain: float | None = None  # normalised, over the baseline's (finetune/decide.py: normalised_gain)
+    metrics: dict[str, Any] = {}
+    errors: dict[str, float] = {}  # share of the validation rows by error kind
+    diagnosis: str = ""
+    loss_first: float | None = None
+    loss_last: float | None = None
+    steps: int | None = None
+    data_version: str | None = None
+    rows: int | None = None
+    removed: dict[str, int] = {}  # rows each data step removed, by reason
+    time_s: float | None = None
+    experiment_id: str | None = None
+    pruned_at: int | None = None  # the checkpoint a pruner stopped it at
+    value_at_prune: float | None = None
+    baseline_at_prune: float | None = None
+
+
 class QualityJob:
     """A better task metric on held-out data; integrity (above) is the control system."""
 
     name = "quality"
+    figures = QualityFigures
 
     def __init__(self, p: FinetunePlan):
         self.c = p.campaign
@@ -248,10 +272,11 @@ class QualityJob:
             # branch. (A baseline that reported no checkpoints leaves only its final value to compare.)
             reference = self.root_curve.get(result.checkpoint, self.root_value)
             return Landing("pruned", None, metric_reward(result.value, reference, True, penalty), cause,
-                           {"run_status": "pruned", "pruned_at": result.checkpoint, "value_at_prune": result.value,
-                            "baseline_at_prune": reference})
+                           QualityFigures(run_status="pruned", pruned_at=result.checkpoint,
+                                          value_at_prune=result.value, baseline_at_prune=reference))
         if isinstance(result, Failed):
-            return Landing("failed", None, penalty, f"{result.status}: {result.cause}", {"run_status": result.status})
+            return Landing("failed", None, penalty, f"{result.status}: {result.cause}",
+                           QualityFigures(run_status=result.status))
         figures = experiment_figures(result, self.root_value)
         if result.status != "ok" or result.value is None:
             return Landing("failed", None, penalty, f"{result.status}: {result.cause}", figures, result)
@@ -264,10 +289,10 @@ class QualityJob:
         except (OSError, ValueError):
             return None
 
-    def row(self, key: str, number: int | None, recipe: Recipe, a: dict[str, Any]) -> Row:
-        return Row(key, number, self.subject.describe(recipe, self.baseline), a.get("status", ""),
-                   a.get("loss_last"), a.get("value"), a.get("diagnosis", ""), a.get("rationale", ""),
-                   a.get("proposer", ""), a.get("cause", ""))
+    def row(self, key: str, number: int | None, recipe: Recipe, t: Trial[QualityFigures]) -> Row:
+        f = t.figures
+        return Row(key, number, self.subject.describe(recipe, self.baseline), t.status, f.loss_last, f.value,
+                   f.diagnosis, t.rationale, t.proposer, t.cause)
 
     def decide(self, finished: Finished) -> Outcome:
         assert self.services is not None
@@ -283,22 +308,22 @@ def eta(baseline: ExperimentReport, trials: int, seeds: int, parallel: int) -> s
             f"~{search / 60:.0f} min, then at most {2 * seeds} final runs on the test split ~{final / 60:.0f} min")
 
 
-def experiment_figures(report: ExperimentReport, baseline_value: float) -> dict[str, Any]:
+def experiment_figures(report: ExperimentReport, baseline_value: float) -> QualityFigures:
     """What the study keeps of one experiment (its folder keeps everything)."""
     value = report.value
     removed: dict[str, int] = {}
     for step in report.data.operators:
         for reason, n in step.removed.items():
             removed[f"{step.op}: {reason}"] = removed.get(f"{step.op}: {reason}", 0) + n
-    return {
-        "run_status": report.status, "metric": report.validation.metric if report.validation else None,
-        "value": value, "gain": normalised_gain(value, baseline_value) if value is not None else None,
-        "metrics": report.validation.metrics if report.validation else {},
-        "errors": error_shares(report), "diagnosis": diagnosis(report),
-        "loss_first": report.loss.first, "loss_last": report.loss.last, "steps": report.loss.steps,
-        "data_version": report.data.id, "rows": report.data.rows_out, "removed": removed,
-        "time_s": report.timings_s.get("total"), "experiment_id": report.id,
-    }
+    return QualityFigures(
+        run_status=report.status, metric=report.validation.metric if report.validation else None,
+        value=value, gain=normalised_gain(value, baseline_value) if value is not None else None,
+        metrics=report.validation.metrics if report.validation else {},
+        errors=error_shares(report), diagnosis=diagnosis(report),
+        loss_first=report.loss.first, loss_last=report.loss.last, steps=report.loss.steps,
+        data_version=report.data.id, rows=report.data.rows_out, removed=removed,
+        time_s=report.timings_s.get("total"), experiment_id=report.id,
+    )
 
 
 def run(p: FinetunePlan, executor: Executor | None = None, reporter: Reporter | None = None) -> Outcome:

@@ -14,13 +14,11 @@ from recipetune.core.errors import ConfigError, require_extra, validation_error
 from recipetune.core.recipe import INVARIANT, KnobError, Recipe, SearchSpace
 from recipetune.data.files import DataFileError
 from recipetune.engine.config import TreeSearchConfig
-from recipetune.engine.plan import Plan, build_proposer, check_folder, redacted
-from recipetune.engine.samplers import make_pruner, make_sampler
-from recipetune.engine.store import CampaignStore
+from recipetune.engine.plan import Plan, open_campaign, redacted
 from recipetune.execute.config import ExecuteConfig
-from recipetune.finetune.experiment import Experiment, ExperimentSpec, _validate, read_experiment_file
+from recipetune.finetune.experiment import Experiment, ExperimentSpec, read_experiment_file, validate_spec
 from recipetune.finetune.route import ModelError
-from recipetune.finetune.routes import check_model
+from recipetune.finetune.routing import check_model
 from recipetune.finetune.space import DATA_PREFIX, ExperimentSpace, check_data_steps
 from recipetune.finetune.task import load_splits
 
@@ -68,6 +66,18 @@ class FinetuneCampaign:
     def cfg(self) -> FinetuneSearchConfig:
         return self.settings.search
 
+    def describe(self, recipe: Recipe) -> str:
+        """``recipe``'s change from the baseline, in the experiment's words."""
+        return self.space.describe(recipe, self.baseline)
+
+    def shared_files(self, folder: Path) -> list[Path]:
+        """What a child on any node reads or writes: the campaign folder, the experiment file, the
+        task's files and a base model on disk (a cluster's nodes must all see them at the same paths)."""
+        exp = self.experiment
+        model = Path(exp.spec.model.path)
+        model = model if model.is_absolute() else exp.base_dir / model
+        return [folder, self.path, *exp.splits.paths.values(), *([model] if model.exists() else [])]
+
 
 def default_knobs(exp: Experiment) -> dict[str, list[Any]]:
     """A search space when the file lists none: the learning rate and the epochs around the
@@ -86,7 +96,7 @@ def load_finetune_campaign(path: str | Path, overrides: list[str] | None = None)
     # the experiment's and the search's bad fields together: one fix-and-retry for all of them
     bad: list[ConfigError] = []
     try:
-        spec: ExperimentSpec = _validate(path, raw)
+        spec: ExperimentSpec = validate_spec(path, raw)
     except ConfigError as e:
         bad.append(e)
     try:
@@ -168,7 +178,6 @@ def plan(c: FinetuneCampaign, folder: Path, resume: bool = False) -> FinetunePla
     """Check the campaign and its folder; raise ConfigError (exit 2) before anything is written."""
     cfg = c.cfg
     space = check_space(c)
-    proposer = build_proposer(cfg, c.path, builtin=PLAYBOOK)
     spec = c.experiment.spec
     meta = {
         "job": "quality", "file": str(c.path.resolve()), "task": spec.task.name, "metric": spec.task.metric,
@@ -177,11 +186,8 @@ def plan(c: FinetuneCampaign, folder: Path, resume: bool = False) -> FinetunePla
         "strategy": cfg.strategy, "selection": cfg.selection, "backup": cfg.backup, "proposer": cfg.proposer,
         "seeds": cfg.seeds,
     }
-    n_done = check_folder(folder, cfg, meta, resume, RESUME_KEYS, c.path)
-    sampler = make_sampler(cfg.strategy, space, c.baseline, cfg.seed + n_done, c.space.relations(),
-                           c.settings.execute.parallel)
-    store = CampaignStore(folder, cfg.storage, sampler, c.settings.execute.heartbeat_s,
-                          db_retry_s=c.settings.execute.db_retry_s, pruner=make_pruner(cfg.pruning))
+    proposer, store = open_campaign(cfg, c.settings.execute, c.path, folder, resume, meta, RESUME_KEYS, space,
+                                    c.baseline, c.space.relations(), PLAYBOOK)
     settings = redacted(c.settings.model_dump(mode="json"))
     snapshot = {"job": "quality", "experiment": c.experiment.spec.model_dump(mode="json"),
                 "overrides": c.overrides, **settings}

@@ -4,7 +4,7 @@ A route loads a base model, fine-tunes it on (prompt, completion) pairs with a `
 generates answers greedily. Two exist: ``reference`` (the reference trainer's model, byte tokenizer,
 a short loop in reference.py) and ``hf`` (transformers + TRL's SFTTrainer + peft, in hf.py). A
 route says what its prompt is (``Route.prompt``): the task's plain text, or on the HF route a
-conversation's messages, which the tokenizer's chat template renders. routes.py picks one by the
+conversation's messages, which the tokenizer's chat template renders. routing.py picks one by the
 model's kind; both import this module, never that one.
 """
 

@@ -74,7 +74,7 @@ class TaskConfig(BaseModel):
     name: str = Field("task", min_length=1)
     builtin: Literal["arith", "stdlib-module", "funcname", "argcount", "default-value", "product",
                      "exception", "chat-rename"] | None = Field(
-        None, description="a benchmark task generated on this machine (finetune/bench.py)")
+        None, description="a benchmark task generated on this machine (finetune/bench_tasks.py)")
     files: dict[SplitName, str] = Field(default_factory=dict, description="split -> .jsonl/.csv/.parquet path, "
                                         "or a datasets save_to_disk folder")
     format: TaskFormat = Field("template", description="the rows' shape: template | instruction | chat | completion")
@@ -219,7 +219,7 @@ def iter_rows(ds: Any, batch_size: int = 4096):
             yield dict(zip(columns, values, strict=True))
 
 
-_TEST_KEY = object()  # held by finetune/final.py, the one place that opens the test split
+TEST_KEY = object()  # held by finetune/final.py, the one place that opens the test split
 
 
 class Splits:
@@ -307,7 +307,7 @@ class Splits:
                               "(recipetune.finetune.final.final_evaluation) opens it")
 
     def open_test(self, key: object):
-        if key is not _TEST_KEY:
+        if key is not TEST_KEY:
             raise TestSplitClosed("the test split opens only through recipetune.finetune.final.final_evaluation")
         if self._test is None:
             self._test = self._read_test()
@@ -324,7 +324,7 @@ class Splits:
 def resolve_files(task: TaskConfig, base_dir: Path, cache_dir: Path | None = None) -> dict[str, Path]:
     """Split -> file: the task's own files (relative to the experiment file) or a generated builtin."""
     if task.builtin is not None:
-        from recipetune.finetune.bench import builtin_files
+        from recipetune.finetune.bench_tasks import builtin_files
 
         return builtin_files(task.builtin, cache_dir)
     out = {}

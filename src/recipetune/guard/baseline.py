@@ -14,9 +14,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from recipetune.core import stats
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
-from recipetune.guard import loss, stats
+from recipetune.guard import loss
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.runs import Runs
 from recipetune.workloads.base import Workload
@@ -50,10 +51,6 @@ class BaselineProfile(BaseModel):
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2))
-
-    @classmethod
-    def load(cls, path: Path) -> BaselineProfile:
-        return cls.model_validate_json(path.read_text())
 
 
 def seeds_for(workload: Workload, recipe: Recipe, n: int) -> list[int | None]:

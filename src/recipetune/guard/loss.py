@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from recipetune.core import stats
 from recipetune.core.measure import RunResult, StepRecord
-from recipetune.guard import stats
 from recipetune.guard.config import ParitySettings
 
 MIN_TAIL = 10  # fewer logged losses than this in a compared tail: too short to tell

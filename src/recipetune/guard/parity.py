@@ -27,9 +27,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, model_validator
 
+from recipetune.core import stats
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import SPEED
-from recipetune.guard import stats
 from recipetune.guard.baseline import BaselineProfile
 from recipetune.guard.config import ParitySettings
 from recipetune.guard.loss import (

@@ -27,7 +27,7 @@ import numpy as np
 from scipy import stats as sps
 from scipy.optimize import brentq
 
-from recipetune.guard.stats import Equivalence, equivalence, paired, quantile
+from recipetune.core.stats import Equivalence, equivalence, paired, quantile
 
 SPENDING = ("obf", "pocock")
 _GRID = 161  # points of the integration grid below a boundary: 1e-4 accuracy on the boundaries

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from recipetune.core import stats
 from recipetune.core.console import Note
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
-from recipetune.guard import stats
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.sequential import Spending, spent

@@ -28,7 +28,7 @@ RUNS_FOLDER = "guard-runs"  # in a campaign's folder: the parity runs its verdic
 if TYPE_CHECKING:
     from recipetune.guard.baseline import BaselineProfile
     from recipetune.guard.verdict import Verdict
-    from recipetune.speed.job import Guard
+    from recipetune.speed.control import Guard
 
 
 def decide(campaign: Campaign, services: Services, finished: Finished, profile: BaselineProfile, guard: Guard,

@@ -7,8 +7,8 @@
 
 ``SpeedJob`` is what the engine asks of this job: the guard's baseline profile is the root, the
 guard's static check refuses a recipe before it runs, screening judges a run, and the reward is the
-log speed-up (engine/tree.py). The guard is reached through ``Guard``, a typed boundary: its answers
-are the guard's own models (tests substitute fakes that return the same shapes).
+log speed-up (``reward``). The guard is reached through ``Guard`` (speed/control.py), a typed boundary:
+its answers are the guard's own models (tests substitute fakes that return the same shapes).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import contextlib
 import json
 import math
 import threading
-from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from recipetune.core.measure import RunResult, StepRecord, default_warmup_steps, robust_rate
 from recipetune.core.process import STOP_FILE
@@ -39,90 +38,49 @@ from recipetune.engine.job import (
     watch,
 )
 from recipetune.engine.loop import run_search
-from recipetune.engine.tree import reward
+from recipetune.engine.record import Figures, Trial
 from recipetune.execute.executor import Executor
 from recipetune.execute.factory import make_executor
 from recipetune.speed import decide
+from recipetune.speed.control import Guard, real_guard
 from recipetune.speed.facts import BRIEFING
 from recipetune.speed.plan import Plan
 
 if TYPE_CHECKING:
     from recipetune.guard.baseline import BaselineProfile
-    from recipetune.guard.config import GuardConfig
     from recipetune.guard.screen import Screening
-    from recipetune.guard.static import Violation
-    from recipetune.guard.verdict import Verdict
-    from recipetune.workloads.base import Workload
 
-# -- the control system, as the search sees it ------------------------------------------------
+# -- what a trial stores ---------------------------------------------------------------------------
 
 
-class Guard(Protocol):
-    """The guard's entry points (recipetune.guard), typed by what they return."""
+class SpeedFigures(Figures):
+    """The speed job's figures of one trial (engine/record.py), as the study stores them."""
 
-    def static_check(self, workload: Workload, baseline: Recipe, candidate: Recipe,
-                     allow_semantic: Collection[str] = ()) -> list[Violation]: ...
+    LEGACY_SCORE = "speedup"  # campaigns written before the engine's ``score`` key: a passed trial's speed-up
 
-    def profile_baseline(self, workload: Workload, recipe: Recipe, steps: int, settings: GuardConfig,
-                         out_dir: Path, progress: Callable[[str], None] | None = None) -> BaselineProfile: ...
-
-    def screen(self, profile: BaselineProfile, candidate: RunResult, settings: GuardConfig) -> Screening: ...
-
-    def final_verdict(self, workload: Workload, baseline: Recipe, candidate: Recipe, settings: GuardConfig,
-                      out_dir: Path, allow_semantic: Collection[str] = (), profile: BaselineProfile | None = None,
-                      progress: Callable[[str], None] | None = None, executor: Executor | None = None,
-                      runs_folder: Path | None = None) -> Verdict: ...
-
-    def load_profile(self, text: str) -> BaselineProfile:
-        """A profile read back from baseline_profile.json (a resume)."""
-
-    def load_verdict(self, data: dict[str, Any]) -> Verdict:
-        """A verdict read back from verdicts.json (a resume)."""
+    speedup: float | None = None  # screened tokens/s per device over the baseline's
+    screening: dict[str, Any] | None = None  # guard/screen.py: Screening
+    loss: str = ""  # the screening's one-line loss verdict
+    tokens_per_s: float | None = None  # per device
+    mfu: float | None = None
+    step_time_s: float | None = None
+    peak_mem_bytes: int | None = None
+    loss_last: float | None = None
+    pruned_at: int | None = None  # the throughput window a pruner stopped it at
+    speedup_at_prune: float | None = None
 
 
-class RealGuard:
-    """recipetune.guard itself. Its modules load on first use: scipy and the guard stay out of a
-    command that never reaches them. A module-level class, so a bound method pickles to a Ray worker."""
-
-    def static_check(self, workload: Workload, baseline: Recipe, candidate: Recipe,
-                     allow_semantic: Collection[str] = ()) -> list[Violation]:
-        from recipetune.guard.static import static_check
-
-        return static_check(workload, baseline, candidate, allow_semantic)
-
-    def profile_baseline(self, workload: Workload, recipe: Recipe, steps: int, settings: GuardConfig,
-                         out_dir: Path, progress: Callable[[str], None] | None = None) -> BaselineProfile:
-        from recipetune.guard.baseline import profile_baseline
-
-        return profile_baseline(workload, recipe, steps, settings, out_dir, progress=progress)
-
-    def screen(self, profile: BaselineProfile, candidate: RunResult, settings: GuardConfig) -> Screening:
-        from recipetune.guard.screen import screen
-
-        return screen(profile, candidate, settings)
-
-    def final_verdict(self, workload: Workload, baseline: Recipe, candidate: Recipe, settings: GuardConfig,
-                      out_dir: Path, allow_semantic: Collection[str] = (), profile: BaselineProfile | None = None,
-                      progress: Callable[[str], None] | None = None, executor: Executor | None = None,
-                      runs_folder: Path | None = None) -> Verdict:
-        from recipetune.guard.verdict import final_verdict
-
-        return final_verdict(workload, baseline, candidate, settings, out_dir, allow_semantic=allow_semantic,
-                             profile=profile, progress=progress, executor=executor, runs_folder=runs_folder)
-
-    def load_profile(self, text: str) -> BaselineProfile:
-        from recipetune.guard.baseline import BaselineProfile
-
-        return BaselineProfile.model_validate_json(text)
-
-    def load_verdict(self, data: dict[str, Any]) -> Verdict:
-        from recipetune.guard.verdict import Verdict
-
-        return Verdict.model_validate(data)
+# -- the reward ---------------------------------------------------------------------------------
 
 
-def real_guard() -> Guard:
-    return RealGuard()
+def reward(speedup: float | None, passed: bool, span: float = 4.0, penalty: float = 0.0) -> float:
+    """The speed job's reward of one trial, in [0, 1] (engine/tree.py). A candidate that passes
+    screening earns ``0.5 + 0.5 * log(speedup) / log(span)`` clipped to [0, 1]: 1.0x earns 0.5,
+    ``span``x earns 1, 1/``span``x earns 0. Speed-ups compose multiplicatively along a path, so the
+    logarithm makes equal ratios worth equal rewards. A rejected or failed trial earns ``penalty``."""
+    if not passed or speedup is None or not speedup > 0:
+        return penalty
+    return min(1.0, max(0.0, 0.5 + 0.5 * math.log(speedup) / math.log(span)))
 
 
 # -- the job ------------------------------------------------------------------------------------
@@ -142,6 +100,7 @@ class SpeedJob:
     """Faster tokens/s per device at an unchanged loss; the guard is the control system."""
 
     name = "speed"
+    figures = SpeedFigures
 
     def __init__(self, p: Plan, guard: Guard):
         self.guard = guard
@@ -246,8 +205,8 @@ class SpeedJob:
             cause = (f"pruned at window {at['checkpoint']}/{at['of']}: {at['value']:.2f}x the baseline's tokens/s "
                      f"({self.cfg.pruning.pruner} pruner)")
             value = reward(at["value"], True, self.cfg.reward_span, self.cfg.failure_penalty)
-            return Landing("pruned", None, value, cause, {"run_status": "pruned", "pruned_at": at["checkpoint"],
-                                                          "speedup_at_prune": at["value"]}, result)
+            return Landing("pruned", None, value, cause, SpeedFigures(run_status="pruned", pruned_at=at["checkpoint"],
+                                                                      speedup_at_prune=at["value"]), result)
         screening = None
         if result.ok:
             assert self.profile is not None
@@ -258,14 +217,14 @@ class SpeedJob:
         speedup = screening.speedup if screening is not None else None
         value = reward(speedup, status == "passed", self.cfg.reward_span, self.cfg.failure_penalty)
         summary = result.summary() if result.steps else None
-        figures = {
-            "speedup": speedup, "run_status": result.status, "screening": screening, "loss": _loss_text(screening),
-            "tokens_per_s": summary.tokens_per_s_per_device if summary else None,
-            "mfu": summary.mfu if summary else None,
-            "step_time_s": summary.mean_step_time_s if summary else None,
-            "peak_mem_bytes": summary.peak_mem_bytes if summary else None,
-            "loss_last": summary.loss_last if summary else None,
-        }
+        figures = SpeedFigures(
+            speedup=speedup, run_status=result.status,
+            screening=screening.model_dump(mode="json") if screening is not None else None,
+            loss=_loss_text(screening), tokens_per_s=summary.tokens_per_s_per_device if summary else None,
+            mfu=summary.mfu if summary else None, step_time_s=summary.mean_step_time_s if summary else None,
+            peak_mem_bytes=summary.peak_mem_bytes if summary else None,
+            loss_last=summary.loss_last if summary else None,
+        )
         return Landing(status, speedup, value, cause, figures, result)
 
     def load(self, run_dir: Path) -> RunResult | None:
@@ -274,10 +233,10 @@ class SpeedJob:
                 return RunResult.load(run_dir / "result.json")
         return None
 
-    def row(self, key: str, number: int | None, recipe: Recipe, a: dict[str, Any]) -> Row:
-        return Row(key, number, recipe.describe_diff(self.baseline), a.get("status", ""), a.get("tokens_per_s"),
-                   a.get("speedup"), a.get("loss", ""), a.get("rationale", ""), a.get("proposer", ""),
-                   a.get("cause", ""))
+    def row(self, key: str, number: int | None, recipe: Recipe, t: Trial[SpeedFigures]) -> Row:
+        f = t.figures
+        return Row(key, number, recipe.describe_diff(self.baseline), t.status, f.tokens_per_s, f.speedup, f.loss,
+                   t.rationale, t.proposer, t.cause)
 
     def decide(self, finished: Finished) -> Outcome:
         assert self.services is not None and self.profile is not None

@@ -18,9 +18,7 @@ from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import INVARIANT, SEMANTIC, KnobError, SearchSpace
 from recipetune.core.relations import MAX_CHECKS, Problem, Relation, Relations
 from recipetune.engine import plan as planning
-from recipetune.engine.plan import build_proposer, check_folder, redacted
-from recipetune.engine.samplers import make_pruner, make_sampler
-from recipetune.engine.store import CampaignStore
+from recipetune.engine.plan import open_campaign, redacted
 from recipetune.speed.facts import PLAYBOOK
 from recipetune.speed.semantic import BatchRule, batch_rule
 
@@ -112,17 +110,11 @@ RESUME_KEYS = ("baseline_id", "space", "strategy", "backup", "steps_per_trial", 
 
 def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
     """Check the campaign and its folder; raise ConfigError (exit 2) before anything is written."""
-    cfg = campaign.config.search
     space = check_space(campaign)
     batch = batch_rule(campaign)
-    proposer = build_proposer(cfg, campaign.path, builtin=PLAYBOOK)
     meta = campaign_meta(campaign, space, batch)
-    n_done = check_folder(folder, cfg, meta, resume, RESUME_KEYS, campaign.path)
-    # A resumed campaign draws afresh: a sampler re-seeded identically would replay its first picks.
-    parallel = campaign.config.execute.parallel
-    sampler = make_sampler(cfg.strategy, space, campaign.baseline, cfg.seed + n_done, campaign.workload.relations(),
-                           parallel)
-    store = CampaignStore(folder, cfg.storage, sampler, campaign.config.execute.heartbeat_s,
-                          db_retry_s=campaign.config.execute.db_retry_s, pruner=make_pruner(cfg.pruning))
+    proposer, store = open_campaign(campaign.config.search, campaign.config.execute, campaign.path, folder, resume,
+                                    meta, RESUME_KEYS, space, campaign.baseline, campaign.workload.relations(),
+                                    PLAYBOOK)
     snapshot = redacted(campaign.config.model_dump(mode="json"))
     return Plan(campaign, folder, resume, space, proposer, meta, store, snapshot, batch)

@@ -123,7 +123,7 @@ def load_corpus(
         return TokenCorpus(str(path), train, val, vocab, fingerprint(train, val))
     if train_bin.is_file() or val_bin.is_file():
         raise DataError(f"corpus folder {str(path)!r} needs both train.bin and val.bin, found only one")
-    files = _walk_files(path, TEXT_EXTENSIONS, skip_dirs=frozenset({"__pycache__"}))
+    files = walk_files(path, TEXT_EXTENSIONS, skip_dirs=frozenset({"__pycache__"}))
     if not files:
         raise DataError(f"corpus folder {str(path)!r} holds no usable files; allowed: {ALLOWED_SPECS}")
     return _split(str(path), _byte_tokens(files, path), val_fraction, byte_vocab)
@@ -181,7 +181,7 @@ def _infer_vocab(tokens: np.ndarray) -> int:
     return (top + 1 + 63) // 64 * 64
 
 
-def _walk_files(root: Path, extensions: frozenset[str], skip_dirs: frozenset[str]) -> list[Path]:
+def walk_files(root: Path, extensions: frozenset[str], skip_dirs: frozenset[str]) -> list[Path]:
     found = []
     for d, dirnames, filenames in os.walk(root):
         dirnames[:] = [x for x in dirnames if x not in skip_dirs and not x.startswith(".")]
@@ -226,7 +226,7 @@ def _stdlib_tokens(cache_dir: Path) -> np.ndarray:
             return np.load(cache)
         except (OSError, ValueError, EOFError):
             pass  # a truncated or foreign file: rebuild it below
-    files = _walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"})
+    files = walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"})
     tokens = _byte_tokens(files, root, STDLIB_MAX_BYTES)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)

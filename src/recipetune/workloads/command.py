@@ -26,7 +26,7 @@ from recipetune.core import expr, meanings
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import Knob, KnobError, KnobSet, Recipe
-from recipetune.workloads import presets
+from recipetune.workloads import log_formats
 from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, code_digest, count_lines
 
 Scalar = bool | int | float | str
@@ -76,7 +76,7 @@ class MetricsSpec(BaseModel):
     jsonl: str | None = Field(None, description="path template of a JSONL metrics stream, e.g. {out_dir}/m.jsonl")
     regex_preset: str | None = Field(None, description="name of a log-line preset")
     step_regex: str | None = Field(
-        None, description="a custom step-line regex with named groups (see workloads/presets.py)"
+        None, description="a custom step-line regex with named groups (see workloads/log_formats.py)"
     )
     val_regex: str | None = Field(None, description="with step_regex: a validation-line regex (step, val_loss)")
 
@@ -237,7 +237,7 @@ class CommandWorkload(Workload):
         order = list(specs)
         return KnobSet(sorted(plain + derived, key=lambda knob: order.index(knob.name)))
 
-    def _metrics_source(self) -> presets.LogPreset | None:
+    def _metrics_source(self) -> log_formats.LogPreset | None:
         m = self.spec.metrics
         given = [k for k in ("jsonl", "regex_preset", "step_regex") if getattr(m, k)]
         if len(given) != 1:
@@ -247,9 +247,9 @@ class CommandWorkload(Workload):
             raise SpecError("metrics.val_regex", "only used together with step_regex")
         try:
             if m.regex_preset:
-                return presets.get_preset(m.regex_preset)
+                return log_formats.get_preset(m.regex_preset)
             if m.step_regex:
-                return presets.make_preset("custom", m.step_regex, m.val_regex)
+                return log_formats.make_preset("custom", m.step_regex, m.val_regex)
         except ValueError as e:
             raise SpecError("metrics", str(e)) from None
         return None
@@ -382,11 +382,11 @@ class CommandWorkload(Workload):
         problem = ""
         try:
             if metrics is not None:
-                parsed = presets.read_jsonl(metrics, self.tokens_per_step(recipe), n_devices)
+                parsed = log_formats.read_jsonl(metrics, self.tokens_per_step(recipe), n_devices)
             else:
                 assert self.preset is not None
-                parsed = presets.read_logs(logs, self.preset, self.tokens_per_step(recipe), n_devices)
-        except presets.MetricsError as e:
+                parsed = log_formats.read_logs(logs, self.preset, self.tokens_per_step(recipe), n_devices)
+        except log_formats.MetricsError as e:
             parsed, problem = ([], []), f"metrics: {e}"
         steps_done = max(len(parsed[0]), parsed[0][-1].step if parsed[0] else 0)
         result = build_result(recipe, outcome, out_dir, steps, metrics, run_info, parsed, steps_done)
@@ -406,18 +406,18 @@ class CommandWorkload(Workload):
         try:
             metrics = self.metrics_path(recipe, steps, out_dir)
             if metrics is not None:
-                return presets.read_jsonl(metrics, self.tokens_per_step(recipe), self.n_devices(recipe))[0]
+                return log_formats.read_jsonl(metrics, self.tokens_per_step(recipe), self.n_devices(recipe))[0]
             assert self.preset is not None
             logs = [out_dir / "stdout.log", out_dir / "stderr.log"]
-            return presets.read_logs(logs, self.preset, self.tokens_per_step(recipe), self.n_devices(recipe))[0]
-        except (presets.MetricsError, OSError, ValueError):
+            return log_formats.read_logs(logs, self.preset, self.tokens_per_step(recipe), self.n_devices(recipe))[0]
+        except (log_formats.MetricsError, OSError, ValueError):
             return []  # a stream still being written that cannot be read yet: nothing to judge
 
 
 class LogFollower:
     """Reads what a running process appends to its logs; ``poll`` gives the last step printed."""
 
-    def __init__(self, paths: list[Path], preset: presets.LogPreset):
+    def __init__(self, paths: list[Path], preset: log_formats.LogPreset):
         self.offsets = dict.fromkeys(paths, 0)
         self.preset = preset
         self.last_step = 0

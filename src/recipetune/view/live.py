@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -22,6 +23,7 @@ from recipetune.core.recipe import Recipe
 from recipetune.engine.job import Outcome, Reporter, Row
 from recipetune.engine.store import STUDY_NAME, CampaignStore
 from recipetune.engine.tree import Node
+from recipetune.execute.executor import Executor
 
 console = Console()
 STATUS_STYLE = {"passed": "green", "rejected": "yellow", "failed": "red", "pruned": "magenta", "invalid": "magenta",
@@ -92,8 +94,8 @@ class Tee(Reporter):
 
 
 # Observers of a running campaign, by the option that asks for one: ``(folder, target) -> Reporter``.
-# The command line registers them (cli.py: MLflow, from report/), so a job's command can offer them
-# without importing the layers above it; a job's command looks one up by name (``observer``).
+# The command line registers them (cli.py: MLflow, from report/), so the campaign command
+# (view/campaign.py) offers them without importing report/, its peer; it looks one up by name (``observer``).
 OBSERVERS: dict[str, Callable[[Path, str], Reporter]] = {}
 
 
@@ -251,17 +253,18 @@ def observers_for(folder: Path, mlflow: str | None) -> list[Reporter]:
         raise fail(e) from None
 
 
-def run_live(reporter: LiveReporter, run: Callable[[Reporter], Outcome], again: str,
+def run_live(reporter: LiveReporter, run: Callable[..., Outcome], plan: Any, executor: Executor, again: str,
              messages: tuple[type[Exception], ...] = (), observers: list[Reporter] | None = None) -> Outcome:
-    """Run a campaign under the live table, ``run`` given the reporter to tell (the table and the
-    ``observers``, which are closed once it has decided). Ctrl-C (exit 130) and an error (exit 1)
-    say how to resume: the study holds every finished trial. ``messages``: errors shown without a
-    traceback. A missing optional extra is bad input (exit 2), with its ``pip install`` line."""
+    """Run a planned campaign under the live table: ``run(plan, executor=, reporter=)``, the job's run,
+    told through the table and the ``observers`` (closed once it has decided). Ctrl-C (exit 130) and
+    an error (exit 1) say how to resume: the study holds every finished trial. ``messages``: errors
+    shown without a traceback. A missing optional extra is bad input (exit 2), with its ``pip install``
+    line."""
     view = Tee(reporter, *(observers or []))
     try:
         with Live(reporter.render(), console=console, refresh_per_second=4) as live:
             reporter.live = live
-            outcome = run(view)
+            outcome = run(plan, executor=executor, reporter=view)
             reporter.live = None
         view.close()
     except KeyboardInterrupt:

@@ -36,7 +36,7 @@ from collections import Counter
 from functools import cache
 from pathlib import Path
 
-from recipetune.trainer.data import STDLIB_SKIP_DIRS, _walk_files
+from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
 VERSION = "1"
 TASK_VERSIONS = {"chat-rename": "3"}  # a task whose generator changed (its cached files are regenerated)
@@ -71,7 +71,7 @@ def stdlib_functions() -> list[tuple[str, str, str]]:
     """(module, function name, first docstring line) of public stdlib functions, unique docstrings."""
     root = Path(sysconfig.get_paths()["stdlib"])
     found: list[tuple[str, str, str]] = []
-    for path in _walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
+    for path in walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
         module = path.relative_to(root).parts[0].removesuffix(".py")
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -115,7 +115,7 @@ def funcname_rows(limit: int = 3000) -> dict[str, list[dict]]:
 def _stdlib_trees():
     """(top-level module, parsed tree) of every standard-library source file, in a fixed order."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    for path in _walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
+    for path in walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
         try:
             yield path.relative_to(root).parts[0].removesuffix(".py"), ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
