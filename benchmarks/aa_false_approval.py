@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from recipetune.config import load_campaign
-from recipetune.guard import stats
+from recipetune.core import stats
 from recipetune.guard.baseline import profile_baseline
 from recipetune.guard.speed import measure_speed
 from recipetune.guard.verdict import final_verdict

@@ -55,7 +55,7 @@ from pathlib import Path
 from recipetune.data.ops import Decontaminate
 from recipetune.data.text import ContaminationIndex, normalize
 from recipetune.finetune.bench_tasks import stdlib_functions
-from recipetune.trainer.data import STDLIB_SKIP_DIRS, _walk_files
+from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
 EVAL = 200
 PER_KIND = 40
@@ -150,7 +150,7 @@ def stdlib_sources(limit: int) -> list[tuple[str, str]]:
     """(function name, source) of short stdlib functions (3-12 lines), unique sources."""
     root = Path(sysconfig.get_paths()["stdlib"])
     out, seen = [], set()
-    for path in _walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
+    for path in walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
         try:
             text = path.read_text(encoding="utf-8")
             tree = ast.parse(text)
@@ -237,7 +237,7 @@ def stdlib_expressions(limit: int) -> list[tuple[str, str]]:
     outermost node is one of ``EXPR_LABELS``: a dozen labels, as in the issue's task."""
     root = Path(sysconfig.get_paths()["stdlib"])
     out: dict[str, str] = {}
-    for path in _walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
+    for path in walk_files(root, frozenset({".py"}), STDLIB_SKIP_DIRS | {"__pycache__"}):
         try:
             data = path.read_bytes()
             tree = ast.parse(data)

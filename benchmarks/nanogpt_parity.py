@@ -2,7 +2,7 @@
 
 Runs tests/fixtures/nanogpt_trainer.py (one thread) for each recipe and prints the training loss
 averaged over the last half of the run with its standard error from the run itself (autocorrelation
-included: guard.stats.mean_with_error), its step-to-step noise, the median step time, and the
+included: core.stats.mean_with_error), its step-to-step noise, the median step time, and the
 validation loss printed at the end. The figures in docs/guard.md ("Independent runs") come from it:
 
     OMP_NUM_THREADS=1 python benchmarks/nanogpt_parity.py --steps 250 400
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from recipetune.guard.stats import mean_with_error, step_noise
+from recipetune.core.stats import mean_with_error, step_noise
 
 TRAINER = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "nanogpt_trainer.py"
 RECIPES = [(2, 16, "none"), (4, 8, "none"), (8, 4, "none"), (32, 1, "none"),
