@@ -193,16 +193,11 @@ class MoE(nn.Module):
         y = self.experts(flat.index_select(0, token), counts)
         y = y * weights.reshape(-1)[keep][order].unsqueeze(-1).to(y.dtype)
         out = torch.zeros_like(flat).index_add_(0, token, y.to(flat.dtype))
-        # Switch/Mixtral balance loss per sequence, then the mean over sequences (DeepSeek-V3's sequence-
-        # wise form): E * sum_i f_i * P_i, f_i = share of the sequence's T*k routing slots sent to expert i
-        # before any drop (not differentiable), P_i = its mean router prob (carries the gradient); 1.0 when
-        # uniform. Over a whole micro-batch it would be a product of two batch means: another split of the
-        # batch (micro-batches, pipeline micro-batches, ranks) would change the loss, and nano-moe's curve
-        # moved by 0.007 nats in 8 steps between micro-batches of 16 and 4. Per sequence, every split
-        # averages the same terms, as the capacity limit (also per sequence) does.
+        # Switch/Mixtral balance loss: E * sum_i f_i * P_i, f_i = share of the N*k routing slots sent
+        # to expert i before any drop (not differentiable), P_i = mean router prob (carries the
+        # gradient); 1.0 when uniform
         routed = torch.bincount(ids.reshape(-1), minlength=self.n_experts)
-        f = F.one_hot(ids.view(B, T * self.top_k), self.n_experts).sum(1).float() / (T * self.top_k)
-        aux = self.n_experts * (f * probs.view(B, T, -1).mean(dim=1)).sum(-1).mean()
+        aux = self.n_experts * (routed.float() / ids.numel() * probs.mean(dim=0)).sum()
         self._count(routed, counts)
         return out.view(B, T, C), aux
 
