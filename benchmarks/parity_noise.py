@@ -34,9 +34,9 @@ import numpy as np
 import yaml
 
 from recipetune.config import load_campaign
+from recipetune.core import stats
 from recipetune.core.measure import RunResult
 from recipetune.execute.executor import LocalExecutor
-from recipetune.core import stats
 from recipetune.guard.baseline import with_seed
 from recipetune.guard.loss import tail, tokens
 from recipetune.guard.runs import Runs, wait_all

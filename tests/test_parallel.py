@@ -288,8 +288,9 @@ def test_pipeline_stages_compose_to_the_model_with_its_gradient():
 
 @pytest.mark.slow
 def test_expert_and_pipeline_layouts_train_the_same_curve(tmp_path, single):
-    # Each against one process with the same forward batch: an MoE's near-tie routing decisions may flip
-    # under another micro-batch's float order (~1e-4 on this curve), which is no layout's doing.
+    # Each against one process with the same forward batch: an MoE's balance loss is computed over each
+    # forward's micro-batch (a product of two batch means), so another split trains another curve
+    # (docs/parallel.md: nano-moe, micro-batch 16 against 4, 0.0067 nats in 8 steps).
     moe = dict(model="nano-moe", expert_impl="grouped")
     tiny_moe = dict(moe, model="tiny-moe")
     cases = {
