@@ -32,6 +32,9 @@ from recipetune.speed.plan import plan  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 WORKERS = 3  # worker nodes of one CPU each; the head holds none, so every trial runs on a worker
+# One Ray cluster on the machine at a time: under pytest-xdist (scripts/test.sh) the modules that start one
+# run on the same worker, one after the other (a second cluster would be found by address 'auto').
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +86,7 @@ def remove_node_when_training(cluster: Cluster, trials: Path, killed: dict, gate
     return thread
 
 
+@pytest.mark.slow  # a campaign end to end on three Ray nodes, one removed mid-trial: 1-2 min
 def test_trials_spread_over_nodes_and_a_node_killed_mid_trial_reruns_elsewhere(cluster, tmp_path):
     # parallel 2, one CPU a trial. The trials' runs wait at a gate after two steps until the node is
     # gone: with slow steps instead, a loaded CI machine once let trial 0 finish on the node before the
@@ -145,6 +149,7 @@ def test_a_node_that_does_not_see_the_campaign_folder_is_refused_before_anything
             time.sleep(0.1)  # the cluster notices the node left
 
 
+@pytest.mark.slow  # a quality campaign end to end on three Ray nodes: 1.5 min quiet, 14 min at load 8-10
 def test_a_quality_campaign_runs_its_children_on_the_cluster(cluster, tmp_path, monkeypatch):
     # The quality job on the same cluster: each child experiment is a Ray task on some node, which
     # reads the experiment file, the task's files and the base model, and writes into the campaign

@@ -32,6 +32,9 @@ from recipetune.speed.plan import plan  # noqa: E402
 TESTS = Path(__file__).resolve().parent
 FAKE = TESTS / "fixtures" / "fake_trainer.py"
 CPUS = 4
+# One Ray cluster on the machine at a time: under pytest-xdist (scripts/test.sh) the modules that start one
+# run on the same worker, one after the other (a second cluster would be found by address 'auto').
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +101,7 @@ def ran(store: CampaignStore) -> list:
     return [r for r in store.records() if r.attrs.get("ran")]
 
 
+@pytest.mark.slow  # a campaign end to end on Ray, two trials at once: 1-3 min
 def test_campaign_runs_two_trials_at_once_each_on_its_own_placement(cluster, tmp_path):
     camp = load_campaign(campaign_file(tmp_path, budget=3))
     p = plan(camp, tmp_path / "out")

@@ -365,6 +365,7 @@ def finished(store: CampaignStore) -> list:
     return [r for r in store.records() if r.status in ("passed", "rejected", "failed")]
 
 
+@pytest.mark.slow  # a quality campaign end to end, killed and resumed: 1-2 min
 def test_finetune_campaign_end_to_end_resumed_after_kill(tiny_ft):
     tmp_path, files, _ = tiny_ft
     file, out = campaign_file(tiny_ft), tmp_path / "camp"

@@ -40,6 +40,7 @@ def single(tmp_path_factory):
     return run(tmp_path_factory.mktemp("single"), "single")
 
 
+@pytest.mark.slow  # real multi-process layouts (FSDP2, TP, 2-D over 4 processes): 1-2 min
 def test_every_layout_trains_the_same_curve(tmp_path, single):
     layouts = {
         # FSDP2 with accumulation (gradient sync only on the last micro-batch), no reshard, full AC,
