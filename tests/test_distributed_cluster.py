@@ -32,9 +32,6 @@ from recipetune.speed.plan import plan  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 WORKERS = 3  # worker nodes of one CPU each; the head holds none, so every trial runs on a worker
-# One Ray cluster on the machine at a time: under pytest-xdist (scripts/test.sh) the modules that start one
-# run on the same worker, one after the other (a second cluster would be found by address 'auto').
-pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")
