@@ -283,12 +283,14 @@ def _module_names() -> list[str]:
 
 def recall_rows(seed: int = 0, n_train: int = 3000) -> dict[str, list[dict]]:
     """A multi-turn chat whose answer is in an earlier turn: the first two user turns each tell a
-    module name's number (``Remember: heapq is 47.``, ``And shutil is 83.``, two different names and
-    numbers of 10-99, the assistant answering ``OK.``), the third asks for one of the two (``What is
-    shutil?`` -> ``83``), the first or the second with equal odds. The number is drawn independently of
-    the names, so the last user message alone says nothing about the answer (chance: 1 in 90); a model
-    that copies one of the two numbers without reading which was asked gets 1 in 2. Splits by a hash
-    of the conversation; the same question recurs across rows and splits with other answers."""
+    module name's number (``heapq is 47.``, ``shutil is 83.``: two different names and numbers of
+    10-99, the assistant answering ``OK.``), the third asks for one of them (``What is shutil?``), the
+    first or the second with equal odds, and the answer restates it (``shutil is 83``: the number
+    then follows the same words as where it was told, which a small model can copy). The number is
+    drawn independently of the names, so the last user message alone says nothing about it (chance: 1
+    in 90); a model that copies one of the two numbers without reading which was asked gets 1 in 2.
+    Splits by a hash of the user turns; the same question recurs across rows and splits with other
+    answers."""
     rng = random.Random(seed)
     names = _module_names()
     out: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
@@ -296,14 +298,14 @@ def recall_rows(seed: int = 0, n_train: int = 3000) -> dict[str, list[dict]]:
     seen: set[str] = set()
     while any(len(out[s]) < sizes[s] for s in out):
         (a, b), (x, y), asked = rng.sample(names, 2), rng.sample(range(10, 100), 2), rng.randrange(2)
-        turns = [f"Remember: {a} is {x}.", f"And {b} is {y}.", f"What is {(a, b)[asked]}?"]
+        turns = [f"{a} is {x}.", f"{b} is {y}.", f"What is {(a, b)[asked]}?"]
         key = "\n".join(turns)
         split = _split_of(key)
         if key in seen or len(out[split]) >= sizes[split]:
             continue
         seen.add(key)
         messages = []
-        for turn, reply in zip(turns, ["OK.", "OK.", str((x, y)[asked])], strict=True):
+        for turn, reply in zip(turns, ["OK.", "OK.", f"{(a, b)[asked]} is {(x, y)[asked]}"], strict=True):
             messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": reply}]
         out[split].append({"messages": messages})
     return out
