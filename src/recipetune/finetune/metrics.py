@@ -122,9 +122,10 @@ def output_text(stdout: str) -> str:
 def execute(preds: Sequence[str], targets: Sequence[str]) -> list[Executed]:
     """Run every prediction and (once per process) every reference answer in the sandbox."""
     todo = list(dict.fromkeys(t for t in targets if t not in _REFERENCE_RUNS))
-    _REFERENCE_RUNS.update(zip(todo, run_programs(todo), strict=True))
+    fresh = dict(zip(todo, run_programs(todo), strict=True))
+    _REFERENCE_RUNS.update((t, r) for t, r in fresh.items() if r.ok)  # a failed one is tried again next time
     got = run_programs([p.strip() for p in preds])
-    return [Executed(g, _REFERENCE_RUNS[t]) for g, t in zip(got, targets, strict=True)]
+    return [Executed(g, _REFERENCE_RUNS.get(t) or fresh[t]) for g, t in zip(got, targets, strict=True)]
 
 
 def score(metric: str, preds: Sequence[str], targets: Sequence[str], tol: Tolerance = (0.0, 0.0),
