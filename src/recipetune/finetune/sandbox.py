@@ -57,7 +57,8 @@ def _deny(event, args):
                  "os.killpg", "os.remove", "os.unlink", "os.rmdir", "os.rename", "os.replace",
                  "shutil.rmtree", "os.chmod", "os.chown", "os.truncate", "ctypes.dlopen"):
         raise PermissionError(f"sandbox: {event} is not allowed")
-    if event == "open" and len(args) > 1 and isinstance(args[1], str) and any(c in args[1] for c in "wax+"):
+    if event == "open" and ((isinstance(args[1], str) and any(c in args[1] for c in "wax+"))
+                            or (isinstance(args[2], int) and args[2] & 3)):  # O_WRONLY or O_RDWR (os.open)
         raise PermissionError("sandbox: writing files is not allowed")
 sys.addaudithook(_deny)
 _src = sys.argv[1]
