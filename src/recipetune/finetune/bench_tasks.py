@@ -281,34 +281,43 @@ def _module_names() -> list[str]:
     return sorted(n for n in sys.stdlib_module_names if re.fullmatch(r"[a-z]{3,8}", n))
 
 
-def recall_rows(seed: int = 0, n_train: int = 3000) -> dict[str, list[dict]]:
-    """A multi-turn chat whose answer is in an earlier turn: the first two user turns each tell a
-    module name's number (``heapq is 47.``, ``shutil is 83.``: two different names and numbers of
-    10-99, the assistant answering ``OK.``), the third asks for one of them (``What is shutil?``), the
-    first or the second with equal odds, and the answer restates it (``shutil is 83``: the number
-    then follows the same words as where it was told, which a small model can copy). The number is
-    drawn independently of the names, so the last user message alone says nothing about it (chance: 1
-    in 90); a model that copies one of the two numbers without reading which was asked gets 1 in 2.
-    Splits by a hash of the user turns; the same question recurs across rows and splits with other
-    answers."""
-    rng = random.Random(seed)
-    names = _module_names()
+def _drawn_by_hash(draw, n_train: int) -> dict[str, list[dict]]:
+    """Rows from ``draw() -> (key, row)`` until every split is full, each key once, in the split its hash
+    names (the generated tasks' splits: deterministic for a seeded ``draw``, disjoint in keys)."""
     out: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
     sizes = {"train": n_train, "validation": EVAL_SIZE, "test": EVAL_SIZE}
     seen: set[str] = set()
     while any(len(out[s]) < sizes[s] for s in out):
+        key, row = draw()
+        split = _split_of(key)
+        if key not in seen and len(out[split]) < sizes[split]:
+            seen.add(key)
+            out[split].append(row)
+    return out
+
+
+def recall_rows(seed: int = 0, n_train: int = 3000) -> dict[str, list[dict]]:
+    """A multi-turn chat whose answer is in an earlier turn: the first two user turns each tell a
+    module name's number (``heapq is 47.``, ``shutil is 83.``: two different names and numbers of
+    10-99, the assistant answering ``OK.``), the third asks for one of them (``What is shutil?``), the
+    first or the second with equal odds, and the answer restates it (``shutil is 83``: the number then
+    follows the same words as where it was told; the reference model still does not copy it, see
+    docs/finetune.md). The number is drawn independently of the names, so the last user message alone
+    says nothing about it (chance: 1 in 90); a model that copies one of the two numbers without
+    reading which was asked gets 1 in 2. Splits by a hash of the user turns; the same question recurs
+    across rows and splits with other answers."""
+    rng = random.Random(seed)
+    names = _module_names()
+
+    def draw() -> tuple[str, dict]:
         (a, b), (x, y), asked = rng.sample(names, 2), rng.sample(range(10, 100), 2), rng.randrange(2)
         turns = [f"{a} is {x}.", f"{b} is {y}.", f"What is {(a, b)[asked]}?"]
-        key = "\n".join(turns)
-        split = _split_of(key)
-        if key in seen or len(out[split]) >= sizes[split]:
-            continue
-        seen.add(key)
         messages = []
         for turn, reply in zip(turns, ["OK.", "OK.", f"{(a, b)[asked]} is {(x, y)[asked]}"], strict=True):
             messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": reply}]
-        out[split].append({"messages": messages})
-    return out
+        return "\n".join(turns), {"messages": messages}
+
+    return _drawn_by_hash(draw, n_train)
 
 
 # exec-expr's phrases: (the phrase, the reference program) over two numbers a, b and a word w
@@ -331,19 +340,13 @@ def exec_rows(seed: int = 0, n_train: int = 3000) -> dict[str, list[dict]]:
     prints the same (``print(7)``, ``print(47-40)``) is right. Splits by a hash of the phrase."""
     rng = random.Random(seed)
     words = _module_names()
-    out: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
-    sizes = {"train": n_train, "validation": EVAL_SIZE, "test": EVAL_SIZE}
-    seen: set[str] = set()
-    while any(len(out[s]) < sizes[s] for s in out):
+
+    def draw() -> tuple[str, dict]:
         phrase, program = rng.choice(EXEC_OPS)
         values = {"a": rng.randint(2, 99), "b": rng.randint(2, 99), "w": rng.choice(words)}
-        spec = phrase.format(**values)
-        split = _split_of(spec)
-        if spec in seen or len(out[split]) >= sizes[split]:
-            continue
-        seen.add(spec)
-        out[split].append({"phrase": spec, "program": program.format(**values)})
-    return out
+        return phrase.format(**values), {"phrase": phrase.format(**values), "program": program.format(**values)}
+
+    return _drawn_by_hash(draw, n_train)
 
 
 GENERATORS = {"arith": arith_rows, "stdlib-module": module_rows, "funcname": funcname_rows,
