@@ -13,7 +13,11 @@
 - ``exception``: which built-in exception a stdlib ``raise`` with this message raises (multi-token
   labels, imbalanced: ValueError about half; macro-F1);
 - ``chat-rename``: a chat task (``messages`` with a system prompt): rewrite a stdlib function's
-  snake_case name in the style the system prompt names (exact match).
+  snake_case name in the style the system prompt names (exact match);
+- ``chat-recall``: a multi-turn chat whose answer was said in an earlier turn: two user turns each
+  give a stdlib module's name a number, the third asks for one of them (exact match);
+- ``exec-expr``: a one-line Python program for a phrase (``the sum of 47 and 83``), scored by running
+  it in a sandbox and comparing what it prints with the reference program's output (``exec_output``).
 
 The docstring tasks read the running Python's standard library (the same files the reference
 trainer's ``stdlib`` corpus reads, so the base model has seen this code: a knowledge-recall task,
@@ -268,9 +272,87 @@ def rename_rows(n_train: int = 3000) -> dict[str, list[dict]]:
     return _capped(out, n_train)
 
 
+def _module_names() -> list[str]:
+    """Short, plain standard-library module names (``heapq``, ``shutil``): the names of chat-recall's
+    facts and the words of exec-expr's string phrases. ``sys.stdlib_module_names`` is fixed per Python
+    version, so the rows are too."""
+    import re
+
+    return sorted(n for n in sys.stdlib_module_names if re.fullmatch(r"[a-z]{3,8}", n))
+
+
+def _drawn_by_hash(draw, n_train: int) -> dict[str, list[dict]]:
+    """Rows from ``draw() -> (key, row)`` until every split is full, each key once, in the split its hash
+    names (the generated tasks' splits: deterministic for a seeded ``draw``, disjoint in keys)."""
+    out: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
+    sizes = {"train": n_train, "validation": EVAL_SIZE, "test": EVAL_SIZE}
+    seen: set[str] = set()
+    while any(len(out[s]) < sizes[s] for s in out):
+        key, row = draw()
+        split = _split_of(key)
+        if key not in seen and len(out[split]) < sizes[split]:
+            seen.add(key)
+            out[split].append(row)
+    return out
+
+
+def recall_rows(seed: int = 0, n_train: int = 3000) -> dict[str, list[dict]]:
+    """A multi-turn chat whose answer is in an earlier turn: the first two user turns each tell a
+    module name's number (``heapq is 47.``, ``shutil is 83.``: two different names and numbers of
+    10-99, the assistant answering ``OK.``), the third asks for one of them (``What is shutil?``), the
+    first or the second with equal odds, and the answer restates it (``shutil is 83``: the number then
+    follows the same words as where it was told; the reference model still does not copy it, see
+    docs/finetune.md). The number is drawn independently of the names, so the last user message alone
+    says nothing about it (chance: 1 in 90); a model that copies one of the two numbers without
+    reading which was asked gets 1 in 2. Splits by a hash of the user turns; the same question recurs
+    across rows and splits with other answers."""
+    rng = random.Random(seed)
+    names = _module_names()
+
+    def draw() -> tuple[str, dict]:
+        (a, b), (x, y), asked = rng.sample(names, 2), rng.sample(range(10, 100), 2), rng.randrange(2)
+        turns = [f"{a} is {x}.", f"{b} is {y}.", f"What is {(a, b)[asked]}?"]
+        messages = []
+        for turn, reply in zip(turns, ["OK.", "OK.", f"{(a, b)[asked]} is {(x, y)[asked]}"], strict=True):
+            messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": reply}]
+        return "\n".join(turns), {"messages": messages}
+
+    return _drawn_by_hash(draw, n_train)
+
+
+# exec-expr's phrases: (the phrase, the reference program) over two numbers a, b and a word w
+EXEC_OPS = (
+    ("the sum of {a} and {b}", "print({a} + {b})"),
+    ("{a} minus {b}", "print({a} - {b})"),
+    ("the product of {a} and {b}", "print({a} * {b})"),
+    ("the larger of {a} and {b}", "print(max({a}, {b}))"),
+    ("the remainder of {a} divided by {b}", "print({a} % {b})"),
+    ("{a} squared", "print({a} ** 2)"),
+    ("the length of '{w}'", "print(len('{w}'))"),
+    ("'{w}' in upper case", "print('{w}'.upper())"),
+)
+
+
+def exec_rows(seed: int = 0, n_train: int = 3000) -> dict[str, list[dict]]:
+    """Code scored by running it: a phrase (``the remainder of 47 divided by 8``) and the one-line
+    program that prints it (``print(47 % 8)``), one of ``EXEC_OPS`` with numbers of 2-99 and a module
+    name for the word. The metric runs the generated program in a sandbox, so any program that
+    prints the same (``print(7)``, ``print(47-40)``) is right. Splits by a hash of the phrase."""
+    rng = random.Random(seed)
+    words = _module_names()
+
+    def draw() -> tuple[str, dict]:
+        phrase, program = rng.choice(EXEC_OPS)
+        values = {"a": rng.randint(2, 99), "b": rng.randint(2, 99), "w": rng.choice(words)}
+        return phrase.format(**values), {"phrase": phrase.format(**values), "program": program.format(**values)}
+
+    return _drawn_by_hash(draw, n_train)
+
+
 GENERATORS = {"arith": arith_rows, "stdlib-module": module_rows, "funcname": funcname_rows,
               "argcount": argcount_rows, "default-value": default_rows, "product": product_rows,
-              "exception": exception_rows, "chat-rename": rename_rows}
+              "exception": exception_rows, "chat-rename": rename_rows, "chat-recall": recall_rows,
+              "exec-expr": exec_rows}
 
 
 def builtin_files(name: str, cache: Path | None = None) -> dict[str, Path]:

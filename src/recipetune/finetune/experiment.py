@@ -152,13 +152,17 @@ def evaluate(route: Route, task: TaskConfig, rows: list[dict], split: str,
     pattern = re.compile(task.answer_pattern) if task.answer_pattern else None
     tol = (task.rel_tol, task.abs_tol)  # the numeric metric's tolerance
     right_tol = tol if task.metric == "numeric" else None  # within it is right when numeric is optimised
+    # answers that are programs run once, in the sandbox, for every metric and error kind that reads them
+    runs = M.execute(preds, targets) if M.EXEC in (task.metric, *task.metrics) else None
+    run_of = (lambda i: runs[i]) if runs is not None and task.metric == M.EXEC else (lambda i: None)
     predictions = [
         Prediction(index=i, prompt=prompts[i], target=targets[i], prediction=preds[i],
-                   score=M.example_score(task.metric, preds[i], targets[i], tol), truncated=gens[i].truncated,
-                   error=M.error_kind(preds[i], targets[i], gens[i].truncated, pattern, labels, right_tol))
+                   score=M.example_score(task.metric, preds[i], targets[i], tol, runs[i] if runs else None),
+                   truncated=gens[i].truncated,
+                   error=M.error_kind(preds[i], targets[i], gens[i].truncated, pattern, labels, right_tol, run_of(i)))
         for i in range(len(rows))
     ]
-    values = {m: M.score(m, preds, targets, tol) for m in dict.fromkeys([task.metric, *task.metrics])}
+    values = {m: M.score(m, preds, targets, tol, runs) for m in dict.fromkeys([task.metric, *task.metrics])}
     groups: dict[str, list[Prediction]] = {}
     for p in predictions:
         if p.error is not None:

@@ -43,14 +43,14 @@ from recipetune.finetune.formats import (
 )
 
 SplitName = Literal["train", "validation", "test"]
-MetricName = Literal["exact_match", "accuracy", "macro_f1", "rouge_l", "numeric"]
+MetricName = Literal["exact_match", "accuracy", "macro_f1", "rouge_l", "numeric", "exec_output"]
 TaskFormat = Literal["template", "instruction", "chat", "completion"]
 DEFAULT_TARGET = {"instruction": "output", "chat": "messages", "completion": "completion"}
 # Alpaca's layout without its preamble sentence, which would cost every row ~30 tokens of a short sequence
 INSTRUCTION = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 INSTRUCTION_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 BUILTINS = ("arith", "stdlib-module", "funcname", "argcount", "default-value", "product", "exception",
-            "chat-rename")
+            "chat-rename", "chat-recall", "exec-expr")
 
 
 class TestSplitClosed(PermissionError):
@@ -73,7 +73,7 @@ class TaskConfig(BaseModel):
 
     name: str = Field("task", min_length=1)
     builtin: Literal["arith", "stdlib-module", "funcname", "argcount", "default-value", "product",
-                     "exception", "chat-rename"] | None = Field(
+                     "exception", "chat-rename", "chat-recall", "exec-expr"] | None = Field(
         None, description="a benchmark task generated on this machine (finetune/bench_tasks.py)")
     files: dict[SplitName, str] = Field(default_factory=dict, description="split -> .jsonl/.csv/.parquet path, "
                                         "or a datasets save_to_disk folder")
