@@ -47,8 +47,9 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import optuna
 import sqlalchemy as sa
@@ -103,6 +104,30 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A trial open in the study (RUNNING, its recipe claimed, one run slot of the shared budget
+    taken): its run may start in ``run_dir``."""
+
+    number: int
+    run_dir: Path
+
+
+@dataclass(frozen=True)
+class Refused:
+    """No run for this recipe (``open_trial``): ``claimed`` (a driver, this one included, already has
+    it), ``rejected`` (the job's check refused it), ``budget`` (other drivers' runs took every slot of
+    the shared budget). ``number``: the trial closed for it, None where none was opened."""
+
+    reason: Literal["claimed", "rejected", "budget"]
+    number: int | None
+    cause: str
+
+
+CLAIMED = "same recipe as another driver's trial"
+BUDGET_TAKEN = "the shared budget was spent by other drivers' runs"
 
 
 class CampaignStore(Drivers):
@@ -246,6 +271,33 @@ class CampaignStore(Drivers):
         for key, value in attrs.items():
             trial.set_user_attr(key, _jsonable(value))
         return trial.number
+
+    def open_trial(self, recipe: Recipe, dists: dict[str, BaseDistribution], attrs: dict[str, Any],
+                   trial: optuna.trial.Trial | None = None, *, budget: int, plan: Mapping[str, Any] | None = None,
+                   refusal: Mapping[str, Any] | None = None) -> Opened | Refused:
+        """Open the trial of ``recipe`` in one trip: claim the recipe, begin its trial, take one of the
+        ``budget`` run slots the study's drivers share, and mark it running with ``plan`` (the job's
+        plan of the run). With ``refusal`` (the job's check refused the recipe: the figures it stores)
+        the trial is closed at once, claimed but never run. A sampler's ``trial`` is closed as a
+        duplicate when another driver has the recipe; a trial whose slot another driver's run took is
+        closed as unrun and its recipe released."""
+        if not self.claim(recipe):
+            number = None
+            if trial is not None:  # the sampler's trial must be told: it is not run here
+                number = self.begin(recipe, dists, {k: attrs[k] for k in ("parent", "proposer") if k in attrs}, trial)
+                self.finish(number, None, {"status": "duplicate", "ran": False, "cause": CLAIMED})
+            return Refused("claimed", number, CLAIMED)
+        number = self.begin(recipe, dists, attrs, trial)
+        if refusal is not None:
+            self.finish(number, None, dict(refusal))
+            return Refused("rejected", number, str(refusal.get("cause", "")))
+        if not self.take_run(number, budget):
+            self.finish(number, None, {"status": "unrun", "ran": False, "cause": BUDGET_TAKEN})
+            self.unclaim(recipe.id)
+            return Refused("budget", number, BUDGET_TAKEN)
+        run_dir = self.run_dir(number, recipe)
+        self.set_running(number, {"run_dir": str(run_dir), "ran": True, **(plan or {})})
+        return Opened(number, run_dir)
 
     def set_running(self, number: int, attrs: dict[str, Any]) -> None:
         trial = self._open[number]
