@@ -104,7 +104,7 @@ class Search:
         root = self.root = self.job.start(self.services)
         self.tree = Tree(self.baseline, root.result, self.cfg.exploration, score=root.score, backup=self.cfg.backup)
         if root.curve and self.cfg.pruning.pruner != "none" and root.score is not None:
-            store.add_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
+            store.set_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
         self.rebuild(store.records())
         self.started = time.monotonic()  # the wall-time budget is search time: the baseline is apart
         store.start_heartbeat()

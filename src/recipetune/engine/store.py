@@ -28,13 +28,15 @@ Here: the study and the trial's lifecycle (begin, running, finish, reports), and
 The claims, slots and heartbeats are engine/drivers.py (``Drivers``, a part of this class); the
 patient database is engine/database.py; what a trial stores is engine/record.py.
 
+The baseline's curve (``set_reference``) is kept in the study's user attributes, not as a trial:
+the pruner reads it through engine/samplers.py: ``WithReference``, ``values_at`` adds it to the
+finished trials' reports. A study written before 2026-12-03 holds it as a trial with no recipe
+(status ``reference``, ``is_reference``): it is read as the reference, never as a campaign trial.
+
 Private Optuna API used here, because no public one serves: ``Study._storage.create_new_trial`` with a
 template trial (``begin``: a trial created whole, its driver included, in one write; ``Study.ask``
 creates it empty first, and another driver looking between the two writes would fail it as a dead
-driver's), and ``Trial._trial_id`` (the storage's key, which ``record_heartbeat`` takes). The
-baseline's curve is still a study trial with no recipe (``add_reference``, filtered by
-``is_reference``; engine/samplers.py hides it from the model samplers through Optuna's private
-``_get_trials``): Optuna's pruners read only the study's trials, so the reference has to be one.
+driver's), and ``Trial._trial_id`` (the storage's key, which ``record_heartbeat`` takes).
 """
 
 from __future__ import annotations
@@ -71,13 +73,25 @@ from recipetune.engine.drivers import CLAIMS, DRIVER, Drivers
 from recipetune.engine.record import TrialRecord, trial_record
 
 STUDY_NAME = "recipetune"
-REFERENCE = "reference"  # the status of the baseline's curve in the study (add_reference): no campaign trial
+REFERENCE = "reference"  # the study's user attribute holding the baseline's curve (set_reference)
 T = TypeVar("T")
 
 
 def is_reference(t: FrozenTrial) -> bool:
-    """The baseline's curve (``add_reference``): a study trial that is none of the campaign's."""
+    """The baseline's curve as a study written before 2026-12-03 kept it: a trial with no recipe
+    and the status ``reference``, none of the campaign's trials."""
     return t.user_attrs.get("status") == REFERENCE
+
+
+def reference_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The baseline's curve (``set_reference``) as a finished trial, the way Optuna's pruners read the
+    finished trials; None where the study holds none in its attributes (no pruning, or an older study
+    whose reference is a trial of its own, which the pruner reads as it is)."""
+    ref = study.user_attrs.get(REFERENCE)
+    if not ref:
+        return None
+    return optuna.trial.create_trial(value=ref["score"], user_attrs={"status": REFERENCE, "ran": False},
+                                     intermediate_values={int(k): v for k, v in ref["curve"].items()})
 
 
 def distributions(space: SearchSpace, baseline: Recipe) -> dict[str, BaseDistribution]:
@@ -148,6 +162,7 @@ class CampaignStore(Drivers):
         self._storage: optuna.storages.RDBStorage | None = None
         self._study: optuna.Study | None = None
         self._open: dict[int, optuna.trial.Trial] = {}
+        self._reference: dict[int, float] | None = None  # the baseline's curve, once read (reference())
         self._beat: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -235,7 +250,7 @@ class CampaignStore(Drivers):
         self.study.set_user_attr(key, _jsonable(value))
 
     def records(self) -> list[TrialRecord]:
-        """The campaign's trials (not the baseline's reference curve, ``add_reference``)."""
+        """The campaign's trials (not an older study's reference trial, ``is_reference``)."""
         return [trial_record(t) for t in self.study.get_trials(deepcopy=False) if not is_reference(t)]
 
     # -- trials -----------------------------------------------------------------------------
@@ -328,18 +343,28 @@ class CampaignStore(Drivers):
         return trial.should_prune()
 
     def values_at(self, step: int) -> list[float]:
-        """The finished trials' reports at ``step`` (the baseline's reference included): what a
-        pruner compares a running trial with (engine/samplers.py: pruning_bar)."""
+        """The finished trials' reports at ``step`` and the baseline's (``reference``): what a pruner
+        compares a running trial with (engine/samplers.py: pruning_bar)."""
         finished = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        return [t.intermediate_values[step] for t in finished if step in t.intermediate_values]
+        reference = self.reference()
+        return ([t.intermediate_values[step] for t in finished if step in t.intermediate_values and not is_reference(t)]
+                + ([reference[step]] if step in reference else []))
 
-    def add_reference(self, values: dict[int, float], value: float) -> None:
-        """The baseline's intermediate values, as a finished trial the pruner compares the others with
-        (once per study; it has no recipe, so the search never reads it as a trial of its own)."""
-        if any(is_reference(t) for t in self.study.get_trials(deepcopy=False)):
-            return
-        self.study.add_trial(optuna.trial.create_trial(
-            value=value, intermediate_values=values, user_attrs={"status": REFERENCE, "ran": False}))
+    def set_reference(self, curve: dict[int, float], score: float) -> None:
+        """The baseline's intermediate values and score, the pruner's reference: kept once per study (the
+        first driver's), in its user attributes (an older study keeps its reference trial)."""
+        if not self.reference():
+            self.set_meta(REFERENCE, {"score": score, "curve": {str(k): v for k, v in curve.items()}})
+            self._reference = None  # read back: another driver may have written it first
+
+    def reference(self) -> dict[int, float]:
+        """The baseline's curve by step ({} where the study holds none)."""
+        if not self._reference:
+            ref = reference_trial(self.study) or next(
+                (t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_reference(t)),
+                None)
+            self._reference = dict(ref.intermediate_values) if ref is not None else {}
+        return self._reference
 
     # -- artifacts --------------------------------------------------------------------------
 
