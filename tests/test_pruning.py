@@ -283,7 +283,8 @@ def test_a_study_that_kept_the_baseline_curve_as_a_trial_resumes_with_it_as_the_
     old = CampaignStore(folder, None)
     old.create({"job": "curve"})
     old.study.add_trial(optuna.trial.create_trial(
-        value=BASE, intermediate_values=dict(enumerate(CURVES[0], 1)), user_attrs={"status": "reference", "ran": False}))
+        value=BASE, intermediate_values=dict(enumerate(CURVES[0], 1)),
+        user_attrs={"status": "reference", "ran": False}))
     old.storage.engine.dispose()
     job = CurveJob()
     outcome, store = campaign(folder, job, resume=True, pruning={"pruner": "median", "startup_trials": 1})
