@@ -24,7 +24,8 @@ A server that stops answering (a restart, a failover) is waited for: every study
 retried with backoff for up to ``execute.db_retry_s`` seconds, then ``StoreUnavailable`` stops the
 campaign, which ``--resume`` continues.
 
-Here: the study and the trial's lifecycle (begin, running, finish, reports), and the campaign's files.
+Here: the study and the trial's lifecycle (``open_trial``: claim, begin, a run slot, running, in one
+trip; finish; reports), and the campaign's files.
 The claims, slots and heartbeats are engine/drivers.py (``Drivers``, a part of this class); the
 patient database is engine/database.py; what a trial stores is engine/record.py.
 
