@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from recipetune.core.recipe import KnobError
+from recipetune.core.recipe import SPEED, KnobError
 from recipetune.speed.facts import PLAYBOOK
 from recipetune.trainer.knobs import check_recipe, reference_knobs
 from recipetune.trainer.layout import LAYOUT_RELATION, RELATIONS, Layout
@@ -210,9 +210,9 @@ def test_old_compile_values_still_load_and_new_ones_are_named():
     with pytest.raises(KnobError, match='"none", "model", "regional"'):
         knobs.resolve({"compile": "max-autotune"})
     # every knob declares whether it may change learning: the mixed-precision ones may
-    assert knobs["fsdp_param_dtype"].may_change_learning and knobs["float8"].may_change_learning
-    assert not any(knobs[k].may_change_learning for k in ("dp_shard", "dp_replicate", "tp", "sequence_parallel",
-                                                            "reshard_after_forward", "compile", "compile_mode"))
+    assert knobs["fsdp_param_dtype"].role != SPEED and knobs["float8"].role != SPEED
+    assert all(knobs[k].role == SPEED for k in ("dp_shard", "dp_replicate", "tp", "sequence_parallel",
+                                                "reshard_after_forward", "compile", "compile_mode"))
 
 
 def test_float8_is_refused_clearly_without_torchao_or_gpu():

@@ -93,13 +93,15 @@ class CurveJob:
     def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future:
         q, shown, curve = int(recipe["q"]), [], self.curves[int(recipe["q"])]
         future: Future = Future()
+        pruned = None  # the report that stopped it
         for k, value in enumerate(curve, 1):
             shown.append(value)
             upper = None if self.noise is None else value + self.noise
             if k < len(curve) and progress.report(k, value, upper):  # the last value is the final one
+                pruned = (k, value)
                 break
         self.reported[q] = shown
-        future.set_result((q, progress.pruned))
+        future.set_result((q, pruned))
         return future
 
     def land(self, result: tuple[int, tuple[int, float] | None], recipe: Recipe, run_dir: Path) -> Landing:
@@ -268,8 +270,30 @@ def test_a_pruned_trial_is_kept_on_resume_and_never_run_again(tmp_path):
     assert trials[2].status == trials[4].status == "pruned" and job.reported == {}  # from the study: none ran again
     assert outcome.tree.nodes[Recipe({"q": 2}).id].status == "pruned" and outcome.runs == 4
     # the baseline's curve went into the study once, as the pruner's reference, not as a trial
-    refs = [t for t in store.study.get_trials() if t.user_attrs.get("status") == "reference"]
-    assert len(refs) == 1 and refs[0].intermediate_values == {1: BASE, 2: BASE, 3: BASE, 4: BASE}
+    assert not any(t.user_attrs.get("status") == "reference" for t in store.study.get_trials())
+    assert store.reference() == {1: BASE, 2: BASE, 3: BASE, 4: BASE}
+    assert store.study.user_attrs["reference"]["curve"] == {"1": BASE, "2": BASE, "3": BASE, "4": BASE}
+
+
+def test_a_study_that_kept_the_baseline_curve_as_a_trial_resumes_with_it_as_the_reference(tmp_path):
+    # a campaign folder written before 2026-12-03 holds the baseline's curve as a finished trial with no
+    # recipe: resumed, it is the pruner's reference (once: Optuna's median counts it among the finished
+    # trials, the bar too), never a campaign trial, and the study gets no second copy in its attributes
+    folder = tmp_path / "c"
+    old = CampaignStore(folder, None)
+    old.create({"job": "curve"})
+    old.study.add_trial(optuna.trial.create_trial(
+        value=BASE, intermediate_values=dict(enumerate(CURVES[0], 1)),
+        user_attrs={"status": "reference", "ran": False}))
+    old.storage.engine.dispose()
+    job = CurveJob()
+    outcome, store = campaign(folder, job, resume=True, pruning={"pruner": "median", "startup_trials": 1})
+    trials = by_q(store)  # as in a fresh campaign (the median pruner's test above)
+    assert trials[2].status == trials[4].status == "pruned" and job.reported[2] == job.reported[4] == [0.49]
+    assert trials[1].status == trials[3].status == "passed" and outcome.runs == 4
+    assert store.reference() == {1: BASE, 2: BASE, 3: BASE, 4: BASE} and "reference" not in store.study.user_attrs
+    assert store.values_at(1).count(BASE) == 2  # the baseline's and q=1's, the reference read once
+    assert all("recipe" in r.attrs for r in store.records())
 
 
 # -- stop rules ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from recipetune.cli import app
 from recipetune.config import CampaignConfig
 from recipetune.core.files import parse_override
 from recipetune.core.measure import RunResult, StepRecord
-from recipetune.report.browser import console_messages, dump_dom, find_chromium
+from recipetune.report.browser import chromium, console_messages, find_chromium
 from recipetune.report.build import load_report
 from recipetune.report.html import render
 from recipetune.report.model import NO_VERDICT, Evidence
@@ -255,7 +255,7 @@ def test_report_renders_in_headless_chromium(pages, campaigns, tmp_path):
     top = image.crop((0, 0, 1400, 300)).getcolors(maxcolors=1 << 20)
     amber = (0xB4, 0x53, 0x09)  # the KEEP BASELINE banner's colour
     assert any(max(abs(c - a) for c, a in zip(rgb, amber, strict=True)) < 20 for _, rgb in top)
-    dom = dump_dom(page)
+    dom = chromium(page, "--dump-dom").stdout  # the DOM once the page's script has run
     assert 'data-figures="5/5"' in dom  # every figure decoded
     assert 'data-sortable="ready"' in dom  # the page's script ran, under its own CSP
 

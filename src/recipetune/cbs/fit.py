@@ -14,18 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-from scipy import optimize, stats
+from scipy import stats
 
 PAPER_DATA_EXPONENT = 0.47  # B* ~ D^0.47 at fixed model size
 PAPER_MODEL_EXPONENT = 0.09  # B* ~ N^0.09 at fixed data size
 PAPER_CHINCHILLA_COEF = 93.2  # B* = 93.2 N^0.47, N in millions of params, B in 512-token sequences
 PAPER_CHINCHILLA_EXPONENT = 0.47
 OVERHEAD = 1.2  # the 20% rule: B* is where steps exceed linear scaling by 20%
-
-
-def paper_chinchilla_cbs(n_params_millions: float | np.ndarray) -> float | np.ndarray:
-    """The paper's Chinchilla-setting law B* = 93.2 N^0.47 (N in millions, B* in 512-token sequences)."""
-    return PAPER_CHINCHILLA_COEF * np.asarray(n_params_millions, dtype=float) ** PAPER_CHINCHILLA_EXPONENT
 
 
 def _as_positive_1d(name: str, values: npt.ArrayLike) -> np.ndarray:
@@ -131,21 +126,6 @@ def critical_batch_size(a: float, b: float, b_opt: float) -> float:
     """
     _check_cbs_inputs(a, b, b_opt)
     return b / (5.0 * a) + OVERHEAD * b_opt
-
-
-def solve_critical_batch_size(a: float, b: float, b_opt: float) -> float:
-    """The same B* found numerically with brentq, as a check on the closed form."""
-    _check_cbs_inputs(a, b, b_opt)
-    s_opt = a + b / b_opt
-
-    def excess(batch: float) -> float:
-        return a + b / batch - OVERHEAD * s_opt * b_opt / batch
-
-    # excess(B_opt) = -0.2 S(B_opt) < 0 and excess -> a > 0 as B grows: widen until the sign flips.
-    hi = 2.0 * b_opt
-    while excess(hi) <= 0:
-        hi *= 2.0
-    return float(optimize.brentq(excess, b_opt, hi, xtol=1e-12, rtol=1e-14, maxiter=500))
 
 
 def default_b_opt(batch_sizes: npt.ArrayLike) -> float:

@@ -57,10 +57,6 @@ class Knob:
         if self.role not in KNOB_ROLES:
             raise ValueError(f"knob '{self.name}': role must be one of {KNOB_ROLES}, got {self.role!r}")
 
-    @property
-    def may_change_learning(self) -> bool:
-        return self.role != SPEED
-
     def describe_domain(self) -> str:
         if self.choices is not None:
             return "one of " + ", ".join(json.dumps(c) for c in self.choices)

@@ -314,12 +314,6 @@ def proportion_ci(k: int, n: int, confidence: float = 0.95) -> tuple[float, floa
     return k / n, float(ci.low), float(ci.high)
 
 
-def relative_spread(values: Sequence[float]) -> float:
-    """Coefficient of variation (sample std / mean) of repeated measurements."""
-    x = np.asarray(values, dtype=float)
-    return float(np.std(x, ddof=1) / np.mean(x)) if len(x) > 1 and np.mean(x) > 0 else 0.0
-
-
 def sample_std(values: Sequence[float]) -> float:
     x = np.asarray(values, dtype=float)
     return float(np.std(x, ddof=1)) if len(x) > 1 else 0.0

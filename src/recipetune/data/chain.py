@@ -74,13 +74,6 @@ class DataVersion(BaseModel):
     dropped_at_load: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="split -> reason -> rows dropped when the file was read")
 
-    def removed_total(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for s in self.operators:
-            for reason, n in s.removed.items():
-                out[reason] = out.get(reason, 0) + n
-        return out
-
 
 def fingerprint(*parts: Any) -> str:
     """A fingerprint derived from others and settings (``datasets``' way): nothing hashes rows."""

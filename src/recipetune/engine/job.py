@@ -86,15 +86,14 @@ class Progress:
 
     def __init__(self, step: Callable[[int, int], None], report: Callable[[int, float, float | None], bool]):
         self._step, self._report = step, report
-        self.pruned: tuple[int, float] | None = None  # the report that stopped it
+        self.stopped = False  # a report was answered "stop": every later one is too
 
     def step(self, done: int, total: int) -> None:
         self._step(done, total)
 
     def report(self, step: int, value: float, upper: float | None = None) -> bool:
-        if self.pruned is None and self._report(step, value, upper):
-            self.pruned = (step, value)
-        return self.pruned is not None
+        self.stopped = self.stopped or self._report(step, value, upper)
+        return self.stopped
 
 
 def checkpoint_steps(total: int, n: int) -> dict[int, int]:

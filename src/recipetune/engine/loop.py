@@ -1,8 +1,8 @@
 """The search loop every job and every strategy runs through.
 
     Search.start()   open or resume the study; the job measures its baseline (the tree's root)
-    Search.run(s)    loop { s.ask -> job.check -> job.submit -> job.land -> tree.add (backpropagate)
-                            -> store.finish -> s.tell } until the budget is spent or s has nothing left
+    Search.run(s)    loop { s.ask -> job.check -> store.open_trial -> job.submit -> job.land -> tree.add
+                            (backpropagate) -> store.finish -> s.tell } until the budget is spent or s has nothing left
     job.decide()     the job's control system turns the tree into APPROVED or KEEP BASELINE
 
 The strategy (engine/strategy.py) chooses what to try next: the tree and its Researcher, or an
@@ -32,7 +32,7 @@ from recipetune.engine.job import Checked, Finished, Job, Landing, Outcome, Prog
 from recipetune.engine.record import Trial, TrialRecord
 from recipetune.engine.researcher import Proposer, SearchContext
 from recipetune.engine.samplers import pruning_bar
-from recipetune.engine.store import distributions
+from recipetune.engine.store import Refused, distributions
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
 from recipetune.engine.tree import Node, Tree
 from recipetune.execute.executor import TrialLost
@@ -104,7 +104,7 @@ class Search:
         root = self.root = self.job.start(self.services)
         self.tree = Tree(self.baseline, root.result, self.cfg.exploration, score=root.score, backup=self.cfg.backup)
         if root.curve and self.cfg.pruning.pruner != "none" and root.score is not None:
-            store.add_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
+            store.set_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
         self.rebuild(store.records())
         self.started = time.monotonic()  # the wall-time budget is search time: the baseline is apart
         store.start_heartbeat()
@@ -141,39 +141,31 @@ class Search:
     # one trial -------------------------------------------------------------------------------
 
     def launch(self, c: Candidate) -> Node | Pending | None:
-        """Claim, check, open the trial and submit its run. A refused candidate is a node at once; a
-        submitted run is a ``Pending`` until ``land``; None: another driver has this recipe."""
+        """Check, open the trial and submit its run. A refused candidate is a node at once; a
+        submitted run is a ``Pending`` until ``land``; None: another driver has this recipe, or other
+        drivers' runs took the shared budget."""
         tree, store, job = self.tree, self.store, self.job
-        if not store.claim(c.recipe):
-            self.elsewhere.add(c.recipe.id)
-            if c.trial is not None:  # the sampler's trial must be told: it is not run here
-                number = store.begin(c.recipe, self.dists, {"parent": tree.root.id, "proposer": self.cfg.strategy},
-                                     c.trial)
-                store.finish(number, None, {"status": "duplicate", "ran": False,
-                                            "cause": "same recipe as another driver's trial"})
-            return None
-        proposal = c.proposal
-        if c.note:
-            proposal = c.proposal = replace(proposal, rationale=f"{proposal.rationale} [{c.note}]")
+        proposal = replace(c.proposal, rationale=f"{c.proposal.rationale} [{c.note}]") if c.note else c.proposal
         attrs = {"parent": c.parent.id, "proposer": proposal.source, "rationale": proposal.rationale,
                  "edits": proposal.edits, **({"coupled": c.note} if c.note else {})}
         checked = self.check(c.recipe)
-        number = store.begin(c.recipe, self.dists, attrs, c.trial)
-        key = str(number)
-        if checked.refusal:
-            figures = {"status": "rejected", "cause": checked.refusal, "ran": False, "violations": checked.details}
-            store.finish(number, None, figures)
-            self.reporter.row(job.row(key, number, c.recipe, self.trial({**attrs, **figures})))
-            return tree.add(c.recipe, c.parent, "rejected", None, cause=checked.refusal,
-                            rationale=proposal.rationale, source=proposal.source, trial=number)
-        if not store.take_run(number, self.cfg.budget.trials):  # other drivers' runs took the shared budget
-            store.finish(number, None, {"status": "unrun", "ran": False,
-                                        "cause": "the shared budget was spent by other drivers' runs"})
-            store.unclaim(c.recipe.id)
+        refusal = ({"status": "rejected", "cause": checked.refusal, "ran": False, "violations": checked.details}
+                   if checked.refusal else None)
+        opened = store.open_trial(c.recipe, self.dists, attrs, c.trial, budget=self.cfg.budget.trials,
+                                  plan=checked.plan, refusal=refusal)
+        if isinstance(opened, Refused) and opened.reason == "claimed":
+            self.elsewhere.add(c.recipe.id)
+            return None
+        c.proposal = proposal
+        if isinstance(opened, Refused) and opened.reason == "budget":
             self.spent, self.spent_checked = True, False
             return None
-        run_dir = store.run_dir(number, c.recipe)
-        store.set_running(number, {"run_dir": str(run_dir), "ran": True, **checked.plan})
+        if isinstance(opened, Refused):  # the job's check refused it: a node at once, nothing ran
+            assert opened.number is not None and refusal is not None
+            self.reporter.row(job.row(str(opened.number), opened.number, c.recipe, self.trial({**attrs, **refusal})))
+            return tree.add(c.recipe, c.parent, "rejected", None, cause=opened.cause,
+                            rationale=proposal.rationale, source=proposal.source, trial=opened.number)
+        number, key = opened.number, str(opened.number)
         self.reporter.row(job.row(key, number, c.recipe, self.trial({**attrs, "status": "running"})))
         self.runs += 1
         tree.reserve(c.parent)  # virtual loss while it runs: parallel selection looks elsewhere
@@ -181,8 +173,8 @@ class Search:
                             lambda step, value, upper: self.prune(number, step, value, upper))
         # the clock starts before submit: the local executor runs the trial right here, before it returns
         started = time.monotonic()
-        future = job.submit(c.recipe, run_dir, checked.plan, progress)
-        return Pending(number, c, run_dir, future, started)
+        future = job.submit(c.recipe, opened.run_dir, checked.plan, progress)
+        return Pending(number, c, opened.run_dir, future, started)
 
     def land(self, pending: Pending) -> Node:
         """A submitted run has ended: the job judges it; reward, store, and add its node."""

@@ -1,10 +1,12 @@
-"""The command-line options every campaign command shares (``tune``, ``finetune``), each naming the
-field it overrides, and how they become the file's overrides."""
+"""The command-line options every campaign command shares (``tune``, ``finetune``), declared once
+(``campaign_options``), each naming the field it overrides, and how they become the file's overrides."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -27,6 +29,25 @@ Parallel = Annotated[int | None, typer.Option(
 MLflow = Annotated[str | None, typer.Option(
     help="also log each trial to this MLflow tracking URI as it lands (e.g. sqlite:///mlflow.db); needs the "
          "mlflow extra")]
+
+# The shared options, in the order --help lists them (after a command's own).
+SHARED = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+          for name, kind, default in (
+              ("budget", Budget, None), ("budget_s", BudgetS, None), ("pruner", Pruner, None),
+              ("strategy", Strategy, None), ("proposer", Proposer, None), ("out", Out, None),
+              ("resume", Resume, False), ("executor", Executor, None), ("ray_address", RayAddress, None),
+              ("parallel", Parallel, None), ("mlflow", MLflow, None))]
+C = TypeVar("C", bound=Callable[..., Any])
+
+
+def campaign_options(command: C) -> C:
+    """A campaign command with the shared options: ``command(file, overrides, ..., **options)`` gets
+    them by name, and Typer reads them from its signature (the command's own parameters, then ``SHARED``)."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values()
+           if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    command.__signature__ = inspect.Signature([*own, *SHARED])  # type: ignore[attr-defined]
+    return command
+
 
 # Each shared option's field in the campaign file.
 FIELDS = {"budget": "search.budget.trials", "budget_s": "search.budget.trial_s", "pruner": "search.pruning.pruner",

@@ -24,7 +24,7 @@ from optuna.distributions import BaseDistribution
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.core.relations import Relations
 from recipetune.engine.config import Pruning
-from recipetune.engine.store import distributions, is_reference
+from recipetune.engine.store import distributions, reference_trial
 
 STRATEGIES = ("mcts", "tpe", "gp", "random", "grid")
 
@@ -102,47 +102,6 @@ class FeasibleSampler(_Wrapper):
         return self.base.sample_independent(study, trial, param_name, param_distribution)
 
 
-class _CampaignTrials:
-    """A study as a model sampler should read it: without the baseline's reference curve, which the
-    study holds for the pruner (store.add_reference), so that pruning which stops nothing changes
-    nothing a sampler draws (TPE's startup count and its good/bad split, GP's data)."""
-
-    def __init__(self, study: optuna.Study):
-        self._study = study
-
-    def _get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
-        return [t for t in self._study._get_trials(*args, **kwargs) if not is_reference(t)]
-
-    def get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
-        return [t for t in self._study.get_trials(*args, **kwargs) if not is_reference(t)]
-
-    @property
-    def trials(self) -> list[optuna.trial.FrozenTrial]:
-        return self.get_trials()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
-
-
-class ReferenceBlind(_Wrapper):
-    """A model sampler (TPE, GP) that reads the study's campaign trials only (``_CampaignTrials``)."""
-
-    def __init__(self, base: optuna.samplers.BaseSampler):
-        self.base = base
-
-    def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> dict[str, BaseDistribution]:
-        return self.base.infer_relative_search_space(_CampaignTrials(study), trial)  # type: ignore[arg-type]
-
-    def sample_relative(self, study: optuna.Study, trial: Any, search_space: dict[str, BaseDistribution]
-                        ) -> dict[str, Any]:
-        return self.base.sample_relative(_CampaignTrials(study), trial, search_space)  # type: ignore[arg-type]
-
-    def sample_independent(self, study: optuna.Study, trial: Any, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
-        return self.base.sample_independent(_CampaignTrials(study), trial, param_name,  # type: ignore[arg-type]
-                                            param_distribution)
-
-
 def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
                  relations: Relations | None = None, parallel: int = 1) -> optuna.samplers.BaseSampler:
     """The sampler of ``strategy``; ``seed`` should differ per session so a resume draws afresh.
@@ -152,10 +111,10 @@ def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
     dists = distributions(space, baseline)
     sampler: optuna.samplers.BaseSampler
     if strategy == "tpe":
-        sampler = ReferenceBlind(StableTPE(
-            seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)), constant_liar=parallel > 1))
+        sampler = StableTPE(seed=seed, n_startup_trials=min(5, max(2, space.size() // 4)),
+                             constant_liar=parallel > 1)
     elif strategy == "gp":  # a Gaussian process over the categorical knobs (Optuna's GPSampler, torch)
-        sampler = ReferenceBlind(optuna.samplers.GPSampler(seed=seed))
+        sampler = optuna.samplers.GPSampler(seed=seed)
     elif strategy == "grid":
         grid = AskTellGridSampler({n: list(d.choices) for n, d in dists.items()}, seed=seed)  # type: ignore[attr-defined]
         if relations:  # the grid ids index the feasible points only
@@ -173,10 +132,53 @@ def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
     return sampler
 
 
+class _StudyWithReference:
+    """A study as a pruner reads it: its trials, and the baseline's curve as one more finished trial
+    (Optuna's pruners read the finished trials through the public ``Study.get_trials``; everything
+    else is the study's own)."""
+
+    def __init__(self, study: optuna.Study, reference: optuna.trial.FrozenTrial):
+        self._study, self._reference = study, reference
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[optuna.trial.FrozenTrial]:
+        trials = self._study.get_trials(deepcopy=deepcopy, states=states)
+        finished = states is None or optuna.trial.TrialState.COMPLETE in states
+        return [self._reference, *trials] if finished else trials
+
+    @property
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
+        return self.get_trials()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+
+class WithReference(optuna.pruners.BasePruner):
+    """Optuna's pruner, comparing a trial with the finished trials and the baseline's curve: the
+    median and percentile pruners count it among the finished trials (their start-up count and
+    their bar), as when it was a trial of the study. The curve is in the study's user attributes
+    (engine/store.py: set_reference), not a trial, so no sampler reads it as one."""
+
+    def __init__(self, base: optuna.pruners.BasePruner):
+        self.base = base
+        self._reference: optuna.trial.FrozenTrial | None = None
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        if self._reference is None:
+            self._reference = reference_trial(study)
+        seen = study if self._reference is None else _StudyWithReference(study, self._reference)
+        return self.base.prune(seen, trial)  # type: ignore[arg-type]
+
+
 def make_pruner(p: Pruning) -> optuna.pruners.BasePruner:
-    """The pruner ``search.pruning`` names (Optuna's own; ``none`` prunes nothing)."""
+    """The pruner ``search.pruning`` names (Optuna's own, shown the baseline's curve: ``WithReference``;
+    ``none`` prunes nothing)."""
     if p.pruner == "none":
         return optuna.pruners.NopPruner()
+    return WithReference(_pruner(p))
+
+
+def _pruner(p: Pruning) -> optuna.pruners.BasePruner:
     median = optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials, n_warmup_steps=p.warmup_steps)
     if p.pruner == "median":
         return median

@@ -24,17 +24,20 @@ A server that stops answering (a restart, a failover) is waited for: every study
 retried with backoff for up to ``execute.db_retry_s`` seconds, then ``StoreUnavailable`` stops the
 campaign, which ``--resume`` continues.
 
-Here: the study and the trial's lifecycle (begin, running, finish, reports), and the campaign's files.
+Here: the study and the trial's lifecycle (``open_trial``: claim, begin, a run slot, running, in one
+trip; finish; reports), and the campaign's files.
 The claims, slots and heartbeats are engine/drivers.py (``Drivers``, a part of this class); the
 patient database is engine/database.py; what a trial stores is engine/record.py.
+
+The baseline's curve (``set_reference``) is kept in the study's user attributes, not as a trial:
+the pruner reads it through engine/samplers.py: ``WithReference``, ``values_at`` adds it to the
+finished trials' reports. A study written before 2026-12-03 holds it as a trial with no recipe
+(status ``reference``, ``is_reference``): it is read as the reference, never as a campaign trial.
 
 Private Optuna API used here, because no public one serves: ``Study._storage.create_new_trial`` with a
 template trial (``begin``: a trial created whole, its driver included, in one write; ``Study.ask``
 creates it empty first, and another driver looking between the two writes would fail it as a dead
-driver's), and ``Trial._trial_id`` (the storage's key, which ``record_heartbeat`` takes). The
-baseline's curve is still a study trial with no recipe (``add_reference``, filtered by
-``is_reference``; engine/samplers.py hides it from the model samplers through Optuna's private
-``_get_trials``): Optuna's pruners read only the study's trials, so the reference has to be one.
+driver's), and ``Trial._trial_id`` (the storage's key, which ``record_heartbeat`` takes).
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import optuna
 import sqlalchemy as sa
@@ -70,13 +74,25 @@ from recipetune.engine.drivers import CLAIMS, DRIVER, Drivers
 from recipetune.engine.record import TrialRecord, trial_record
 
 STUDY_NAME = "recipetune"
-REFERENCE = "reference"  # the status of the baseline's curve in the study (add_reference): no campaign trial
+REFERENCE = "reference"  # the study's user attribute holding the baseline's curve (set_reference)
 T = TypeVar("T")
 
 
 def is_reference(t: FrozenTrial) -> bool:
-    """The baseline's curve (``add_reference``): a study trial that is none of the campaign's."""
+    """The baseline's curve as a study written before 2026-12-03 kept it: a trial with no recipe
+    and the status ``reference``, none of the campaign's trials."""
     return t.user_attrs.get("status") == REFERENCE
+
+
+def reference_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The baseline's curve (``set_reference``) as a finished trial, the way Optuna's pruners read the
+    finished trials; None where the study holds none in its attributes (no pruning, or an older study
+    whose reference is a trial of its own, which the pruner reads as it is)."""
+    ref = study.user_attrs.get(REFERENCE)
+    if not ref:
+        return None
+    return optuna.trial.create_trial(value=ref["score"], user_attrs={"status": REFERENCE, "ran": False},
+                                     intermediate_values={int(k): v for k, v in ref["curve"].items()})
 
 
 def distributions(space: SearchSpace, baseline: Recipe) -> dict[str, BaseDistribution]:
@@ -105,6 +121,30 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class Opened:
+    """A trial open in the study (RUNNING, its recipe claimed, one run slot of the shared budget
+    taken): its run may start in ``run_dir``."""
+
+    number: int
+    run_dir: Path
+
+
+@dataclass(frozen=True)
+class Refused:
+    """No run for this recipe (``open_trial``): ``claimed`` (a driver, this one included, already has
+    it), ``rejected`` (the job's check refused it), ``budget`` (other drivers' runs took every slot of
+    the shared budget). ``number``: the trial closed for it, None where none was opened."""
+
+    reason: Literal["claimed", "rejected", "budget"]
+    number: int | None
+    cause: str
+
+
+CLAIMED = "same recipe as another driver's trial"
+BUDGET_TAKEN = "the shared budget was spent by other drivers' runs"
+
+
 class CampaignStore(Drivers):
     """A campaign folder and its study."""
 
@@ -123,6 +163,7 @@ class CampaignStore(Drivers):
         self._storage: optuna.storages.RDBStorage | None = None
         self._study: optuna.Study | None = None
         self._open: dict[int, optuna.trial.Trial] = {}
+        self._reference: dict[int, float] | None = None  # the baseline's curve, once read (reference())
         self._beat: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -210,7 +251,7 @@ class CampaignStore(Drivers):
         self.study.set_user_attr(key, _jsonable(value))
 
     def records(self) -> list[TrialRecord]:
-        """The campaign's trials (not the baseline's reference curve, ``add_reference``)."""
+        """The campaign's trials (not an older study's reference trial, ``is_reference``)."""
         return [trial_record(t) for t in self.study.get_trials(deepcopy=False) if not is_reference(t)]
 
     # -- trials -----------------------------------------------------------------------------
@@ -247,6 +288,33 @@ class CampaignStore(Drivers):
             trial.set_user_attr(key, _jsonable(value))
         return trial.number
 
+    def open_trial(self, recipe: Recipe, dists: dict[str, BaseDistribution], attrs: dict[str, Any],
+                   trial: optuna.trial.Trial | None = None, *, budget: int, plan: Mapping[str, Any] | None = None,
+                   refusal: Mapping[str, Any] | None = None) -> Opened | Refused:
+        """Open the trial of ``recipe`` in one trip: claim the recipe, begin its trial, take one of the
+        ``budget`` run slots the study's drivers share, and mark it running with ``plan`` (the job's
+        plan of the run). With ``refusal`` (the job's check refused the recipe: the figures it stores)
+        the trial is closed at once, claimed but never run. A sampler's ``trial`` is closed as a
+        duplicate when another driver has the recipe; a trial whose slot another driver's run took is
+        closed as unrun and its recipe released."""
+        if not self.claim(recipe):
+            number = None
+            if trial is not None:  # the sampler's trial must be told: it is not run here
+                number = self.begin(recipe, dists, {k: attrs[k] for k in ("parent", "proposer") if k in attrs}, trial)
+                self.finish(number, None, {"status": "duplicate", "ran": False, "cause": CLAIMED})
+            return Refused("claimed", number, CLAIMED)
+        number = self.begin(recipe, dists, attrs, trial)
+        if refusal is not None:
+            self.finish(number, None, dict(refusal))
+            return Refused("rejected", number, str(refusal.get("cause", "")))
+        if not self.take_run(number, budget):
+            self.finish(number, None, {"status": "unrun", "ran": False, "cause": BUDGET_TAKEN})
+            self.unclaim(recipe.id)
+            return Refused("budget", number, BUDGET_TAKEN)
+        run_dir = self.run_dir(number, recipe)
+        self.set_running(number, {"run_dir": str(run_dir), "ran": True, **(plan or {})})
+        return Opened(number, run_dir)
+
     def set_running(self, number: int, attrs: dict[str, Any]) -> None:
         trial = self._open[number]
         for key, value in attrs.items():
@@ -276,18 +344,28 @@ class CampaignStore(Drivers):
         return trial.should_prune()
 
     def values_at(self, step: int) -> list[float]:
-        """The finished trials' reports at ``step`` (the baseline's reference included): what a
-        pruner compares a running trial with (engine/samplers.py: pruning_bar)."""
+        """The finished trials' reports at ``step`` and the baseline's (``reference``): what a pruner
+        compares a running trial with (engine/samplers.py: pruning_bar)."""
         finished = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        return [t.intermediate_values[step] for t in finished if step in t.intermediate_values]
+        reference = self.reference()
+        return ([t.intermediate_values[step] for t in finished if step in t.intermediate_values and not is_reference(t)]
+                + ([reference[step]] if step in reference else []))
 
-    def add_reference(self, values: dict[int, float], value: float) -> None:
-        """The baseline's intermediate values, as a finished trial the pruner compares the others with
-        (once per study; it has no recipe, so the search never reads it as a trial of its own)."""
-        if any(is_reference(t) for t in self.study.get_trials(deepcopy=False)):
-            return
-        self.study.add_trial(optuna.trial.create_trial(
-            value=value, intermediate_values=values, user_attrs={"status": REFERENCE, "ran": False}))
+    def set_reference(self, curve: dict[int, float], score: float) -> None:
+        """The baseline's intermediate values and score, the pruner's reference: kept once per study (the
+        first driver's), in its user attributes (an older study keeps its reference trial)."""
+        if not self.reference():
+            self.set_meta(REFERENCE, {"score": score, "curve": {str(k): v for k, v in curve.items()}})
+            self._reference = None  # read back: another driver may have written it first
+
+    def reference(self) -> dict[int, float]:
+        """The baseline's curve by step ({} where the study holds none)."""
+        if not self._reference:
+            ref = reference_trial(self.study) or next(
+                (t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_reference(t)),
+                None)
+            self._reference = dict(ref.intermediate_values) if ref is not None else {}
+        return self._reference
 
     # -- artifacts --------------------------------------------------------------------------
 

@@ -53,8 +53,3 @@ def screenshot(page: Path, png: Path, width: int = 1400, height: int = 2200) -> 
     if res.returncode != 0 or not png.exists():
         raise RuntimeError(f"chromium failed (exit {res.returncode}): {res.stderr[-1000:]}")
     return console_messages(res.stderr)
-
-
-def dump_dom(page: Path) -> str:
-    """The DOM once the page has loaded (its script has run)."""
-    return chromium(page, "--dump-dom").stdout

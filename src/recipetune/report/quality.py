@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from recipetune.core.recipe import Recipe
+from recipetune.finetune.job import QualityFigures
 from recipetune.finetune.recipe import describe_change, knob_text
 from recipetune.report import sources as src
 from recipetune.report.model import (
@@ -37,17 +38,15 @@ def _int(value: Any) -> int | None:
 
 
 def _trial(rec: src.TrialRecord, base: dict[str, Any]) -> Trial:
-    a = rec.attrs
-    recipe = a.get(src.A_RECIPE) or {}
-    changes = {k: [old, new] for k, (old, new) in Recipe(recipe).diff(Recipe(base)).items()}
+    t = src.stored(rec, QualityFigures)
+    f = t.figures
+    changes = {k: [old, new] for k, (old, new) in Recipe(t.recipe).diff(Recipe(base)).items()}
     return Trial(
-        number=rec.number, recipe_id=str(a.get("recipe_id") or Recipe(recipe).id), parent=a.get(src.A_PARENT),
-        status=str(a.get(src.A_STATUS) or rec.state.lower()), cause=str(a.get(src.A_CAUSE) or ""),
-        run_status=a.get(src.A_RUN_STATUS), changes=changes, change=describe(changes),
-        proposer=str(a.get(src.A_PROPOSER) or ""), rationale=str(a.get(src.A_RATIONALE) or ""),
-        ran=bool(a.get(src.A_RAN)), reward=number(a.get(src.A_REWARD)), value=number(a.get(src.A_VALUE)),
-        gain=number(a.get(src.A_GAIN)), diagnosis=str(a.get(src.A_DIAGNOSIS) or ""),
-        data_version=a.get(src.A_DATA_VERSION), rows=_int(a.get(src.A_ROWS)), time_s=number(a.get(src.A_TIME)),
+        number=rec.number, recipe_id=t.recipe_id or Recipe(t.recipe).id, parent=rec.attrs.get("parent"),
+        status=t.status or rec.state.lower(), cause=t.cause, run_status=f.run_status, changes=changes,
+        change=describe(changes), proposer=t.proposer, rationale=t.rationale, ran=t.ran, reward=number(t.reward),
+        value=number(f.value), gain=number(f.gain), diagnosis=f.diagnosis, data_version=f.data_version,
+        rows=f.rows, time_s=number(f.time_s),
     )
 
 

@@ -10,13 +10,13 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from recipetune.core.measure import RunResult
 from recipetune.core.stats import smooth as guard_smooth  # the guard's smoothing: the report shows what it judged
-from recipetune.engine.record import TrialRecord
+from recipetune.engine.record import Figures, Trial, TrialRecord
 from recipetune.engine.store import CampaignStore
 
 STUDY_DB = "study.db"
@@ -31,17 +31,29 @@ BASELINE_REPORT = "baseline/report.json"
 EXPERIMENT_REPORT = "report.json"  # in a trial's folder
 SPEED, QUALITY = "speed", "quality"  # the campaign's job (meta "job"; campaigns older than the quality job: speed)
 
-# Trial user attributes (store.CampaignStore.begin / finish).
-A_RECIPE, A_PARENT, A_STATUS, A_CAUSE = "recipe", "parent", "status", "cause"
-A_PROPOSER, A_RATIONALE, A_RUN_DIR, A_RAN = "proposer", "rationale", "run_dir", "ran"
-A_SPEEDUP, A_REWARD, A_SCREENING, A_RUN_STATUS = "speedup", "reward", "screening", "run_status"
-A_TOKENS_PER_S, A_MFU, A_PEAK_MEM, A_STEP_TIME = "tokens_per_s", "mfu", "peak_mem_bytes", "step_time_s"
-A_LOSS_CHECK = "loss"  # the screening's one-line loss verdict
-# The quality job's trial attributes: the validation metric, its normalised gain over the baseline, and why it failed.
-A_VALUE, A_GAIN, A_DIAGNOSIS, A_DATA_VERSION = "value", "gain", "diagnosis", "data_version"
-A_ROWS, A_TIME, A_REMOVED, A_METRICS = "rows", "time_s", "removed", "metrics"
+# Trial user attributes read by key (the others through the job's typed record: ``stored``).
+A_RECIPE, A_RUN_DIR = "recipe", "run_dir"
 # Study user attributes.
 M_CAMPAIGN, M_ELAPSED, M_JOB = "campaign", "search_elapsed_s", "job"
+
+
+F = TypeVar("F", bound=Figures)
+
+
+def stored(rec: TrialRecord, figures: type[F]) -> Trial[F]:
+    """A trial's stored attributes as the job's typed record (engine/record.py: ``Trial[F]``), read
+    leniently: a field whose stored value has another type (a hand-edited study: text for a number, a
+    boolean for a count) reads as absent, as the report has always read it; nothing is converted."""
+    attrs = dict(rec.attrs)
+    while True:
+        try:
+            return Trial[figures].model_validate(attrs, strict=True)  # type: ignore[valid-type]
+        except ValidationError as e:
+            bad = {str(err["loc"][1] if err["loc"][:1] == ("figures",) else err["loc"][0]) for err in e.errors()
+                   if err["loc"]}
+            if not bad & set(attrs):
+                raise
+            attrs = {k: v for k, v in attrs.items() if k not in bad}
 
 
 class NotACampaign(ValueError):

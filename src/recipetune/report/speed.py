@@ -31,6 +31,7 @@ from recipetune.report.model import (
     mark_path,
 )
 from recipetune.report.sources import CampaignFiles, number
+from recipetune.speed.job import SpeedFigures
 
 # -- figures ------------------------------------------------------------------------------------
 
@@ -77,31 +78,30 @@ def _evidence(verdict: dict[str, Any], recipe_id: str, trial: int | None, change
 
 
 def _trial(rec: src.TrialRecord, result: RunResult | None, base: dict[str, Any], base_tps: float | None) -> Trial:
-    a = rec.attrs
-    recipe = a.get(src.A_RECIPE) or {}
+    t = src.stored(rec, SpeedFigures)
+    f = t.figures
     summary = result.summary() if result is not None and result.steps else None
-    screening = a.get(src.A_SCREENING) if isinstance(a.get(src.A_SCREENING), dict) else {}
-    tps = number(a.get(src.A_TOKENS_PER_S))
+    screening = f.screening or {}
+    tps = number(f.tokens_per_s)
     if tps is None and summary is not None and summary.measured_steps:
         tps = summary.tokens_per_s_per_device
-    speedup = number(a.get(src.A_SPEEDUP))
-    if speedup is None and tps and base_tps and a.get(src.A_STATUS) != "failed":
+    speedup = number(f.speedup)
+    if speedup is None and tps and base_tps and t.status != "failed":
         speedup = tps / base_tps
-    status = str(a.get(src.A_STATUS) or rec.state.lower())
     return Trial(
-        number=rec.number, recipe_id=str(a.get("recipe_id") or Recipe(recipe).id), parent=a.get(src.A_PARENT),
-        status=status, cause=str(a.get(src.A_CAUSE) or ""),
-        run_status=a.get(src.A_RUN_STATUS) or (result.status if result is not None else None),
-        changes=_diff(recipe, base), change=Recipe(recipe).describe_diff(Recipe(base)),
-        proposer=str(a.get(src.A_PROPOSER) or ""), rationale=str(a.get(src.A_RATIONALE) or ""),
-        ran=bool(a.get(src.A_RAN, result is not None)), tokens_per_s=tps,
+        number=rec.number, recipe_id=t.recipe_id or Recipe(t.recipe).id, parent=rec.attrs.get("parent"),
+        status=t.status or rec.state.lower(), cause=t.cause,
+        run_status=f.run_status or (result.status if result is not None else None),
+        changes=_diff(t.recipe, base), change=Recipe(t.recipe).describe_diff(Recipe(base)),
+        proposer=t.proposer, rationale=t.rationale,
+        ran=t.ran if "ran" in t.model_fields_set else result is not None, tokens_per_s=tps,
         tokens_per_s_ci=tokens_per_s_interval(result) if result is not None else None,
-        speedup=speedup, reward=number(a.get(src.A_REWARD)),
-        mfu=number(a.get(src.A_MFU)) if a.get(src.A_MFU) is not None else (summary.mfu if summary else None),
-        peak_mem_bytes=a.get(src.A_PEAK_MEM) or (summary.peak_mem_bytes if summary else None),
-        step_time_s=number(a.get(src.A_STEP_TIME)) or (summary.mean_step_time_s if summary else None),
+        speedup=speedup, reward=number(t.reward),
+        mfu=number(f.mfu) if f.mfu is not None else (summary.mfu if summary else None),
+        peak_mem_bytes=f.peak_mem_bytes or (summary.peak_mem_bytes if summary else None),
+        step_time_s=number(f.step_time_s) or (summary.mean_step_time_s if summary else None),
         breakdown_s=summary.breakdown_s if summary else {},
-        loss_check=str(a.get(src.A_LOSS_CHECK) or ""), loss_gap=number(screening.get("loss_gap")),
+        loss_check=f.loss, loss_gap=number(screening.get("loss_gap")),
         loss_tolerance=number(screening.get("loss_tolerance")),
     )
 

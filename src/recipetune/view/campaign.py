@@ -51,6 +51,14 @@ def run_campaign(command: str, file: Path, extra: list[str], folder: Path, run: 
     return outcome
 
 
+def overrides_of(overrides: list[str] | None, options: dict[str, Any]) -> tuple[list[str], Path | None, bool,
+                                                                              str | None]:
+    """The file's overrides from the command line (``key=value`` and the options that name a field),
+    and the options that name none: the folder, --resume, --mlflow."""
+    out, resume, mlflow = options.pop("out", None), bool(options.pop("resume", False)), options.pop("mlflow", None)
+    return opt.option_overrides(overrides, options), out, resume, mlflow
+
+
 # -- tune ------------------------------------------------------------------------------------------
 
 
@@ -71,20 +79,11 @@ def speed_panel(outcome: Outcome, folder: Path, baseline: Recipe, store: Campaig
     return decision_panel(outcome, lines, folder, store)
 
 
+@opt.campaign_options
 def tune(
     campaign_file: Path = typer.Argument(..., help="campaign YAML"),
     overrides: list[str] = typer.Argument(None, help="key=value: a baseline knob, or a dotted field (search.seed=3)"),
-    budget: opt.Budget = None,
-    budget_s: opt.BudgetS = None,
-    pruner: opt.Pruner = None,
-    strategy: opt.Strategy = None,
-    proposer: opt.Proposer = None,
-    out: opt.Out = None,
-    resume: opt.Resume = False,
-    executor: opt.Executor = None,
-    ray_address: opt.RayAddress = None,
-    parallel: opt.Parallel = None,
-    mlflow: opt.MLflow = None,
+    **options: Any,
 ) -> None:
     """Search faster recipes from the campaign's baseline; approve one only on the guard's evidence."""
     # Imported here, as finetune's are below: a command loads only its own job.
@@ -93,9 +92,7 @@ def tune(
     from recipetune.speed import job as speed_job
     from recipetune.speed.plan import plan as plan_speed
 
-    extra = opt.option_overrides(overrides, dict(
-        budget=budget, budget_s=budget_s, pruner=pruner, strategy=strategy, proposer=proposer, executor=executor,
-        ray_address=ray_address, parallel=parallel))
+    extra, out, resume, mlflow = overrides_of(overrides, options)
     folder = out or default_folder(campaign_file)
     try:
         campaign = load_campaign(campaign_file, extra)
@@ -132,23 +129,14 @@ def quality_panel(outcome: Outcome, folder: Path, describe: Callable[[Recipe], s
     return decision_panel(outcome, lines, folder, store, approved="approved experiment", launch="run")
 
 
+@opt.campaign_options
 def finetune(
     experiment_file: Path = typer.Argument(..., help="experiment YAML (task, data, model, recipe) with a search: "
                                                      "section"),
     overrides: list[str] = typer.Argument(None, help="key=value: a recipe knob (lr=1e-3), or a dotted field "
                                                      "(search.seed=3, task.max_eval_examples=100)"),
-    budget: opt.Budget = None,
-    budget_s: opt.BudgetS = None,
-    pruner: opt.Pruner = None,
-    strategy: opt.Strategy = None,
-    proposer: opt.Proposer = None,
     selection: str | None = typer.Option(None, help="uct | greedy | sequential: which node mcts expands"),
-    out: opt.Out = None,
-    resume: opt.Resume = False,
-    executor: opt.Executor = None,
-    ray_address: opt.RayAddress = None,
-    parallel: opt.Parallel = None,
-    mlflow: opt.MLflow = None,
+    **options: Any,
 ) -> None:
     """Search fine-tuning experiments (data chain + training recipe) from the file's baseline; approve
     one only on the test split, over seeds, with the gain's confidence interval above zero."""
@@ -157,9 +145,7 @@ def finetune(
     from recipetune.finetune.cli import ensure_base
     from recipetune.finetune.plan import load_finetune_campaign, plan
 
-    extra = opt.option_overrides(overrides, dict(
-        budget=budget, budget_s=budget_s, pruner=pruner, strategy=strategy, proposer=proposer, executor=executor,
-        ray_address=ray_address, parallel=parallel, **{"search.selection": selection}))
+    extra, out, resume, mlflow = overrides_of(overrides, {**options, "search.selection": selection})
     folder = out or default_folder(experiment_file)
     try:
         campaign = load_finetune_campaign(experiment_file, extra)
