@@ -26,10 +26,21 @@ SETTINGS = GuardConfig.model_validate({"parity": {"steps": 24, "seeds": 3}, "max
                                        "speed": {"pairs": 2, "steps": 6}, "timeout_s": 600})
 
 
-def verdict(tmp_path: Path, baseline: dict, name: str, allow: tuple[str, ...] = (), **edits):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    # One store of parity runs for the module, as a campaign's finalists or several `verify` calls share
+    # one: a baseline run (recipe, seed, steps) trained for one verdict is found again by the next on the
+    # same baseline (FSDP2's three candidates, nano-moe's three capacities) instead of trained again.
+    # CPU runs are deterministic per seed, so a verdict reads the same losses either way.
+    return tmp_path_factory.mktemp("parity-runs")
+
+
+def verdict(tmp_path: Path, baseline: dict, name: str, allow: tuple[str, ...] = (), runs: Path | None = None,
+            **edits):
     w = ReferenceWorkload()
     base = w.resolve(baseline)
-    return final_verdict(w, base, base.with_(**edits), SETTINGS, tmp_path / name, allow_semantic=allow)
+    return final_verdict(w, base, base.with_(**edits), SETTINGS, tmp_path / name, allow_semantic=allow,
+                         runs_folder=runs)
 
 
 FSDP2 = {**MOE, "nproc": 2, "dp_shard": 2, "micro_batch_size": 8}
@@ -44,8 +55,8 @@ PIPELINE = {**MOE, "model": "tiny-moe", "nproc": 2, "pp": 2, "pp_microbatches": 
     (FSDP2, dict(dp_shard=1, pp=2, pp_microbatches=2)),  # a 2-stage pipeline instead of FSDP
     (PIPELINE, dict(pp_schedule="ZBVZeroBubble")),  # 1F1B -> zero-bubble: the backward split in two
 ], ids=["ep", "grouped", "pipeline", "schedule"])
-def test_equivalent_expert_and_pipeline_layouts_are_never_rejected(tmp_path, baseline, edits):
-    v = verdict(tmp_path, baseline, "v", **edits)
+def test_equivalent_expert_and_pipeline_layouts_are_never_rejected(tmp_path, runs, baseline, edits):
+    v = verdict(tmp_path, baseline, "v", runs=runs, **edits)
     assert v.decision in ("APPROVED", "KEEP BASELINE"), v.reasons
     # Never shown different. Not always shown equivalent within this test's 12 runs: the 2-stage pipeline's
     # smaller micro-batches change the MoE balance loss, computed per micro-batch (docs/parallel.md), and one
@@ -55,20 +66,21 @@ def test_equivalent_expert_and_pipeline_layouts_are_never_rejected(tmp_path, bas
 
 
 @pytest.mark.slow
-def test_a_capacity_that_drops_nothing_is_kept_one_that_drops_a_third_rejected_and_the_edge_never_approved(tmp_path):
+def test_a_capacity_that_drops_nothing_is_kept_one_that_drops_a_third_rejected_and_the_edge_never_approved(tmp_path,
+                                                                                                        runs):
     # nano-moe routes top-2 of 4 experts: capacity_factor 2 = E / top_k lets an expert take every token
-    same = verdict(tmp_path, MOE, "cf-2", allow=("capacity_factor",), capacity_factor=2.0)
+    same = verdict(tmp_path, MOE, "cf-2", allow=("capacity_factor",), runs=runs, capacity_factor=2.0)
     assert same.decision != "REJECTED", same.reasons
     assert same.parity["passed"] and same.parity["mean_diff"] == 0.0
     # 1.0: an expert takes its fair share of each sequence's slots and no more (a third dropped here)
-    drops = verdict(tmp_path, MOE, "cf-1", allow=("capacity_factor",), capacity_factor=1.0)
+    drops = verdict(tmp_path, MOE, "cf-1", allow=("capacity_factor",), runs=runs, capacity_factor=1.0)
     assert drops.decision == "REJECTED", drops.reasons
     assert drops.parity["mean_diff"] > drops.parity["tolerance"]
     # At the edge: 1.5 drops a tenth of the slots and moves the validation loss by 1.7 x T (measured on
     # this CPU: +0.0103 nats, T = 0.0060). The budget's seeds may not resolve that (the detectable
     # difference was 0.030 at 6 seeds): never APPROVED; KEEP BASELINE where they cannot show it beyond T,
     # REJECTED where the seeds a chased rejection adds do (guard/sequential.py). 1.0 above is 6-8 x T.
-    edge = verdict(tmp_path, MOE, "cf-1.5", allow=("capacity_factor",), capacity_factor=1.5)
+    edge = verdict(tmp_path, MOE, "cf-1.5", allow=("capacity_factor",), runs=runs, capacity_factor=1.5)
     p = edge.parity
     assert p["tolerance"] < p["mean_diff"] < 3 * p["tolerance"], p["mean_diff"]
     assert edge.decision in ("KEEP BASELINE", "REJECTED") and not p["passed"], edge.reasons
