@@ -93,7 +93,7 @@ def test_every_strategy_replays_deterministically_within_budget(strategy):
     assert all(t.cost_s > 2.0 for t in a.trials)
 
 
-@pytest.mark.slow  # every recipe of a space measured with repeats: 1-2 min
+@pytest.mark.slow  # 240 replayed trials of a random search (12 seeds) drawing noise from the repeats: ~1 min
 def test_noise_is_drawn_from_the_repeats_and_failures_cost_time():
     table = synthetic_table()
     trials = [t for seed in range(12) for t in replay(table, "optuna-random", 20, seed).trials]
