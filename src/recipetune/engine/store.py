@@ -354,13 +354,14 @@ class CampaignStore(Drivers):
     def set_reference(self, curve: dict[int, float], score: float) -> None:
         """The baseline's intermediate values and score, the pruner's reference: kept once per study (the
         first driver's), in its user attributes (an older study keeps its reference trial)."""
+        self._reference = None  # read afresh: another driver may have written it first
         if not self.reference():
             self.set_meta(REFERENCE, {"score": score, "curve": {str(k): v for k, v in curve.items()}})
-            self._reference = None  # read back: another driver may have written it first
+            self._reference = None  # read back what the study holds
 
     def reference(self) -> dict[int, float]:
         """The baseline's curve by step ({} where the study holds none)."""
-        if not self._reference:
+        if self._reference is None:  # read once: {} (no reference) is an answer too, not a miss
             ref = reference_trial(self.study) or next(
                 (t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_reference(t)),
                 None)
