@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import sysconfig
@@ -276,8 +277,6 @@ def _module_names() -> list[str]:
     """Short, plain standard-library module names (``heapq``, ``shutil``): the names of chat-recall's
     facts and the words of exec-expr's string phrases. ``sys.stdlib_module_names`` is fixed per Python
     version, so the rows are too."""
-    import re
-
     return sorted(n for n in sys.stdlib_module_names if re.fullmatch(r"[a-z]{3,8}", n))
 
 
