@@ -24,10 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats as sps
 from scipy.optimize import brentq
 
-from recipetune.core.stats import Equivalence, equivalence, paired, quantile
+from recipetune.core.stats import Equivalence, equivalence, norm_cdf, norm_isf, norm_pdf, norm_sf, paired, quantile
 
 SPENDING = ("obf", "pocock")
 _GRID = 161  # points of the integration grid below a boundary: 1e-4 accuracy on the boundaries
@@ -39,7 +38,7 @@ def spent(kind: str, t: float, alpha: float) -> float:
     if t == 0.0:
         return 0.0
     if kind == "obf":  # Lan-DeMets O'Brien-Fleming: 2 (1 - Phi(z_{1 - alpha/2} / sqrt(t)))
-        return float(2.0 * sps.norm.sf(sps.norm.isf(alpha / 2.0) / math.sqrt(t)))
+        return float(2.0 * norm_sf(norm_isf(alpha / 2.0) / math.sqrt(t)))
     if kind == "pocock":  # Lan-DeMets Pocock: alpha ln(1 + (e - 1) t)
         return float(alpha * math.log1p((math.e - 1.0) * t))
     raise ValueError(f"unknown spending function {kind!r}; one of {SPENDING}")
@@ -57,20 +56,20 @@ def boundaries(fractions: Sequence[float], increments: Sequence[float]) -> list[
         if t <= prev:
             raise ValueError(f"information fractions must increase: {list(fractions)}")
         if not cs:
-            c = float(sps.norm.isf(a)) if a > 0 else math.inf
+            c = float(norm_isf(a)) if a > 0 else math.inf
             top = c if math.isfinite(c) else 8.0
             u = np.linspace(-10.0, top, _GRID)
-            g = sps.norm.pdf(u)
+            g = norm_pdf(u)
         else:
             r, s = math.sqrt(prev / (t - prev)), math.sqrt(t / (t - prev))
 
             def cross(c: float, u: np.ndarray = u, g: np.ndarray = g, r: float = r, s: float = s) -> float:
-                return float(np.trapezoid(g * sps.norm.sf(c * s - u * r), u))
+                return float(np.trapezoid(g * norm_sf(c * s - u * r), u))
 
             c = _solve(cross, a)
             top = c if math.isfinite(c) else 8.0
             new = np.linspace(-10.0, top, _GRID)
-            kernel = s * sps.norm.pdf(new[:, None] * s - u[None, :] * r)
+            kernel = s * norm_pdf(new[:, None] * s - u[None, :] * r)
             u, g = new, np.trapezoid(kernel * g[None, :], u, axis=1)
         cs.append(c)
         prev = t
@@ -113,7 +112,7 @@ class Spending:
         self.increments.append(max(cum - sum(self.increments), 0.0))
         self.sizes.append(size)
         c = boundaries([n / size for n in self.sizes], self.increments)[-1]
-        return float(sps.norm.sf(c)) if math.isfinite(c) else 0.0
+        return float(norm_sf(c)) if math.isfinite(c) else 0.0
 
     @property
     def rest(self) -> float:
@@ -128,7 +127,7 @@ def seeds_needed(sigma: float, tolerance: float, level: float, power: float, sta
     is 0: ``(t_(level, df) + z_power') sigma / sqrt(n) <= T``, where both one-sided tests must pass,
     so each is given half the shortfall (z at (1 + power) / 2); one-sided: z at ``power``. The error
     is estimated on df = n - pilot - 1 (stats.paired)."""
-    z = float(sps.norm.isf((1.0 - power) / 2.0 if two_sided else 1.0 - power))
+    z = float(norm_isf((1.0 - power) / 2.0 if two_sided else 1.0 - power))
     for n in range(max(start, pilot + 2, 2), cap + 1):
         if (quantile(level, n - pilot - 1) + z) * sigma / math.sqrt(n) <= tolerance:
             return n
@@ -139,7 +138,7 @@ def factor_needed(se: float, tolerance: float, level: float, power: float, two_s
     """For a trainer whose repeats are identical (one pair per look, its within-run error z-based):
     by how much the compared tail must grow for its error to resolve T at ``power``; the error
     shrinks as 1 / sqrt(tokens)."""
-    z = float(sps.norm.isf((1.0 - power) / 2.0 if two_sided else 1.0 - power))
+    z = float(norm_isf((1.0 - power) / 2.0 if two_sided else 1.0 - power))
     target = tolerance / (quantile(level, None) + z)
     return max(1.0, (se / target) ** 2) if target > 0 and math.isfinite(se) else math.inf
 
@@ -152,8 +151,8 @@ def predictive_power(mean: float, spread: float, margin: float, two_sided: bool 
     if margin <= 0.0:
         return 0.0
     spread = max(spread, 1e-12)
-    below = float(sps.norm.cdf((margin - mean) / spread))
-    return below - float(sps.norm.cdf((-margin - mean) / spread)) if two_sided else below
+    below = float(norm_cdf((margin - mean) / spread))
+    return below - float(norm_cdf((-margin - mean) / spread)) if two_sided else below
 
 
 # ---------------------------------------------------------------------------- the seeds design
