@@ -21,10 +21,8 @@ BOOTSTRAP_SEED = 0  # fixed: the same measurements always give the same interval
 # The normal law's functions as scipy.stats computes them (the same special functions, so the same
 # bits), without its argument checking: a verdict's design calls them thousands of times, and
 # ``sps.norm.sf`` spends ~0.25 ms a call in that checking.
-_SQRT_2PI = np.sqrt(2 * np.pi)
-
-
 Real = float | np.ndarray  # a number or an array of them: the functions below work elementwise
+_SQRT_2PI = np.sqrt(2 * np.pi)
 
 
 def norm_cdf(x: Real) -> Real:
