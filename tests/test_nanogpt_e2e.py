@@ -24,6 +24,12 @@ CAMPAIGN = Path(__file__).resolve().parents[1] / "examples" / "nanogpt-campaign.
 ONE_SEED = ["guard.parity.seeds=1"]  # the trainer repeats itself exactly: one run per recipe says it all
 
 
+def _kept_for_timing(reason: str) -> bool:
+    """A speed verdict only timing decided: the speed-up within noise, or the machine too busy to say
+    (A/A noise of 102% in one CI run). Either keeps the baseline; neither is a rejection."""
+    return "within noise" in reason or reason.startswith("the machine was busy")
+
+
 @pytest.mark.slow
 def test_verify_the_coupled_move_is_approved(tmp_path):
     # 50-step profile runs: T is that length's; the second look's pair is as long as the first says T needs
@@ -31,13 +37,13 @@ def test_verify_the_coupled_move_is_approved(tmp_path):
                                    *ONE_SEED, "guard.parity.steps=50", "--out", str(tmp_path / "v"), "--json"])
     verdict = json.loads(res.stdout)
     # The losses fix the parity verdict; the speed verdict is timing's, which a busy machine can make
-    # too noisy to approve (a 3.4x speed-up at a 31% noise margin, CI [0.98, 11.7], in one CI run):
-    # then the baseline is kept for noise and the verdict says so (exit 3), never rejected.
+    # too noisy to approve (a 3.4x speed-up at a 31% noise margin, CI [0.98, 11.7], in one CI run) or to
+    # decide at all (A/A noise 102%, in another): the baseline is kept and the verdict says why (exit 3).
     if verdict["decision"] == "APPROVED":
         assert res.exit_code == 0
     else:
         assert res.exit_code == 3 and verdict["decision"] == "KEEP BASELINE", verdict["reasons"]
-        assert verdict["speedup"] > 1 and "within noise" in verdict["reasons"][0], verdict["reasons"]
+        assert verdict["speedup"] > 1 and _kept_for_timing(verdict["reasons"][0]), verdict["reasons"]
     par = verdict["parity"]
     assert par["outcome"] == "holds"
     assert par["mode"] == "batches unknown" and "valid either way" in par["mode_reason"]
@@ -102,6 +108,8 @@ def test_tune_from_2x16_proposes_no_accumulation_and_never_rejects_it(tmp_path):
         assert speed["ci_low"] > 1 + speed["noise_margin"]
     else:
         assert finalist["decision"] == "KEEP BASELINE" and speed["speedup"] > 1, finalist["reasons"]
-        assert speed["ci_low"] <= 1 + speed["noise_margin"] and "within noise" in finalist["reasons"][0]
+        reason = finalist["reasons"][0]
+        assert _kept_for_timing(reason), finalist["reasons"]
+        assert "within noise" not in reason or speed["ci_low"] <= 1 + speed["noise_margin"]
     verdict = json.loads((folder / "verdict.json").read_text())
     assert verdict["decision"] == finalist["decision"]
