@@ -118,6 +118,9 @@ class LiveReporter(Reporter):
         self.best_text = Text("best so far: the baseline", style="bold")
         self.campaign_text = Text("")
         self.live: Live | None = None
+        # No terminal (a log, CI): nothing is redrawn until the end, so each finished trial and the
+        # campaign's pace are also printed as lines (run_live sets this)
+        self.plain = False
 
     def render(self) -> Group:
         """The trial table, laid out for the width it is drawn at (``_TrialTable``), and the best line."""
@@ -165,7 +168,7 @@ class LiveReporter(Reporter):
             self.live.update(self.render())
 
     def phase(self, text: str) -> None:
-        (self.live.console if self.live else console).print(Text(text, style="bold blue"))
+        self._print(text, "bold blue")
 
     def running(self, key: str, timed: bool = True) -> str:
         """`` 12/30 0:14 eta 0:21``: the steps a running trial has done, its time, and what is left
@@ -185,7 +188,24 @@ class LiveReporter(Reporter):
         self.steps.pop(row.key, None)
         if row.status == "running":
             self.started.setdefault(row.key, time.monotonic())
+        elif self.plain:
+            self._print(self.line(row))
         self._refresh()
+
+    def line(self, row: Row) -> str:
+        """A finished trial as one line of a log: ``trial 3 passed: epochs=4; exact_match 0.010; ...``."""
+        c = self.columns
+        parts = [f"trial {'-' if row.number is None else row.number} {row.status}: {row.change}"]
+        if row.score is not None:
+            parts.append(f"{c.score} {format(row.score, c.score_fmt)}{c.unit}")
+        if row.figure is not None:
+            parts.append(f"{c.figure} {format(row.figure, c.figure_fmt)}")
+        if row.check or row.cause:
+            parts.append(_clip(row.check or row.cause, 160))
+        return "; ".join(parts)
+
+    def _print(self, text: str, style: str = "") -> None:
+        (self.live.console if self.live else console).print(Text(text, style=style))
 
     def progress(self, key: str, done: int, total: int) -> None:
         text = f"{done}/{total}"
@@ -205,7 +225,10 @@ class LiveReporter(Reporter):
 
     def campaign(self, done: int, total: int, elapsed_s: float, ended: bool = False) -> None:
         eta = f", eta {_clock(elapsed_s / done * (total - done))}" if 0 < done < total and not ended else ""
-        self.campaign_text = Text(f"{done}/{total} runs, {_clock(elapsed_s)} of search{eta}", style="dim")
+        text = f"{done}/{total} runs, {_clock(elapsed_s)} of search{eta}"
+        if self.plain and text != self.campaign_text.plain:
+            self._print(text, "dim")
+        self.campaign_text = Text(text, style="dim")
         self._refresh()
 
 
@@ -261,6 +284,7 @@ def run_live(reporter: LiveReporter, run: Callable[..., Outcome], plan: Any, exe
     shown without a traceback. A missing optional extra is bad input (exit 2), with its ``pip install``
     line."""
     view = Tee(reporter, *(observers or []))
+    reporter.plain = not console.is_terminal
     try:
         with Live(reporter.render(), console=console, refresh_per_second=4) as live:
             reporter.live = live
