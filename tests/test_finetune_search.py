@@ -251,6 +251,38 @@ def test_decide_runs_the_test_split_for_the_best_node_and_the_baseline(tiny_ft, 
     assert seen == [(0.001, [1, 2, 3]), (0.01, [1, 2, 3])]
 
 
+def test_the_final_evaluation_says_its_time_at_the_pace_of_the_two_recipes(tiny_ft, tmp_path, monkeypatch):
+    # the best node trains twice as long as the baseline (chat-recall's epochs=4): the time ahead is
+    # each recipe's own pace, not the baseline's twice; a resume with both kept has nothing ahead
+    from types import SimpleNamespace
+
+    p, job, search, best = searched(tiny_ft, tmp_path)
+    search.tree.root.result = SimpleNamespace(timings_s={"total": 80.0, "eval": 10.0})
+    best.result = SimpleNamespace(timings_s={"total": 160.0, "eval": 10.0})
+    phases: list[str] = []
+
+    class Told(Reporter):
+        def phase(self, text: str) -> None:
+            phases.append(text)
+
+    def fake_final(exp, seeds, out_dir, log=None):
+        result = final([0.62, 0.71, 0.66] if exp.spec.recipe.lr == 0.01 else [0.50, 0.58, 0.55])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result = result.model_copy(update={"experiment_id": exp.id, "seeds": seeds})
+        (out_dir / "final.json").write_text(result.model_dump_json())
+        return result
+
+    job.services = Services(p.store, LocalExecutor(), Told())
+    monkeypatch.setattr(decide_mod, "final_evaluation", fake_final)
+    job.decide(search)
+    assert "final evaluation: 4 runs on the test split, ~9 min at the pace of their validation runs" in phases
+    phases.clear()
+    job.decide(search)
+    assert not any(text.startswith("final evaluation") for text in phases), phases
+    assert decide_mod.final_eta([SimpleNamespace(timings_s={})], 3) is None  # an unknown time: no guess
+    assert decide_mod.final_eta([None], 3) is None
+
+
 def test_a_failed_final_evaluation_keeps_the_baseline_and_approves_nothing(tiny_ft, tmp_path, monkeypatch):
     p, job, search, best = searched(tiny_ft, tmp_path)
 

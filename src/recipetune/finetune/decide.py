@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel
@@ -85,18 +87,34 @@ def judge(metric: str, seeds: list[int], base: FinalResult, cand: FinalResult, c
         validation_baseline=val_base, validation_candidate=val_cand)
 
 
+def saved_final(c: FinetuneCampaign, services: Services, recipe: Recipe) -> FinalResult | None:
+    """A recipe's final evaluation kept by an earlier session on the same experiment and seeds."""
+    saved = services.store.folder / "final" / recipe.id / "final.json"
+    if not saved.exists():
+        return None
+    result = FinalResult.model_validate_json(saved.read_text())
+    return result if result.experiment_id == c.space.experiment_of(recipe).id and result.seeds == c.cfg.seeds else None
+
+
 def final_for(c: FinetuneCampaign, services: Services, recipe: Recipe, label: str) -> FinalResult:
     """The test split over the campaign's seeds for one recipe (kept, so a resume does not redo it)."""
-    out = services.store.folder / "final" / recipe.id
-    saved = out / "final.json"
-    exp = c.space.experiment_of(recipe)
-    if saved.exists():
-        result = FinalResult.model_validate_json(saved.read_text())
-        if result.experiment_id == exp.id and result.seeds == c.cfg.seeds:
-            return result
+    saved = saved_final(c, services, recipe)
+    if saved is not None:
+        return saved
     services.reporter.phase(f"final evaluation of the {label} on the test split, seeds {c.cfg.seeds}")
-    return services.executor.call(final_evaluation, None, exp, c.cfg.seeds, out,
-                                  log=services.reporter.phase).result()
+    return services.executor.call(final_evaluation, None, c.space.experiment_of(recipe), c.cfg.seeds,
+                                  services.store.folder / "final" / recipe.id, log=services.reporter.phase).result()
+
+
+def final_eta(reports: Sequence[Any], seeds: int) -> float | None:
+    """Seconds the final evaluation of these recipes takes, at the pace of their own validation runs:
+    each seed trains a recipe again and evaluates it on validation and on test (one evaluation more
+    than the run it is timed by). None where a run's time is unknown. Not the baseline's pace: the
+    best node may train several times longer (chat-recall's `epochs=4`: 152 s against 75 s)."""
+    times = [getattr(r, "timings_s", {}) for r in reports]
+    if not all(t.get("total") for t in times):
+        return None
+    return seeds * sum(t["total"] + t.get("eval", 0.0) for t in times)
 
 
 def decide(c: FinetuneCampaign, services: Services, finished: Finished) -> Outcome:
@@ -121,6 +139,11 @@ def decide(c: FinetuneCampaign, services: Services, finished: Finished) -> Outco
         found = f"; the best was {best.score:.4f} ({describe(best.recipe)})" if best else ""
         return conclude_(Outcome("KEEP BASELINE", [f"no experiment beat the baseline's validation {metric} "
                                                    f"({root:.4f}){found}"], tree, runs=runs))
+    pending = [node for node in (tree.root, best) if saved_final(c, services, node.recipe) is None]
+    ahead = final_eta([node.result for node in pending], len(c.cfg.seeds))
+    if pending and ahead is not None:
+        services.reporter.phase(f"final evaluation: {len(pending) * len(c.cfg.seeds)} runs on the test split, "
+                                f"~{ahead / 60:.0f} min at the pace of their validation runs")
     try:
         base = final_for(c, services, baseline, "baseline")
         cand = final_for(c, services, best.recipe, f"best node ({describe(best.recipe)})")
