@@ -487,10 +487,12 @@ def test_tune_command_prints_table_and_verdict(tmp_path, monkeypatch):
     # CliRunner's terminal is 80 columns: the table keeps the change, status and score and drops the
     # proposer's rationale (tests/test_live_table.py), so the proposer's name is not asserted here
     assert "trials" in text and "speed-up" in text and "APPROVED" in text and "recipetune run" in text
-    # not a terminal (CliRunner, as a log or CI): each finished trial and the campaign's pace as a line,
-    # in order, as they happen (the redrawn table reaches a log only once, at the end)
-    lines = [text.index(f"trial {n} passed: ") for n in range(3)] + [text.index("3/3 runs, ")]
+    # not a terminal (CliRunner, as a log or CI): each trial as it starts and lands and the campaign's
+    # pace as lines, in order, as they happen (the redrawn table reaches a log only once, at the end)
+    lines = [text.index(f"trial {n} {s}: ") for n in range(3) for s in ("running", "passed")]
+    lines.append(text.index("3/3 runs, "))
     assert lines == sorted(lines) and lines[-1] < text.index("┏"), res.output
+    assert text.count("trial 1 running: ") == 1  # once, when it starts, not at every redraw
     assert "trial 1 passed: speed=4; speed-up 4.00x; tok/s/dev 400,000; ok" in text and "1/3 runs, " in text
     assert (out / "approved.yaml").exists()
     again = CliRunner().invoke(app, ["tune", str(write_campaign_file(tmp_path)), "--out", str(out)])

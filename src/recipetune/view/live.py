@@ -187,6 +187,8 @@ class LiveReporter(Reporter):
         self.rows[row.key] = row
         self.steps.pop(row.key, None)
         if row.status == "running":
+            if self.plain and row.key not in self.started:  # a log says what runs, not only what landed
+                self._print(f"trial {'-' if row.number is None else row.number} running: {row.change}", "dim")
             self.started.setdefault(row.key, time.monotonic())
         elif self.plain:
             self._print(self.line(row))
