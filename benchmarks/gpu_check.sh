@@ -13,7 +13,11 @@
 #   bash benchmarks/gpu_check.sh             # the check (exits 1 at once without an NVIDIA GPU)
 #   bash benchmarks/gpu_check.sh --dry-run   # anywhere: validates the files and prints the plan
 #
-# Environment: PYTHON (default .venv/bin/python, else python3), OUT (default runs/gpu_check-<time>).
+# Environment: PYTHON (default .venv/bin/python, else python3), OUT (default runs/gpu_check-<time>), and each
+# phase's hard limit in seconds, to fit a shorter lease: LIMIT_TESTS (240), LIMIT_RUN (120), LIMIT_TUNE (300),
+# LIMIT_LAYOUTS (300), LIMIT_DENSE (240, two GPUs); TUNE_OVERRIDES, key=value overrides of the campaign
+# (e.g. "search.budget.wall_time_s=80" for a shorter search). The tests are those of the two GPU modules, so a
+# machine with recipetune's own dependencies alone (no dev extra) collects them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -28,6 +32,10 @@ STAMP=$(date -u +%Y%m%d-%H%M%S)
 OUT=${OUT:-runs/gpu_check-$STAMP}
 CAMPAIGN=examples/gpt2-gpu.yaml
 RUN_OVERRIDES=(attention=sdpa optimizer_impl=fused micro_batch_size=16)
+LIMIT_TESTS=${LIMIT_TESTS:-240} LIMIT_RUN=${LIMIT_RUN:-120} LIMIT_TUNE=${LIMIT_TUNE:-300}
+LIMIT_LAYOUTS=${LIMIT_LAYOUTS:-300} LIMIT_DENSE=${LIMIT_DENSE:-240}
+GPU_TESTS=(tests/test_gpu.py tests/test_layouts_gpu.py)
+read -r -a TUNE_ARGS <<< "${TUNE_OVERRIDES:-}"
 
 if [[ $DRY == 0 ]]; then  # fail fast, before anything loads
   if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -58,11 +66,11 @@ EOF
 
 if [[ $DRY == 1 ]]; then
   echo "gpu_check --dry-run: $CAMPAIGN loads; with a GPU this would run, into $OUT:"
-  echo "  1. $PY -m pytest -q -m gpu                                  (limit 240 s)"
-  echo "  2. recipetune run $CAMPAIGN ${RUN_OVERRIDES[*]} --steps 30  (limit 120 s)"
-  echo "  3. recipetune tune $CAMPAIGN                               (limit 300 s)"
-  echo "  4. $PY benchmarks/layouts.py --suite moe --presets moe-8x --device cuda     (limit 300 s)"
-  echo "     $PY benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda (limit 240 s, >= 2 GPUs)"
+  echo "  1. $PY -m pytest -q -m gpu ${GPU_TESTS[*]}  (limit $LIMIT_TESTS s)"
+  echo "  2. recipetune run $CAMPAIGN ${RUN_OVERRIDES[*]} --steps 30  (limit $LIMIT_RUN s)"
+  echo "  3. recipetune tune $CAMPAIGN ${TUNE_ARGS[*]}  (limit $LIMIT_TUNE s)"
+  echo "  4. $PY benchmarks/layouts.py --suite moe --presets moe-8x --device cuda     (limit $LIMIT_LAYOUTS s)"
+  echo "     $PY benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda (limit $LIMIT_DENSE s, >= 2 GPUs)"
   echo "  5. $PY benchmarks/gpu_check_report.py $OUT  -> benchmarks/results/gpu_check-<date>-<gpu>.{json,md}"
   exit 0
 fi
@@ -75,26 +83,26 @@ nvidia-smi -L | tee "$OUT/gpus.txt"
 # out of time is recorded (its exit code) and the check goes on to report what it has.
 set +e
 echo "== 1/4 pytest -m gpu"
-timeout 240 "$PY" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.txt"
+timeout "$LIMIT_TESTS" "$PY" -m pytest -q -m gpu "${GPU_TESTS[@]}" -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.txt"
 echo "${PIPESTATUS[0]}" > "$OUT/pytest.rc"
 
 echo "== 2/4 recipetune run (gpt2-124m, bf16)"
-timeout 120 "$PY" -m recipetune run "$CAMPAIGN" "${RUN_OVERRIDES[@]}" --steps 30 --out "$OUT/run" 2>&1 | tee "$OUT/run.txt"
+timeout "$LIMIT_RUN" "$PY" -m recipetune run "$CAMPAIGN" "${RUN_OVERRIDES[@]}" --steps 30 --out "$OUT/run" 2>&1 | tee "$OUT/run.txt"
 echo "${PIPESTATUS[0]}" > "$OUT/run.rc"
 
 echo "== 3/4 recipetune tune (gpt2-124m)"
-timeout 300 "$PY" -m recipetune tune "$CAMPAIGN" --out "$OUT/tune" 2>&1 | tee "$OUT/tune.txt"
+timeout "$LIMIT_TUNE" "$PY" -m recipetune tune "$CAMPAIGN" "${TUNE_ARGS[@]}" --out "$OUT/tune" 2>&1 | tee "$OUT/tune.txt"
 echo "${PIPESTATUS[0]}" > "$OUT/tune.rc"
 
 # Two processes where there are two GPUs; on one GPU only the single-process layouts run (the others are
 # listed as left out in the figures).
 NGPU=$(nvidia-smi -L | wc -l)
 echo "== 4/4 layouts (moe-8x; gpt2-124m with >= 2 GPUs), $NGPU GPU(s)"
-timeout 300 "$PY" benchmarks/layouts.py --suite moe --presets moe-8x --device cuda --nproc 2 --steps 10 \
+timeout "$LIMIT_LAYOUTS" "$PY" benchmarks/layouts.py --suite moe --presets moe-8x --device cuda --nproc 2 --steps 10 \
   --repeats 1 --json "$OUT/layouts-moe.json" 2>&1 | tee "$OUT/layouts-moe.txt"
 echo "${PIPESTATUS[0]}" > "$OUT/layouts.rc"
 if [[ $NGPU -ge 2 ]]; then
-  timeout 240 "$PY" benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda --nproc 2 --steps 10 \
+  timeout "$LIMIT_DENSE" "$PY" benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda --nproc 2 --steps 10 \
     --repeats 1 --json "$OUT/layouts-dense.json" 2>&1 | tee "$OUT/layouts-dense.txt"
   rc=${PIPESTATUS[0]}; [[ $rc -ne 0 ]] && echo "$rc" > "$OUT/layouts.rc"
 fi
