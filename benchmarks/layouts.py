@@ -36,10 +36,11 @@ SHAPES = {  # per preset: sequence length, global batch, micro-batch (per data-p
     "gpt2-124m": (1024, 16, 8),
     "moe-8x": (1024, 16, 4),
 }
-# The learning rate of the presets a GPU runs: the knob's default (3e-3) is the tiny presets'. At 3e-3 the
-# 1.2B-parameter moe-8x spiked at step 3 (5.49 -> 7.53 nats) and sent every token to 2 of its 8 experts
-# (expert imbalance 4.00) on an H200: the layouts then compared chaos (a 1.1-nat gap by step 7 from TF32
-# rounding) and the grouped experts padded six empty groups to the two full ones.
+# The learning rate of the presets a GPU runs: the knob's default (3e-3) is the tiny presets'. On an H200
+# (2026-12-04) the 1.2B-parameter moe-8x at 3e-3 left the loop and the grouped experts 1.1 nats apart by
+# step 7 (TF32 rounding grown through a loss spike at step 3), at 3e-4 0.05. The spike itself stays at
+# either rate (Adam's first steps over a 5-step warm-up), and so does a layer whose router sends its
+# tokens to 2 of the 8 experts (expert imbalance 4.00), which the grouped experts pay for in padding.
 LR = {"gpt2-124m": 6e-4, "moe-8x": 3e-4}
 
 
