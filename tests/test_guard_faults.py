@@ -85,9 +85,12 @@ def test_numerically_different_but_equivalent_settings_pass(profile, tmp_path, e
 def test_final_verdict_stops_a_fault_before_measuring_speed_and_for_little(profile, tmp_path):
     verdict = final_verdict(WORKLOAD, BASE, BASE.with_(fault="lr-drift"), SETTINGS, tmp_path, profile=profile)
     # Shown beyond T (REJECTED), or not shown equivalent and stopped for futility (KEEP BASELINE): never
-    # approved, never timed, and decided at the first look instead of buying seeds.
+    # approved, never timed, and decided at the first look, or after at most as many seeds again where
+    # those more likely than not show the difference beyond T. (Judged by its own replayed pairs' scatter,
+    # the first look finds equivalence out of reach and a rejection within one more seed: REJECTED,
+    # +0.093 nats [+0.045, +0.142] vs T 0.044, 4 runs; by the other-batches scatter it stopped at 2, KEEP.)
     assert verdict.decision in ("REJECTED", "KEEP BASELINE") and verdict.parity["outcome"] != "holds", verdict.notes
-    assert verdict.parity["seeds"] == [0, 1] and verdict.cost["parity_runs"] == 2
+    assert verdict.cost["parity_runs"] <= 4 and len(verdict.parity["seeds"]) <= 4, verdict.notes
     assert verdict.decision == "REJECTED" or verdict.stop == "futility"
     assert not (tmp_path / "speed").exists()  # never timed
     assert not (tmp_path / "baseline" / "seed-0").exists()  # the profile's seeds reused
