@@ -118,8 +118,8 @@ class LiveReporter(Reporter):
         self.best_text = Text("best so far: the baseline", style="bold")
         self.campaign_text = Text("")
         self.live: Live | None = None
-        # No terminal (a log, CI): nothing is redrawn until the end, so each finished trial and the
-        # campaign's pace are also printed as lines (run_live sets this)
+        # No terminal (a log, CI): nothing is redrawn until the end, so each trial as it starts and
+        # lands, and the campaign's pace, are also printed as lines (run_live sets this)
         self.plain = False
 
     def render(self) -> Group:
