@@ -21,7 +21,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from test_distributed_ray import campaign_file, gone, guard, ran  # noqa: E402
+from test_distributed_ray import campaign_file, gone, guard, open_when_dead, ran, running_in  # noqa: E402
 from test_search_campaign import PATIENCE_S, Recorder  # noqa: E402
 
 from recipetune.config import load_campaign  # noqa: E402
@@ -72,9 +72,10 @@ def remove_node_when_training(cluster: Cluster, trials: Path, killed: dict, gate
                 if metrics.exists() and metrics.read_text().count("\n") >= 2:
                     node_id = attempts(run_dir)[0]["node_id"]
                     node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+                    trainers = running_in(str(run_dir))
                     cluster.remove_node(node, allow_graceful=False)  # its raylet and workers SIGKILLed
                     killed.update(node_id=node_id, run_dir=str(run_dir))
-                    gate.touch()
+                    open_when_dead(trainers, gate)
                     return
             time.sleep(0.02)  # polling for the run to start, not standing in for work
 
