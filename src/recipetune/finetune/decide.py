@@ -96,11 +96,12 @@ def saved_final(c: FinetuneCampaign, services: Services, recipe: Recipe) -> Fina
     return result if result.experiment_id == c.space.experiment_of(recipe).id and result.seeds == c.cfg.seeds else None
 
 
-def final_for(c: FinetuneCampaign, services: Services, recipe: Recipe, label: str) -> FinalResult:
-    """The test split over the campaign's seeds for one recipe (kept, so a resume does not redo it)."""
-    saved = saved_final(c, services, recipe)
-    if saved is not None:
-        return saved
+def final_for(c: FinetuneCampaign, services: Services, recipe: Recipe, label: str,
+              kept: FinalResult | None) -> FinalResult:
+    """The test split over the campaign's seeds for one recipe; ``kept``, what an earlier session
+    saved of it (``saved_final``), is returned as it is, so a resume does not redo it."""
+    if kept is not None:
+        return kept
     services.reporter.phase(f"final evaluation of the {label} on the test split, seeds {c.cfg.seeds}")
     return services.executor.call(final_evaluation, None, c.space.experiment_of(recipe), c.cfg.seeds,
                                   services.store.folder / "final" / recipe.id, log=services.reporter.phase).result()
@@ -139,14 +140,15 @@ def decide(c: FinetuneCampaign, services: Services, finished: Finished) -> Outco
         found = f"; the best was {best.score:.4f} ({describe(best.recipe)})" if best else ""
         return conclude_(Outcome("KEEP BASELINE", [f"no experiment beat the baseline's validation {metric} "
                                                    f"({root:.4f}){found}"], tree, runs=runs))
-    pending = [node for node in (tree.root, best) if saved_final(c, services, node.recipe) is None]
+    kept = {node.recipe.id: saved_final(c, services, node.recipe) for node in (tree.root, best)}
+    pending = [node for node in (tree.root, best) if kept[node.recipe.id] is None]
     ahead = final_eta([node.result for node in pending], len(c.cfg.seeds))
     if pending and ahead is not None:
         services.reporter.phase(f"final evaluation: {len(pending) * len(c.cfg.seeds)} runs on the test split, "
                                 f"~{ahead / 60:.0f} min at the pace of their validation runs")
     try:
-        base = final_for(c, services, baseline, "baseline")
-        cand = final_for(c, services, best.recipe, f"best node ({describe(best.recipe)})")
+        base = final_for(c, services, baseline, "baseline", kept[baseline.id])
+        cand = final_for(c, services, best.recipe, f"best node ({describe(best.recipe)})", kept[best.recipe.id])
     except RuntimeError as e:  # a seed failed to train: no claim can be made
         return conclude_(Outcome("KEEP BASELINE", [f"final evaluation failed: {e}"], tree, verdicts=[(best, None)],
                                  runs=runs))
