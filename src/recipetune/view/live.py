@@ -186,16 +186,16 @@ class LiveReporter(Reporter):
     def row(self, row: Row) -> None:
         self.rows[row.key] = row
         self.steps.pop(row.key, None)
-        if row.status == "running":
-            if self.plain and row.key not in self.started:  # a log says what runs, not only what landed
-                self._print(f"trial {'-' if row.number is None else row.number} running: {row.change}", "dim")
+        running = row.status == "running"
+        if self.plain and not (running and row.key in self.started):  # a log: when it starts, when it lands
+            self._print(self.line(row), "dim" if running else "")
+        if running:
             self.started.setdefault(row.key, time.monotonic())
-        elif self.plain:
-            self._print(self.line(row))
         self._refresh()
 
     def line(self, row: Row) -> str:
-        """A finished trial as one line of a log: ``trial 3 passed: epochs=4; exact_match 0.010; ...``."""
+        """A trial as one line of a log: ``trial 3 running: epochs=4``, then ``trial 3 passed: epochs=4;
+        exact_match 0.010; ...``."""
         c = self.columns
         parts = [f"trial {'-' if row.number is None else row.number} {row.status}: {row.change}"]
         if row.score is not None:
