@@ -70,8 +70,10 @@ def reference_knobs() -> KnobSet:
              help="context-parallel degree: the sequence split over ranks, ring attention (dense models, CUDA)"),
         Knob("ep", 1, SPEED, low=1, high=4096, integer=True,
              help="expert-parallel degree (MoE): experts split over this many of the dp_shard ranks, all-to-all"),
-        Knob("expert_impl", "loop", SPEED, choices=("loop", "grouped"),
-             help="MoE experts: a Python loop of matmuls per expert, or batched matmuls over all experts"),
+        Knob("expert_impl", "loop", SPEED, choices=("loop", "grouped", "segmented"),
+             help="MoE experts: a Python loop of matmuls per expert; grouped: batched matmuls over every "
+                  "expert's tokens padded to the busiest's; segmented: no padding, grouped GEMMs in bf16 "
+                  "(torch._grouped_mm), the loop's matmuls otherwise"),
         Knob("sequence_parallel", False, SPEED, choices=(False, True),
              help="with tp > 1: norms and residual stream split over the sequence"),
         Knob("reshard_after_forward", True, SPEED, choices=(True, False),

@@ -12,13 +12,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from recipetune.trainer.moe_kernels import IMPLS as EXPERT_KERNELS
+from recipetune.trainer.moe_kernels import experts_segmented
 from recipetune.trainer.presets import PRESETS, ModelConfig, count_params, flops_per_token, get_model_config
 
 __all__ = ["PRESETS", "Experts", "ModelConfig", "MoE", "Transformer", "count_params", "flops_per_token",
            "get_model_config"]
 
 ATTENTION_BACKENDS = ("sdpa", "math")
-EXPERT_IMPLS = ("loop", "grouped")
+EXPERT_IMPLS = tuple(EXPERT_KERNELS)  # loop, grouped (padded), segmented
 
 
 class RMSNorm(nn.Module):
@@ -103,10 +105,12 @@ class Experts(nn.Module):
     """The SwiGLU experts of one MoE layer, their weights stacked: w1, w3 [E, hidden, d], w2 [E, d, hidden].
 
     ``forward(x, counts)`` takes tokens already sorted by expert (``counts[e]`` rows each) and returns
-    each row through its expert. ``impl`` is how, with the same maths: "loop", one pair of matmuls per
-    expert in a Python loop; "grouped", every expert at once as batched matmuls (bmm) over the groups
-    padded to the largest. Expert parallelism (parallel.py) wraps this module: the all-to-all brings a
-    rank the tokens of its own experts, and ``counts`` then counts those.
+    each row through its expert. ``impl`` is how, with the same maths (moe_kernels.py): "loop", one pair
+    of matmuls per expert in a Python loop; "grouped", batched matmuls (bmm) over the groups padded to
+    the largest; "segmented", no padding: grouped GEMMs (torch._grouped_mm) in bf16, the loop's per-segment
+    matmuls otherwise. ``grouped_mm`` forces segmented's choice (None: decided per call; the tests set it).
+    Expert parallelism (parallel.py) wraps this module: the all-to-all brings a rank the tokens of its own
+    experts, and ``counts`` then counts those.
     """
 
     def __init__(self, n_experts: int, d_model: int, hidden: int, impl: str = "loop") -> None:
@@ -114,28 +118,16 @@ class Experts(nn.Module):
         if impl not in EXPERT_IMPLS:
             raise ValueError(f"expert_impl must be one of {EXPERT_IMPLS}, got {impl!r}")
         self.impl = impl
+        self.grouped_mm: bool | None = None
         self.w1 = nn.Parameter(torch.empty(n_experts, hidden, d_model))
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, d_model))
         self.w2 = nn.Parameter(torch.empty(n_experts, d_model, hidden))
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         w1, w3, w2 = _local(self.w1), _local(self.w3), _local(self.w2)
-        sizes = counts.tolist()
-        if self.impl == "loop":
-            # an expert with no tokens still runs (on an empty batch): its weights stay in the graph
-            out = [(F.silu(xe @ w1[e].T) * (xe @ w3[e].T)) @ w2[e].T for e, xe in enumerate(x.split(sizes))]
-            return torch.cat(out)
-        # grouped: scatter the groups into [E, width, d] (zero rows pad the smaller groups), three bmm
-        n, width = len(sizes), max(sizes, default=0)
-        starts = torch.cumsum(counts, 0) - counts
-        expert = torch.repeat_interleave(torch.arange(n, device=x.device), counts, output_size=x.shape[0])
-        slot = expert * width + torch.arange(x.shape[0], device=x.device) - starts[expert]
-        # sizes spelled out, not -1: with expert parallelism a rank's experts may receive no token at all
-        # (width 0), and a view of 0 elements cannot infer a dimension
-        d = x.shape[1]
-        padded = x.new_zeros(n * width, d).index_copy(0, slot, x).view(n, width, d)
-        h = F.silu(torch.bmm(padded, w1.transpose(1, 2))) * torch.bmm(padded, w3.transpose(1, 2))
-        return torch.bmm(h, w2.transpose(1, 2)).view(n * width, d).index_select(0, slot)
+        if self.impl == "segmented":
+            return experts_segmented(x, counts, w1, w3, w2, self.grouped_mm)
+        return EXPERT_KERNELS[self.impl](x, counts, w1, w3, w2)
 
 
 class MoE(nn.Module):
