@@ -247,24 +247,25 @@ def _cuda_available() -> bool:
 
 
 def check_float8(recipe: dict[str, Any]) -> list[str]:
-    """float8 linear layers need torchao and a GPU with float8 tensor cores (compute capability >= 8.9)."""
+    """float8 linear layers need a GPU with float8 tensor cores (compute capability >= 8.9) and torchao.
+
+    The device first: on a CPU or an older GPU, installing torchao would not help."""
     mode = recipe.get("float8", "none")
     if mode == "none":
         return []
     import importlib.util
 
-    if importlib.util.find_spec("torchao") is None:
-        return [f"float8={mode!r} needs the torchao package (pip install torchao), which is not installed"]
-    if recipe.get("device") == "cpu":
-        return [f"float8={mode!r} needs a CUDA GPU; this recipe runs on device='cpu'"]
     import torch
 
-    if not torch.cuda.is_available():
-        return [f"float8={mode!r} needs a CUDA GPU with compute capability >= 8.9; none is available here"]
-    if torch.cuda.get_device_capability() < (8, 9):
-        name = torch.cuda.get_device_name()
-        return [f"float8={mode!r} needs compute capability >= 8.9 (H100, L4, RTX 4090...); {name} has "
-                f"{'.'.join(map(str, torch.cuda.get_device_capability()))}"]
+    knob, need = f"float8={mode!r}", "a CUDA GPU of compute capability >= 8.9 (H100, H200, L4, RTX 4090...)"
+    if recipe.get("device") == "cpu" or not torch.cuda.is_available():
+        where = "device='cpu'" if recipe.get("device") == "cpu" else "this machine, which has no CUDA device"
+        return [f"{knob} needs {need}; the recipe runs on {where} (compute capability: none)"]
+    cc = torch.cuda.get_device_capability()
+    if cc < (8, 9):
+        return [f"{knob} needs {need}; {torch.cuda.get_device_name()} has compute capability {cc[0]}.{cc[1]}"]
+    if importlib.util.find_spec("torchao") is None:
+        return [f"{knob} needs the torchao package, which is not installed: pip install 'recipetune[float8]'"]
     if int(recipe.get("tp", 1)) > 1:
-        return [f"float8={mode!r} is not combined with tp > 1 here; use dp_shard for parallelism"]
+        return [f"{knob} is not combined with tp > 1 here; use dp_shard for parallelism"]
     return []

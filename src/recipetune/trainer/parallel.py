@@ -218,16 +218,21 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, param_dtype: str, reduce
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
 
 
+def float8_eligible(module: nn.Module, fqn: str) -> bool:
+    """Which linear layers torchao converts: not the output head (its logits feed the loss, where float8's
+    rounding hurts most; torchtitan keeps it too), and only layers whose both dimensions are multiples of
+    16, as float8 matmuls need (the router, n_experts wide, stays in high precision). The experts' stacked
+    weights are not linear layers: they stay in the compute dtype."""
+    return (fqn.split(".")[-1] != "lm_head" and isinstance(module, nn.Linear)
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
 def apply_float8(model: Transformer, recipe_name: str) -> None:
-    """torchao float8 training for the block linears (the output head stays in high precision)."""
+    """torchao float8 training (tensorwise or rowwise scaling) for the block linears ``float8_eligible`` picks."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    def eligible(module: nn.Module, fqn: str) -> bool:
-        # float8 matmuls need both dimensions divisible by 16
-        return fqn != "lm_head" and module.in_features % 16 == 0 and module.out_features % 16 == 0
-
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe_name),
-                               module_filter_fn=eligible)
+                               module_filter_fn=float8_eligible)
 
 
 def parallelize(model: Transformer, r: dict[str, Any], layout: Layout, device: torch.device,
