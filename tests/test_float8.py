@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from recipetune.core.recipe import SPEED
-from recipetune.trainer import layout
 from recipetune.trainer.knobs import check_recipe, reference_knobs
 from recipetune.trainer.layout import check_float8
 
