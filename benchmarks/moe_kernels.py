@@ -10,7 +10,8 @@ benchmarks/layouts.py times its sequence times top-k). Imbalance r sends every s
 equally (r = 4 with 8 experts: 2 of them, the H200's moe-8x layer of 2026-12-04); the others get none.
 bf16 is autocast over fp32 weights, as the trainer runs ``dtype=bf16``; fp32 on CUDA uses TF32 matmuls.
 Each figure is the median of ``--iters`` timed calls after ``--warmup`` (the device synchronised around each);
-the implementations run in rotation so that drift hits all alike. Equality: each output and gradient against
+the implementations run in rotation, the order reversed every other round, so that drift and
+the order hit all alike. Equality: each output and gradient against
 the loop's, as the largest difference over the largest magnitude of the loop's.
 
 ``--train STEPS`` also runs the trainer (1 process, ``dtype=bf16``) with each implementation on the preset:
@@ -70,8 +71,8 @@ def measure(impls: list[str], x, counts, ws, grad, dtype: str, warmup: int, iter
     for _ in range(warmup):
         for impl in impls:
             call(impl, x, counts, ws, grad, dtype)
-    for _ in range(iters):
-        for impl in impls:
+    for it in range(iters):
+        for impl in impls if it % 2 == 0 else impls[::-1]:  # each goes first as often as last
             if x.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             sync()
@@ -127,10 +128,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (the shared CPU's fair share)")
     parser.add_argument("--train", type=int, default=0, metavar="STEPS", help="also run the trainer per impl")
     parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument("--check", action="store_true", help="only check the arguments, run nothing (--dry-run)")
     args = parser.parse_args()
     cfg = PRESETS[args.preset]
     seq, micro = LAYOUT_SHAPES[args.preset]
     slots = args.tokens or seq * micro * cfg.top_k
+    plan = {r: routing(cfg.n_experts, slots, r) for r in args.imbalance}  # refuses an impossible imbalance
+    if args.check:
+        print(f"{args.preset}: {len(args.dtypes)} dtypes x {len(plan)} routings x {len(IMPLS)} implementations, "
+              f"{slots} slots" + (f"; then the trainer, {args.train} steps per implementation" if args.train else ""))
+        return
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
@@ -149,8 +156,7 @@ def main() -> None:
           "| peak memory |\n|---|---:|---|---|---:|---:|---:|---:|---:|")
     figures = []
     for dtype in args.dtypes:
-        for r in args.imbalance:
-            counts = routing(cfg.n_experts, slots, r)
+        for r, counts in plan.items():
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
                 gmm = grouped_mm_applies(x, ws[0])
             res = measure(list(IMPLS), x, torch.tensor(counts, device=device), ws, grad, dtype, args.warmup,
