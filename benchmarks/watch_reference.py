@@ -3,10 +3,12 @@
 Trains, one after another and niced, the runs it needs (kept in --runs DIR and reused on a rerun):
 three seeds of the baseline recipe (nano model, warm-up then cosine decay to --decay steps), an
 equivalent on other batches (another seed), and a late drift made without touching the trainer: the
-same recipe and seed with a decay horizon 100x longer (``lr_decay_steps``), so its learning rate equals
-the baseline's through the warm-up (K steps: the runs are identical there) and stays high after it,
-where the baseline's decays. Then watches each run against the baseline seeds it is not one of, and
-prints what each finding says.
+same recipe and seed with half the decay horizon, to zero (``lr_decay_steps``, ``min_lr_ratio``), so
+its learning rate equals the baseline's through the warm-up (K steps: the runs are identical there),
+then falls faster, and the run stops learning where the baseline goes on. Then watches each run
+against the baseline seeds, and prints what each finding says. (A horizon 100x longer instead, a
+learning rate that stays high, trained this small model *faster*: -0.10 nats at the end, no alarm:
+the watch is one-sided.)
 
     python benchmarks/watch_reference.py --runs /tmp/watch-runs --steps 1000 --warmup 150 --decay 500
 """
@@ -62,11 +64,12 @@ def main() -> None:
     file = campaign(args.runs, args.steps, args.warmup, args.decay)
     base = [train(file, args.runs / f"base-{s}", args.steps, [f"seed={s}"]) for s in (0, 1, 2)]
     other = train(file, args.runs / "other-7", args.steps, ["seed=7"])
-    drift = train(file, args.runs / "drift-0", args.steps, ["seed=0", f"lr_decay_steps={100 * args.decay}"])
+    drift = train(file, args.runs / "drift-0", args.steps, ["seed=0", f"lr_decay_steps={args.decay // 2}",
+                                                            "min_lr_ratio=0.0"])
     cases = [("equivalent, other batches (seed 7) vs seeds 0-2", other, base),
              ("baseline seed 2 vs seeds 0-1 (A/A)", base[2], base[:2]),
-             (f"late drift: decay horizon x100 (seed 0, equal for {args.warmup} steps) vs seeds 1-2", drift, base[1:]),
-             ("late drift vs seeds 0-2", drift, base)]
+             (f"late drift: half the decay horizon, to 0 (seed 0, equal for {args.warmup} steps) vs seeds 0-2",
+              drift, base)]
     for i, (name, run, baselines) in enumerate(cases):
         print(f"{name}:", flush=True)
         f = watch(file, run, baselines, args.runs / f"finding-{i}.json")

@@ -167,9 +167,14 @@ def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
     """One run's block-mean noise: the larger of (a) the robust scatter of second differences of its
     block means (a smooth trend cancels; var = 6 sd^2 for independent blocks) and (b) the residual sd
     about each block's own line times sqrt(tau / B). The larger: each misses what the other sees (a
-    trend's curvature inflates (a); a line fitted inside a short block absorbs slow wander in (b))."""
+    line fitted inside a short block absorbs slow wander in (b); a trend's curvature inflates (a) where
+    one curve is all there is). With several curves, on the differences of consecutive ones over
+    sqrt(2): the trend and the offsets cancel exactly, one run's noise is left."""
     second, within = [], []
     t = np.arange(b) - (b - 1) / 2.0
+    if len(curves) >= 2:  # two runs' difference over sqrt(2): one run's noise, no trend, no offset
+        pairs = zip(curves[:-1], curves[1:], strict=True)
+        curves = [(x[:k] - y[:k]) / math.sqrt(2) for x, y in pairs if (k := min(len(x), len(y)))]
     for x in curves:
         n = len(x) // b
         if n == 0:
