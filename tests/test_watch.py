@@ -251,7 +251,7 @@ def test_without_baseline_files_the_campaign_folders_profile(tmp_path: Path) -> 
 def test_bad_input_exits_2_names_the_file_and_writes_nothing(tmp_path: Path) -> None:
     file = campaign(tmp_path)
     base = baselines(tmp_path, steps=300)
-    cases: list[tuple[list[str], str]] = []
+    cases: list[tuple[list[str], str]] = []  # (arguments after the campaign file, what the message says)
     cases.append(([str(tmp_path / "absent")] + base, "no such file"))
     lossless = tmp_path / "lossless"
     lossless.mkdir()
@@ -275,9 +275,13 @@ def test_bad_input_exits_2_names_the_file_and_writes_nothing(tmp_path: Path) -> 
     cases.append(([str(odd), "--baseline", str(every10[0]), "--baseline", str(every10[1])], "do not line up"))
     cases.append(([str(train(tmp_path / "one", steps=300, seed=9)), base[0], base[1]], "seed-to-seed spread"))
     cases.append(([str(wide)], "no baseline to compare with"))
-    for args, says in cases:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(file.read_text().replace("baseline: {seed: 0}", "baseline: {seed: 0, bogus: 1}"))
+    runs = [(file, args, says) for args, says in cases] + [(broken, [str(wide), *base], "bogus")]
+    for campaign_file, args, says in runs:
         out = tmp_path / "finding.json"
-        res = runner.invoke(app, ["watch", str(file), *args, "--out", str(out), "--folder", str(tmp_path / "none")])
+        res = runner.invoke(app, ["watch", str(campaign_file), *args, "--out", str(out),
+                                  "--folder", str(tmp_path / "none")])
         assert res.exit_code == 2, (args, res.output)
         assert says in res.output and "Traceback" not in res.output, (says, res.output)
         assert not out.exists()

@@ -394,7 +394,8 @@ class Monitor:
         if self.alarm is not None:
             a = self.alarm
             alarm = {"step": a.step, "crossed_at_step": self.streak_start if math.isfinite(a.gap) else a.step,
-                     "gap_nats": a.gap if math.isfinite(a.gap) else None, "bound_nats": a.bound,
+                     "gap_nats": a.gap if math.isfinite(a.gap) else None,
+                     "bound_nats": a.bound if math.isfinite(a.bound) else None,
                      "gap_in_T": a.gap / self.tolerance if self.tolerance > 0 and math.isfinite(a.gap) else None,
                      "message": a.message}
         n = p.noise

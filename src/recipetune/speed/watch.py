@@ -322,7 +322,7 @@ def finding(session: Session, ended_by: str, seconds: float, command: str) -> di
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=float))
+    tmp.write_text(json.dumps(data, indent=2, default=float, allow_nan=False))
     tmp.replace(path)
 
 
@@ -331,6 +331,8 @@ def summary(f: dict[str, Any]) -> str:
     if a is not None:
         in_t = f" ({a['gap_in_T']:+.1f} T)" if a.get("gap_in_T") is not None else ""
         gap = f"{a['gap_nats']:+.4f} nats{in_t}" if a["gap_nats"] is not None else "non-finite"
+        if a["gap_nats"] is None:
+            return f"ALARM at step {a['step']}: {a['message']}"
         return (f"ALARM at step {a['step']}: the gap crossed the boundary at step {a['crossed_at_step']} and reads "
                 f"{gap} against a boundary of {a['bound_nats']:.4f}")
     warned = f"; {len(f['warnings'])} warning(s) that cleared" if f["warnings"] else ""
