@@ -243,6 +243,12 @@ def test_without_baseline_files_the_campaign_folders_profile(tmp_path: Path) -> 
     assert "covers more" in found["covered"]
     drifted = train(tmp_path / "drift", steps=400, seed=9, drift=0.001, drift_from=150)
     assert watch(file, drifted, "--folder", str(folder))[0] == 5
+    # longer runs of the baseline recipe stored by a verdict (guard-runs/) extend what is covered
+    for s in (0, 1):
+        c.workload.run(with_seed(c.baseline, s), 800, folder / "guard-runs" / f"long-{s}")
+    code, found, out = watch(file, train(tmp_path / "long", steps=800, seed=9), "--folder", str(folder))
+    assert code == 0, out
+    assert found["last_judged_step"] > 700 and len(found["baseline"]) == 5
 
 
 # ------------------------------------------------------------------------------------- bad input

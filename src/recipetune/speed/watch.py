@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,8 +359,6 @@ def watch(
 
     Exit code 0: no alarm; 5: alarm; 2: bad input.
     """
-    import sys
-
     started = time.monotonic()
     console = Console(soft_wrap=True)  # a log keeps each line whole
     try:
