@@ -140,7 +140,7 @@ def run(
         raise typer.Exit(2 if result.status == "invalid" else 1)
 
 
-SUBCOMMANDS = ("cbs", "verify", "tune", "report", "show", "bench", "data", "ft", "finetune")
+SUBCOMMANDS = ("cbs", "verify", "watch", "tune", "report", "show", "bench", "data", "ft", "finetune")
 
 
 def _wanted(argv: list[str]) -> str | None:
@@ -170,6 +170,10 @@ def _mount_subcommands(wanted: str | None = None) -> None:
         from recipetune.speed.verify import verify
 
         app.command()(verify)
+    if wanted in (None, "watch"):
+        from recipetune.speed.watch import watch
+
+        app.command()(watch)
     if wanted in (None, "tune", "finetune"):
         from recipetune.view.live import OBSERVERS
 

@@ -1,0 +1,293 @@
+"""`recipetune watch`: a run of the approved recipe against the baseline's curve (docs/guard.md, "After approval").
+
+The cases built to fool it, on a command trainer (tests/fixtures/watch_trainer.py: a JSONL stream with
+a seed offset, batch noise, optional EMA smoothing, a late drift, a spike that recovers): a drift that
+begins after the guard's window is caught within the delay the design states; an equivalent on other
+batches and a spike that recovers are not alarmed; the false-alarm rate over simulated long runs.
+The reference trainer's cases are in tests/test_watch_reference.py (slow: real runs).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.signal import lfilter
+from typer.testing import CliRunner
+
+from recipetune.cli import app
+from recipetune.core.stats import proportion_ci
+from recipetune.guard import drift
+
+runner = CliRunner()
+TRAINER = Path(__file__).parent / "fixtures" / "watch_trainer.py"
+HORIZON = 100  # the campaign's guard.parity.steps: the verdict's horizon
+
+
+def campaign(folder: Path, metrics: str = 'jsonl: "{out_dir}/metrics.jsonl"', extra: str = "") -> Path:
+    file = folder / "camp.yaml"
+    file.write_text(f"""workload:
+  kind: command
+  argv: ["{{python}}", "{TRAINER}", "--steps", "{{steps}}", "--out", "{{out_dir}}", "--seed", "{{seed}}"]
+  knobs:
+    seed: {{default: 0, role: invariant}}
+  metrics: {{{metrics}}}
+{extra}baseline: {{seed: 0}}
+guard:
+  parity: {{steps: {HORIZON}}}
+""")
+    return file
+
+
+def train(out: Path, steps: int = 800, **options: float) -> Path:
+    args = [sys.executable, str(TRAINER), "--steps", str(steps), "--out", str(out)]
+    for k, v in options.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    subprocess.run(args, check=True)
+    return out
+
+
+def baselines(folder: Path, n: int = 3, **options: float) -> list[str]:
+    args = []
+    for s in range(n):
+        args += ["--baseline", str(train(folder / f"base-{s}", seed=s, **options))]
+    return args
+
+
+def watch(file: Path, run: Path, *args: str) -> tuple[int, dict | None, str]:
+    out = run.parent / f"finding-{run.name}.json"
+    res = runner.invoke(app, ["watch", str(file), str(run), "--out", str(out), *args])
+    return res.exit_code, json.loads(out.read_text()) if out.exists() else None, res.output
+
+
+# ---------------------------------------------------------------------------------- the boundary
+
+
+@pytest.mark.parametrize("rho, dof", [(0.0, None), (0.6, None), (0.95, None), (0.9, 2)])
+def test_boundary_gives_its_false_alarm_rate(rho: float, dof: int | None) -> None:
+    """The boundary's chance (an integral over the offset, a chain over the streak) is the rate of
+    equicorrelated block gaps with the offset drawn from its law, 3 blocks in a row beyond h."""
+    k, n = 60, 20000
+    h = drift.boundary(0.05, [rho] * k, 3, dof)
+    rng = np.random.default_rng(7)
+    u = rng.standard_normal((n, 1)) if dof is None else rng.standard_t(dof, (n, 1))
+    z = np.sqrt(rho) * u + np.sqrt(1 - rho) * rng.standard_normal((n, k))
+    e = z > h
+    rate = float((e[:, 2:] & e[:, 1:-1] & e[:, :-2]).any(axis=1).mean())
+    assert abs(rate - 0.05) < 0.008, (h, rate)
+
+
+def simulate(rng: np.random.Generator, steps: int, offset_sd: float, noise: float, ema: float) -> np.ndarray:
+    """The fixture trainer's curve, in numpy: trend, the seed's offset, batch noise, EMA-smoothed."""
+    t = np.arange(1, steps + 1)
+    raw = 2 + 3 / np.sqrt(t) + rng.normal(0, offset_sd) + rng.normal(0, noise, steps)
+    return lfilter([1 - ema], [1, -ema], raw, zi=[ema * raw[0]])[0] if ema else raw
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ema", [0.0, 0.9])
+def test_false_alarms_over_simulated_long_runs(ema: float) -> None:
+    """200 simulated long runs of an equivalent (another seed: its own offset and batches) against 3
+    baseline seeds, raw and EMA-smoothed (consecutive points strongly correlated): false alarms at the
+    design's 5%, within what 200 runs can tell (the exact interval of the rate reaches below 5%, and the
+    rate is under 7.5%). The noise is the fixture trainer's (offset sd 0.01 nats, batch noise 0.03 per
+    step). More runs, and the reference trainer's noise: benchmarks/watch_false_alarms.py."""
+    rng = np.random.default_rng(2026)
+    steps, alarms, blocks = 2000, 0, set()
+    t = np.arange(1, steps + 1)
+    for _ in range(200):
+        base = [drift.Curve.of(t, simulate(rng, steps, 0.01, 0.03, ema), "b") for _ in range(3)]
+        run = drift.Curve.of(t, simulate(rng, steps, 0.01, 0.03, ema), "run")
+        plan = drift.plan(base, t[:50], 50, None, 10)
+        blocks.add(plan.noise.block_points)
+        monitor = drift.Monitor(plan, 0.01)
+        monitor.feed(run)
+        alarms += monitor.alarm is not None
+    rate, low, _ = proportion_ci(alarms, 200)
+    assert low < 0.05 and rate <= 0.075, alarms
+    if ema:  # blocks span the smoothing's memory (2 x tau, tau = 19 steps), as estimated from 3 curves
+        assert min(blocks) >= 20
+
+
+# ----------------------------------------------------------------------------- the command trainer
+
+
+def test_equivalent_on_other_batches_gives_no_alarm(tmp_path: Path) -> None:
+    file = campaign(tmp_path)
+    base = baselines(tmp_path)
+    for seed in (7, 8, 9):
+        code, found, out = watch(file, train(tmp_path / f"other-{seed}", seed=seed), *base)
+        assert code == 0, out
+        assert found["decision"] == "NO ALARM" and found["alarm"] is None
+        assert found["blocks_judged"] == found["design"]["blocks"] > 20
+
+
+@pytest.mark.parametrize("per_horizon", [1.0, 2.0])
+def test_late_drift_alarms_within_the_stated_delay(tmp_path: Path, per_horizon: float) -> None:
+    """Equal for its first 300 steps (after the guard's 100-step window), then drifting by 1 or 2 T per
+    100 steps: alarmed after it begins, within the delay the design states (the gap's own level
+    before the drift counted: a run that sits below the baseline by chance needs longer)."""
+    file = campaign(tmp_path)
+    base = baselines(tmp_path, steps=2000)
+    code, calm, _ = watch(file, train(tmp_path / "calm", steps=2000, seed=9), *base)
+    assert code == 0
+    T, start = calm["tolerance_T"], 300
+    rate = per_horizon * T / HORIZON
+    drifting = train(tmp_path / "drift", steps=2000, seed=9, drift=rate, drift_from=start)
+    code, found, out = watch(file, drifting, *base)
+    assert code == 5, out
+    alarm = found["alarm"]
+    assert alarm["crossed_at_step"] > start and alarm["gap_in_T"] > 1
+    level = np.mean([g["gap"] for g in calm["gaps"] if g["step"] < start])
+    design = found["design"]
+    slack = (design["persist"] + 1) * design["block_points"] * design["interval_steps"]
+    stated = (design["alarm_gap_nats"][1] + design["block_noise_nats"] - level) / rate + slack
+    assert alarm["step"] - start <= stated, (alarm, stated)
+    assert "ALARM at step" in out and f"crossed the boundary at step {alarm['crossed_at_step']}" in out
+
+
+@pytest.mark.parametrize("ema", [0.0, 0.9])
+def test_a_spike_that_recovers_is_a_warning_that_clears(tmp_path: Path, ema: float) -> None:
+    file = campaign(tmp_path)
+    base = baselines(tmp_path, ema=ema)
+    run = train(tmp_path / "spike", seed=9, ema=ema, spike=1.0, spike_at=400, spike_len=5)
+    code, found, out = watch(file, run, *base)
+    assert code == 0, out
+    assert found["alarm"] is None
+    (warning,) = found["warnings"]
+    assert warning["cleared_at"] is not None and warning["from_step"] <= 404 <= warning["cleared_at"]
+    assert "WARNING" in out and "CLEARED" in out
+
+
+def test_a_run_that_diverges_alarms_at_once(tmp_path: Path) -> None:
+    file = campaign(tmp_path)
+    base = baselines(tmp_path)
+    run = train(tmp_path / "nan", seed=9)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[599] = json.dumps({"step": 600, "loss": float("nan"), "tokens": 512, "step_time_s": 0.01})
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    code, found, _ = watch(file, run, *base)
+    assert code == 5 and found["alarm"]["step"] == 600 and "non-finite" in found["alarm"]["message"]
+
+
+def test_log_lines_through_a_regex_preset(tmp_path: Path) -> None:
+    """A command workload that prints nanoGPT's log lines: the campaign's preset reads them."""
+    file = campaign(tmp_path, "regex_preset: nanogpt", '  tokens_per_step: "512"\n')
+
+    def as_log(src: Path, out: Path) -> Path:
+        out.mkdir()
+        rows = [json.loads(x) for x in (src / "metrics.jsonl").read_text().splitlines()]
+        (out / "stdout.log").write_text("".join(f"iter {r['step']}: loss {r['loss']:.6f}, time 10.0ms, mfu 1.0%\n"
+                                                for r in rows))
+        return out
+
+    base = []
+    for s in range(3):
+        base += ["--baseline", str(as_log(train(tmp_path / f"b{s}", seed=s), tmp_path / f"log-b{s}"))]
+    drifted = as_log(train(tmp_path / "d", seed=9, drift=0.0004, drift_from=300), tmp_path / "log-d")
+    code, found, out = watch(file, drifted, *base)
+    assert code == 5, out
+    assert found["alarm"]["crossed_at_step"] > 300
+
+
+# ------------------------------------------------------------------------------ follow, the profile
+
+
+def test_follow_a_growing_file_until_the_run_ends(tmp_path: Path) -> None:
+    file = campaign(tmp_path)
+    base = baselines(tmp_path)
+    lines = (train(tmp_path / "whole", seed=9) / "metrics.jsonl").read_text().splitlines(keepends=True)
+    live = tmp_path / "live"
+    live.mkdir()
+
+    def write() -> None:  # a trainer appending its lines, then its status file
+        with (live / "metrics.jsonl").open("w") as f:
+            for i in range(0, len(lines), 100):
+                f.writelines(lines[i:i + 100])
+                f.flush()
+                time.sleep(0.05)
+        (live / "status.json").write_text('{"status": "ok"}')
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        code, found, out = watch(file, live, *base, "--follow", "--poll-s", "0.02")
+    finally:
+        writer.join()
+    assert code == 0, out
+    assert found["blocks_judged"] == found["design"]["blocks"] and found["last_judged_step"] >= 790
+
+
+def test_without_baseline_files_the_campaign_folders_profile(tmp_path: Path) -> None:
+    """No --baseline: the profile the guard stored in the campaign folder (its runs and sigma_M)."""
+    from recipetune.config import load_campaign
+    from recipetune.guard.baseline import build_profile, seeds_for, with_seed
+
+    file = campaign(tmp_path)
+    c = load_campaign(file)
+    seeds = seeds_for(c.workload, c.baseline, 3)
+    runs = [c.workload.run(with_seed(c.baseline, s), 400, tmp_path / f"p{s}") for s in seeds]
+    profile = build_profile(c.workload, c.baseline, runs, seeds, 400, c.config.guard)
+    folder = tmp_path / "campaign"
+    folder.mkdir()
+    profile.save(folder / "baseline_profile.json")
+    code, found, out = watch(file, train(tmp_path / "run", steps=400, seed=9), "--folder", str(folder))
+    assert code == 0, out
+    assert found["tolerance_T"] == profile.loss_tolerance
+    assert "covers more" in found["covered"]
+    drifted = train(tmp_path / "drift", steps=400, seed=9, drift=0.001, drift_from=150)
+    assert watch(file, drifted, "--folder", str(folder))[0] == 5
+    # longer runs of the baseline recipe stored by a verdict (guard-runs/) extend what is covered
+    for s in (0, 1):
+        c.workload.run(with_seed(c.baseline, s), 800, folder / "guard-runs" / f"long-{s}")
+    code, found, out = watch(file, train(tmp_path / "long", steps=800, seed=9), "--folder", str(folder))
+    assert code == 0, out
+    assert found["last_judged_step"] > 700 and len(found["baseline"]) == 5
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_exits_2_names_the_file_and_writes_nothing(tmp_path: Path) -> None:
+    file = campaign(tmp_path)
+    base = baselines(tmp_path, steps=300)
+    cases: list[tuple[list[str], str]] = []  # (arguments after the campaign file, what the message says)
+    cases.append(([str(tmp_path / "absent")] + base, "no such file"))
+    lossless = tmp_path / "lossless"
+    lossless.mkdir()
+    (lossless / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "tokens": 512}) + "\n"
+                                                    for s in range(1, 100)))
+    cases.append(([str(lossless)] + base, "no training loss"))
+    other = train(tmp_path / "other-wl", steps=300, seed=5)
+    (other / "recipe.json").write_text(json.dumps({"model": "nano", "micro_batch_size": 8}))
+    cases.append(([str(train(tmp_path / "r", steps=300, seed=9)), "--baseline", str(other)] + base[:2],
+                  "another workload"))
+    wide = train(tmp_path / "wide", steps=300, seed=9, tokens=1024)
+    cases.append(([str(wide)] + base, "tokens per step"))
+    shifted = train(tmp_path / "shifted", steps=300, seed=9, every=10)
+    rows = (shifted / "metrics.jsonl").read_text().replace('"step": ', '"step": 1').splitlines()
+    (shifted / "metrics.jsonl").write_text("\n".join(rows) + "\n")  # steps 110, 120, ... vs 1, 2, 3 ...
+    every10 = [train(tmp_path / f"e{s}", steps=300, seed=s, every=10) for s in range(2)]
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.0, "tokens": 512, "step_time_s": 0.1})
+                                               + "\n" for s in range(5, 300, 10)))
+    cases.append(([str(odd), "--baseline", str(every10[0]), "--baseline", str(every10[1])], "do not line up"))
+    cases.append(([str(train(tmp_path / "one", steps=300, seed=9)), base[0], base[1]], "seed-to-seed spread"))
+    cases.append(([str(wide)], "no baseline to compare with"))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(file.read_text().replace("baseline: {seed: 0}", "baseline: {seed: 0, bogus: 1}"))
+    runs = [(file, args, says) for args, says in cases] + [(broken, [str(wide), *base], "bogus")]
+    for campaign_file, args, says in runs:
+        out = tmp_path / "finding.json"
+        res = runner.invoke(app, ["watch", str(campaign_file), *args, "--out", str(out),
+                                  "--folder", str(tmp_path / "none")])
+        assert res.exit_code == 2, (args, res.output)
+        assert says in res.output and "Traceback" not in res.output, (says, res.output)
+        assert not out.exists()
