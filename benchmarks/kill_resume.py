@@ -5,13 +5,14 @@
 The campaign is the smallest that has all three phases: the nanoGPT-shaped trainer of the run
 store's tests (tests/fixtures/nanoshape: pure Python, a fraction of a second per run; its step time is
 modelled, so that the decision cannot depend on the machine's load and any difference is the store's),
-a baseline profile of 3 seeds, a grid search of 2 trials, and the final verdict on the best one (3
-parity runs, then interleaved speed pairs). First it runs uninterrupted. Then the same campaign in
-another folder is killed (SIGKILL to the driver and every trainer it started, as a preempted node
-loses them) and resumed with ``--resume``, until it has been killed ``--kills-per-phase`` times in each
-phase (the profile, the search, the final verdict) or has finished. A kill lands at a random moment
-(seeded) within a second after the attempt started its first trainer, so that most kills cut a run
-in flight. It prints, and writes as JSON to ``DIR/kill_resume.json``:
+a baseline profile of 3 seeds, a search of 2 trials (``--strategy``, the tree search by default),
+and the final verdict on the best one (3 parity runs, then interleaved speed pairs). First it runs
+uninterrupted. Then the same campaign in another folder is killed (SIGKILL to the driver and every
+trainer it started, as a preempted node loses them) and resumed with ``--resume``, until it has been
+killed ``--kills-per-phase`` times in each phase (the profile, the search, the final verdict) or has
+finished. A kill lands at a random moment
+(seeded) within half a second after the attempt started its first trainer in that phase, so that
+most kills cut a run in flight. It prints, and writes as JSON to ``DIR/kill_resume.json``:
 
 - kills per phase, and the seconds of both campaigns (the killed one's includes every restart);
 - trainer runs started: uninterrupted, and in all across the kills (the difference is what the kills
@@ -55,7 +56,7 @@ CAMPAIGN = {
     },
     "baseline": {"micro_batch": 32},
     "run": {"steps": 40, "timeout_s": 300},
-    "search": {"knobs": {"micro_batch": [16, 64]}, "strategy": "grid", "budget": {"trials": 2},
+    "search": {"knobs": {"micro_batch": [16, 64]}, "strategy": "mcts", "budget": {"trials": 2},
                "steps_per_trial": 40, "finalists": 1},
     "guard": {"parity": {"steps": 40, "seeds": 3}, "speed": {"pairs": 3, "first_pairs": 2, "steps": 20},
               "timeout_s": 300},
@@ -107,31 +108,37 @@ def outcome(folder: Path) -> dict:
 def killed_campaign(camp: Path, out: Path, log: Path, per_phase: int, rng: random.Random) -> dict:
     kills: dict[str, int] = {"profile": 0, "search": 0, "final verdict": 0}
     stored_at_kills, attempts, t0 = 0, 0, time.monotonic()
-    while True:
+    while phase(out) != "done":
         proc = tune(camp, out, log, resume=attempts > 0)
         attempts += 1
-        before = started(log)
-        where = phase(out)
-        target = where in kills and kills[where] < per_phase
-        while target and proc.poll() is None and started(log) == before:
-            time.sleep(0.05)  # polling for the attempt's first trainer: the campaign is the work
-        if target and proc.poll() is None:
-            time.sleep(rng.uniform(0.0, 1.0))  # the kill's moment: random, within a run or two
-            where = phase(out)
-            if where in kills and proc.poll() is None:
-                stored_at_kills += stored_runs(out)
-                kill_tree(proc)
-                kills[where] += 1
-                print(f"  kill {sum(kills.values())}: during the {where} ({stored_runs(out)} runs stored)",
-                      flush=True)
-                continue
-        _, err = proc.communicate()
-        if proc.returncode != 0:
-            raise SystemExit(f"the resumed campaign failed (exit {proc.returncode}):\n{err[-3000:]}")
-        if phase(out) == "done":
-            break
+        if not attempt(proc, out, log, kills, per_phase, rng):
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise SystemExit(f"the resumed campaign failed (exit {proc.returncode}):\n{err[-3000:]}")
+            continue
+        stored_at_kills += stored_runs(out)
+        print(f"  kill {sum(kills.values())}: during the {phase(out)} ({stored_runs(out)} runs stored)", flush=True)
     return {"kills": kills, "attempts": attempts, "seconds": round(time.monotonic() - t0, 1),
             "stored_runs_at_kills": stored_at_kills}
+
+
+def attempt(proc: subprocess.Popen, out: Path, log: Path, kills: dict[str, int], per_phase: int,
+            rng: random.Random) -> bool:
+    """Kill the attempt once it has started a trainer in a phase still short of kills, at a random
+    moment within half a second after (True); False when it ran to its end."""
+    armed, before = "", 0
+    while proc.poll() is None:
+        where = phase(out)
+        if where != armed:  # a new phase: wait for its first trainer of this attempt
+            armed, before = where, started(log)
+        if kills.get(where, per_phase) < per_phase and started(log) > before:
+            time.sleep(rng.uniform(0.0, 0.5))  # the kill's moment: random, within a run or two
+            if proc.poll() is None and phase(out) == where:
+                kill_tree(proc)
+                kills[where] += 1
+                return True
+        time.sleep(0.05)  # polling the campaign's folder: the campaign is the work
+    return False
 
 
 def profile_runs(log: Path) -> int:
@@ -143,7 +150,9 @@ def main() -> None:
     ap.add_argument("--kills-per-phase", type=int, default=7)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--strategy", default="mcts", help="the search's strategy (grid: see docs/benchmarks.md)")
     args = ap.parse_args()
+    CAMPAIGN["search"]["strategy"] = args.strategy
     work = args.work or Path(tempfile.mkdtemp(prefix="kill-resume-"))
     shutil.copytree(FIXTURE, work / "trainer", dirs_exist_ok=True)
     camp = work / "trainer" / "campaign.yaml"
