@@ -55,10 +55,10 @@ CAMPAIGN = {
                   "grad_accum": {"derive": "256 // micro_batch", "low": 1, "high": 16, "means": "grad_accum"}},
     },
     "baseline": {"micro_batch": 32},
-    "run": {"steps": 40, "timeout_s": 300},
+    "run": {"steps": 150, "timeout_s": 300},
     "search": {"knobs": {"micro_batch": [16, 64]}, "strategy": "mcts", "budget": {"trials": 2},
-               "steps_per_trial": 40, "finalists": 1},
-    "guard": {"parity": {"steps": 40, "seeds": 3}, "speed": {"pairs": 3, "first_pairs": 2, "steps": 20},
+               "steps_per_trial": 150, "finalists": 1},
+    "guard": {"parity": {"steps": 150, "seeds": 3}, "speed": {"pairs": 3, "first_pairs": 2, "steps": 40},
               "timeout_s": 300},
 }
 

@@ -214,11 +214,13 @@ class Runs:
         while not lock.acquire():
             done = stored(path, recipe)
             if done is not None:
+                self._count(reused=1)
                 return done, True
             time.sleep(POLL_S)  # another process makes it now
         try:
             done = self._load(path, recipe)
             if done is not None:
+                self._count(reused=1)
                 return done, True
             self._explain(recipe, steps, repeat)
             result = make()
@@ -306,15 +308,6 @@ class Runs:
             keep.append(message)
         if self.progress is not None:
             self.progress(Note(message))
-
-    def fetch(self, recipe: Recipe, steps: int, repeat: int = 0) -> RunResult | None:
-        """The stored run of ``recipe`` for ``steps`` steps, if any (counted as reused)."""
-        if self.folder is None:
-            return None
-        done = stored(self.folder / self.key(recipe, steps, repeat), recipe)
-        if done is not None:
-            self._count(reused=1)
-        return done
 
 
 def _lock_path(path: Path) -> Path:
