@@ -1,6 +1,6 @@
 """Kill -9 a speed campaign again and again, resume it each time, and compare with one never killed.
 
-    python benchmarks/kill_resume.py [--kills-per-phase 7] [--seed 0] [--work DIR]
+    python benchmarks/kill_resume.py [--kills-per-phase 7] [--delay 0.5] [--seed 0] [--work DIR]
 
 The campaign is the smallest that has all three phases: the nanoGPT-shaped trainer of the run
 store's tests (tests/fixtures/nanoshape: pure Python, a fraction of a second per run; its step time is
@@ -11,8 +11,9 @@ uninterrupted. Then the same campaign in another folder is killed (SIGKILL to th
 trainer it started, as a preempted node loses them) and resumed with ``--resume``, until it has been
 killed ``--kills-per-phase`` times in each phase (the profile, the search, the final verdict) or has
 finished. A kill lands at a random moment
-(seeded) within half a second after the attempt started its first trainer in that phase, so that
-most kills cut a run in flight. It prints, and writes as JSON to ``DIR/kill_resume.json``:
+(seeded) within ``--delay`` seconds (0.5) after the attempt started its first trainer in that phase:
+a short delay cuts the phase's next run in flight, a longer one lets some of its runs finish first.
+It prints, and writes as JSON to ``DIR/kill_resume.json``:
 
 - kills per phase, and the seconds of both campaigns (the killed one's includes every restart);
 - trainer runs started: uninterrupted, and in all across the kills (the difference is what the kills
@@ -105,13 +106,13 @@ def outcome(folder: Path) -> dict:
     return {"decision": doc.get("decision"), "recipe": doc.get("recipe")}
 
 
-def killed_campaign(camp: Path, out: Path, log: Path, per_phase: int, rng: random.Random) -> dict:
+def killed_campaign(camp: Path, out: Path, log: Path, per_phase: int, rng: random.Random, delay: float) -> dict:
     kills: dict[str, int] = {"profile": 0, "search": 0, "final verdict": 0}
     stored_at_kills, attempts, t0 = 0, 0, time.monotonic()
     while phase(out) != "done":
         proc = tune(camp, out, log, resume=attempts > 0)
         attempts += 1
-        if not attempt(proc, out, log, kills, per_phase, rng):
+        if not attempt(proc, out, log, kills, per_phase, rng, delay):
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise SystemExit(f"the resumed campaign failed (exit {proc.returncode}):\n{err[-3000:]}")
@@ -123,16 +124,16 @@ def killed_campaign(camp: Path, out: Path, log: Path, per_phase: int, rng: rando
 
 
 def attempt(proc: subprocess.Popen, out: Path, log: Path, kills: dict[str, int], per_phase: int,
-            rng: random.Random) -> bool:
+            rng: random.Random, delay: float) -> bool:
     """Kill the attempt once it has started a trainer in a phase still short of kills, at a random
-    moment within half a second after (True); False when it ran to its end."""
+    moment within ``delay`` seconds after (True); False when it ran to its end."""
     armed, before = "", 0
     while proc.poll() is None:
         where = phase(out)
         if where != armed:  # a new phase: wait for its first trainer of this attempt
             armed, before = where, started(log)
         if kills.get(where, per_phase) < per_phase and started(log) > before:
-            time.sleep(rng.uniform(0.0, 0.5))  # the kill's moment: random, within a run or two
+            time.sleep(rng.uniform(0.0, delay))  # the kill's moment: random, within a run or a few
             if proc.poll() is None and phase(out) == where:
                 kill_tree(proc)
                 kills[where] += 1
@@ -150,6 +151,7 @@ def main() -> None:
     ap.add_argument("--kills-per-phase", type=int, default=7)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--delay", type=float, default=0.5, help="a kill lands up to this long after a trainer starts")
     ap.add_argument("--strategy", default="mcts", help="the search's strategy (grid: see docs/benchmarks.md)")
     args = ap.parse_args()
     CAMPAIGN["search"]["strategy"] = args.strategy
@@ -170,7 +172,7 @@ def main() -> None:
 
     print("killed and resumed campaign ...", flush=True)
     killed = killed_campaign(camp, work / "killed", work / "killed.jsonl", args.kills_per_phase,
-                             random.Random(args.seed))
+                             random.Random(args.seed), args.delay)
     killed |= {"runs_started": started(work / "killed.jsonl"), "profile_runs": profile_runs(work / "killed.jsonl"),
                **outcome(work / "killed")}
     report = {"uninterrupted": whole, "killed": killed, "same_decision": whole["decision"] == killed["decision"]
