@@ -335,8 +335,8 @@ def check_folder(folder: Path, workload: Workload, option: str = "--runs") -> No
         existing = existing.parent
     if not existing.is_dir():
         what = "is a file" if existing == folder else f"cannot be created: {existing} is a file"
-        raise ConfigError(folder, "", f"{what}, not a folder ({option} names the folder where the guard's runs "
-                                      "are stored)")
+        raise ConfigError(folder, "", f"{what}, not a folder; the guard stores its runs in a folder: give "
+                                      f"{option} another path")
     probe = existing / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))

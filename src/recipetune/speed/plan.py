@@ -116,7 +116,7 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
     meta = campaign_meta(campaign, space, batch)
     # Where the guard keeps its runs (speed/decide.py: RUNS_FOLDER): a file there, a folder this user
     # cannot write, or another trainer's runs is bad input now, not a traceback after the search.
-    check_runs_folder(folder / "guard-runs", campaign.workload, "the campaign's folder")
+    check_runs_folder(folder / "guard-runs", campaign.workload, "--out")
     proposer, store = open_campaign(campaign.config.search, campaign.config.execute, campaign.path, folder, resume,
                                     meta, RESUME_KEYS, space, campaign.baseline, campaign.workload.relations(),
                                     PLAYBOOK)
