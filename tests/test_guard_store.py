@@ -11,6 +11,7 @@ profile loses only the run in flight; a bad runs folder is exit 2 before anythin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -242,12 +242,34 @@ def test_two_verifies_at_once_train_each_run_once_and_both_decide_as_one_alone(t
     assert sum(d["cost"]["parity_runs"] for d in docs) == 3 and sum(d["cost"]["parity_reused"] for d in docs) == 6
 
 
-def descendants_killed(pid: int) -> None:
-    """kill -9 the process and every process it started, as a preempted node does."""
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for p in procs:
-        os.kill(p.pid, signal.SIGKILL)
-    psutil.wait_procs(procs, timeout=30)
+def descendants_killed(proc: subprocess.Popen) -> None:
+    """kill -9 the process and every process it started (trainers run in sessions of their own), as a
+    preempted node does. Linux: the tree is read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [proc.pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while any(running(pid) for pid in tree[1:]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the orphans are gone: the kill is asynchronous
+
+
+def running(pid: int) -> bool:
+    try:
+        return ") Z" not in Path(f"/proc/{pid}/stat").read_text()  # a zombie has stopped
+    except OSError:
+        return False
 
 
 @pytest.mark.slow
@@ -263,7 +285,7 @@ def test_a_campaign_killed_during_its_profile_keeps_the_finished_runs(tmp_path):
     deadline = time.monotonic() + 300
     while not (log.exists() and '"seed": 1' in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)  # waiting for the held run to start: a poll, not work
-    descendants_killed(proc.pid)
+    descendants_killed(proc)
     assert len(list((tmp_path / "c" / "guard-runs").glob(f"*/{FINGERPRINT_FILE}"))) == 1  # run 1 kept
     assert len(list((tmp_path / "c" / "guard-runs").glob("*.lock"))) == 1  # run 2's, its holder dead
     hold.touch()
