@@ -172,7 +172,7 @@ def fake_static_check(workload, baseline, candidate, allow_semantic=()) -> list[
     return out
 
 
-def fake_profile_baseline(workload, recipe, steps, settings, out_dir, progress=None) -> Profile:
+def fake_profile_baseline(workload, recipe, steps, settings, out_dir, progress=None, runs_folder=None) -> Profile:
     CALLS["profile"] += 1
     result = workload.run(recipe, steps, out_dir / "run-0", timeout_s=30)
     if not result.ok:

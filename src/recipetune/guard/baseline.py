@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from recipetune.core import stats
+from recipetune.core.files import write_atomic
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.guard import loss
@@ -50,7 +51,7 @@ class BaselineProfile(BaseModel):
     noise_note: str = ""  # an absurd A/A noise refused and measured again, or a busy machine
 
     def save(self, path: Path) -> None:
-        path.write_text(self.model_dump_json(indent=2))
+        write_atomic(path, self.model_dump_json(indent=2))
 
 
 def seeds_for(workload: Workload, recipe: Recipe, n: int) -> list[int | None]:
@@ -148,22 +149,26 @@ def profile_baseline(
 ) -> BaselineProfile:
     """Run the baseline once per seed (``settings.parity.seeds``), each in ``out_dir/seed-S``, one after
     another on this placement (their throughput is measured too). ``runs``: where runs are stored: one
-    stored there by an earlier verdict is reused, and the profile's own runs are kept there."""
+    stored there earlier (by a verdict, or by this profile before a kill) is reused, and each run is
+    kept there as soon as it finishes, so a profile killed after its first run resumes at the second.
+    Without ``runs`` nothing is kept."""
     seeds = seeds_for(workload, recipe, settings.parity.seeds)
     results = []
     for k, seed in enumerate(seeds):
         folder = out_dir / (f"seed-{seed}" if seed is not None else f"repeat-{k}")
         repeat = k if seed is None else 0  # without a seed knob, repeat k of one recipe is its own run
-        stored = runs.fetch(with_seed(recipe, seed), steps, repeat) if runs is not None else None
-        if stored is not None:
-            if progress:
-                progress(f"baseline run {k + 1}/{len(seeds)}: reused from {stored.out_dir}")
-            results.append(stored)
-            continue
+        what = f"baseline run {k + 1}/{len(seeds)}" + (f" (seed {seed})" if seed is not None else "")
         if progress:
-            progress(f"baseline run {k + 1}/{len(seeds)}" + (f" (seed {seed})" if seed is not None else ""))
-        result = run_checked(workload, with_seed(recipe, seed), steps, folder, settings, "baseline run")
-        results.append(runs.store(result, steps, with_seed(recipe, seed), repeat) if runs is not None else result)
+            progress(what)
+        def make(s: int | None = seed, f: Path = folder) -> RunResult:
+            return workload.run(with_seed(recipe, s), steps, f, timeout_s=settings.timeout_s)
+
+        result, reused = (make(), False) if runs is None else runs.produce(with_seed(recipe, seed), steps, make, repeat)
+        if not result.ok:
+            raise GuardError(f"baseline run failed ({result.status}: {result.cause}); see {folder}")
+        if reused and progress:
+            progress(f"{what}: reused from {result.out_dir}")
+        results.append(result)
     profile = build_profile(workload, recipe, results, seeds, steps, settings)
     if profile.throughput_noise > settings.speed.max_noise and settings.speed.noise_margin is None:
         profile = remeasure_throughput(workload, recipe, profile, settings, out_dir, progress)

@@ -114,7 +114,7 @@ def final_verdict(
     # steps; otherwise the baseline is profiled again at the parity settings.
     reusable = (profile is not None and profile.recipe == dict(baseline) and profile.steps >= parity_cfg.steps
                 and len(profile.runs) >= parity_cfg.seeds)
-    runs = Runs(workload, executor, runs_folder, settings.timeout_s)
+    runs = Runs(workload, executor, runs_folder, settings.timeout_s, progress)
     if not reusable:
         profile = profile_baseline(workload, baseline, parity_cfg.steps, settings, out_dir / "baseline", progress,
                                    runs=runs)
@@ -135,7 +135,7 @@ def final_verdict(
     verdict.cost = {"parity_runs": got.runs, "parity_reused": got.reused, "parity_planned": got.planned,
                     "parity_s": round(time.monotonic() - started, 1)}
     verdict.stop = got.stop
-    verdict.notes += got.looks
+    verdict.notes += runs.notes + got.looks  # stored runs not reused (what changed), results set aside
     if got.evidence is None:
         verdict.reasons = [got.failure]
         return _finish(verdict, out_dir)

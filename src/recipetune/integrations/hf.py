@@ -17,6 +17,11 @@ the campaign's ``workload.tokens_per_step``. ``batch_fp`` is a hash of the sorte
 the step drew from the Trainer's sampler, so another micro-batch split of the same global batch
 shows the guard that it replayed the baseline's batches (one process, a fresh run, a map-style
 dataset; otherwise no ``batch_fp`` and the campaign declares ``guard.parity.data_order``).
+
+What such a script's stored runs depend on is the command workload's fingerprint
+(workloads/fingerprint.py): the script's folder, and the versions installed in the interpreter it
+runs with, transformers, accelerate and torch among them. After an upgrade the guard trains again,
+and says which version moved.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ class Guard(Protocol):
                      allow_semantic: Collection[str] = ()) -> list[Violation]: ...
 
     def profile_baseline(self, workload: Workload, recipe: Recipe, steps: int, settings: GuardConfig,
-                         out_dir: Path, progress: Callable[[str], None] | None = None) -> BaselineProfile: ...
+                         out_dir: Path, progress: Callable[[str], None] | None = None,
+                         runs_folder: Path | None = None) -> BaselineProfile: ...
 
     def screen(self, profile: BaselineProfile, candidate: RunResult, settings: GuardConfig) -> Screening: ...
 
@@ -55,10 +56,13 @@ class RealGuard:
         return static_check(workload, baseline, candidate, allow_semantic)
 
     def profile_baseline(self, workload: Workload, recipe: Recipe, steps: int, settings: GuardConfig,
-                         out_dir: Path, progress: Callable[[str], None] | None = None) -> BaselineProfile:
+                         out_dir: Path, progress: Callable[[str], None] | None = None,
+                         runs_folder: Path | None = None) -> BaselineProfile:
         from recipetune.guard.baseline import profile_baseline
+        from recipetune.guard.runs import Runs
 
-        return profile_baseline(workload, recipe, steps, settings, out_dir, progress=progress)
+        runs = Runs(workload, folder=runs_folder, progress=progress) if runs_folder is not None else None
+        return profile_baseline(workload, recipe, steps, settings, out_dir, progress=progress, runs=runs)
 
     def screen(self, profile: BaselineProfile, candidate: RunResult, settings: GuardConfig) -> Screening:
         from recipetune.guard.screen import screen

@@ -128,6 +128,7 @@ class SpeedJob:
             self.profile = services.executor.call(
                 self.guard.profile_baseline, self.workload, self.baseline, steps, self.settings,
                 store.folder / "baseline", progress=reporter.phase,
+                runs_folder=store.folder / decide.RUNS_FOLDER,  # each run kept as it ends: a kill loses one
             ).result()
             store.write_json("baseline_profile.json", self.profile)
         profile = self.profile

@@ -19,6 +19,7 @@ from recipetune.core.recipe import INVARIANT, SEMANTIC, KnobError, SearchSpace
 from recipetune.core.relations import MAX_CHECKS, Problem, Relation, Relations
 from recipetune.engine import plan as planning
 from recipetune.engine.plan import open_campaign, redacted
+from recipetune.guard.runs import check_folder as check_runs_folder
 from recipetune.speed.facts import PLAYBOOK
 from recipetune.speed.semantic import BatchRule, batch_rule
 
@@ -113,6 +114,9 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
     space = check_space(campaign)
     batch = batch_rule(campaign)
     meta = campaign_meta(campaign, space, batch)
+    # Where the guard keeps its runs (speed/decide.py: RUNS_FOLDER): a file there, a folder this user
+    # cannot write, or another trainer's runs is bad input now, not a traceback after the search.
+    check_runs_folder(folder / "guard-runs", campaign.workload, "--out")
     proposer, store = open_campaign(campaign.config.search, campaign.config.execute, campaign.path, folder, resume,
                                     meta, RESUME_KEYS, space, campaign.baseline, campaign.workload.relations(),
                                     PLAYBOOK)

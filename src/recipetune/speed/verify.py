@@ -39,6 +39,7 @@ from recipetune.core.recipe import Recipe
 from recipetune.engine import options as opt
 from recipetune.execute.factory import make_executor
 from recipetune.guard.baseline import GuardError
+from recipetune.guard.runs import check_folder as check_runs_folder
 from recipetune.guard.static import StaticReport, static_report
 from recipetune.guard.verdict import Verdict, final_verdict, static_verdict
 
@@ -218,6 +219,8 @@ def verify(
         cand = load_campaign(candidate_file, [])  # the file as written; the edits are the candidate's
         _check_same_workload(base, cand)
         candidate, refused = _candidate(cand, to_candidate)
+        runs = runs or (out.parent if out else Path("runs")) / "guard-runs"
+        check_runs_folder(runs, base.workload)  # a file, unwritable, another trainer's: exit 2, nothing ran
     except ConfigError as e:
         raise fail(e) from None
 
@@ -245,7 +248,7 @@ def verify(
         with Printer(console) as printer:
             verdict = final_verdict(base.workload, base.baseline, candidate, settings, out_dir,
                                     allow_semantic=allow, progress=printer, executor=runner,
-                                    runs_folder=runs or out_dir.parent / "guard-runs")
+                                    runs_folder=runs)
     except GuardError as e:
         raise fail(e, NO_VERDICT) from None
     finally:

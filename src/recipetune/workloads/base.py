@@ -79,6 +79,16 @@ class Workload(ABC):
         experiment, so the guard may reuse one for the other (guard/runs.py)."""
         return self.kind
 
+    def code_manifest(self) -> dict[str, str]:
+        """The fingerprint's parts, ``name -> digest`` (a command workload: one per file, package,
+        variable; workloads/fingerprint.py), stored with the runs so that a verdict can say what
+        changed since they were made. By default one part: the fingerprint itself."""
+        return {"code": self.code_fingerprint()}
+
+    def identity(self) -> dict[str, str]:
+        """Which trainer this is, whatever its code now: a runs folder holds the runs of one."""
+        return {"kind": self.kind}
+
     def prepare(self, recipe: Recipe) -> None:
         """Called once when a campaign starts, before its planning: start, in the background, what
         its runs will need (nothing by default), so that it overlaps the driver's own work."""

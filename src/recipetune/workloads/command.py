@@ -26,8 +26,8 @@ from recipetune.core import expr, meanings
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import Knob, KnobError, KnobSet, Recipe
-from recipetune.workloads import log_formats
-from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, code_digest, count_lines
+from recipetune.workloads import fingerprint, log_formats
+from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
 
 Scalar = bool | int | float | str
 
@@ -81,7 +81,7 @@ class MetricsSpec(BaseModel):
     val_regex: str | None = Field(None, description="with step_regex: a validation-line regex (step, val_loss)")
 
 
-class CommandSpec(BaseModel):
+class CommandSpec(fingerprint.FingerprintFields):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["command"] = "command"
@@ -210,6 +210,9 @@ class CommandWorkload(Workload):
             raise SpecError("tokens_per_step", f"the log preset '{self.preset.name}' does not report tokens; "
                             "set workload.tokens_per_step (an expression over knobs, e.g. 'batch * seq_len')")
         self._invariants = [self._invariant(i, text) for i, text in enumerate(spec.invariants)]
+        for i, pattern in enumerate(spec.code or []):
+            if not pattern.startswith("!") and not fingerprint.globbed(self.cwd, [pattern]):
+                raise SpecError(f"code.{i}", f"{pattern!r} matches no file under {self.cwd}")
 
     @staticmethod
     def _build_knobs(specs: dict[str, KnobSpec]) -> KnobSet:
@@ -303,16 +306,18 @@ class CommandWorkload(Workload):
         threads = self.environment(recipe, 1, self.cwd).get("OMP_NUM_THREADS", "")
         return int(threads) * self.n_devices(recipe) if threads.isdigit() and int(threads) > 0 else None
 
+    def code_manifest(self) -> dict[str, str]:
+        # Every Python file in cwd (or the workload.code globs), the files the argv names, the data
+        # files by size and time, the trainer interpreter's packages: workloads/fingerprint.py.
+        env = {k: v for k, v in self.spec.env.items() if not placeholders(v)}
+        return fingerprint.command_manifest(self.cwd, self.spec.argv, env, self.spec.model_dump_json(),
+                                            self.spec.code, self.spec.data_fingerprint, self.spec.fingerprint_env)
+
     def code_fingerprint(self) -> str:
-        # The spec (how the trainer is launched, what is read back) and every file its argv names,
-        # whole or after '=' (train.py, --config=cfg.py), as they are now.
-        files = []
-        for arg in self.spec.argv:
-            for text in (arg, arg.partition("=")[2]):
-                path = self.cwd / text if text and not placeholders(text) else None
-                if path is not None and path.is_file():
-                    files.append(path)
-        return code_digest(files, self.spec.model_dump_json(), str(self.cwd))
+        return fingerprint.digest(self.code_manifest())
+
+    def identity(self) -> dict[str, str]:
+        return {"kind": self.kind, "trainer": str(self.cwd)}
 
     def tokens_per_step(self, recipe: Recipe) -> int | None:
         text = self.spec.tokens_per_step
@@ -399,7 +404,6 @@ class CommandWorkload(Workload):
             result = result.model_copy(update=update)
             result.save(out_dir / "result.json")
         return result
-
 
     def steps_so_far(self, recipe: Recipe, steps: int, out_dir: Path) -> list[StepRecord]:
         """A running trial's step records: its JSONL stream, or its log lines through the preset."""
