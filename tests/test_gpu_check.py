@@ -23,8 +23,9 @@ def sh(*args: str, **env: str) -> subprocess.CompletedProcess:
 def test_dry_run_validates_the_files_and_prints_the_plan():
     res = sh("--dry-run")
     assert res.returncode == 0, res.stderr
-    for step in ("pytest -q -m gpu", "recipetune run examples/gpt2-gpu-hand.yaml", "recipetune tune examples/gpt2-gpu.yaml",
-                 "layouts.py --suite moe --presets moe-8x", "gpu_check_report"):
+    for step in ("pytest -q -m gpu", "recipetune run examples/gpt2-gpu-hand.yaml",
+                 "recipetune tune examples/gpt2-gpu.yaml", "layouts.py --suite moe --presets moe-8x",
+                 "gpu_check_report"):
         assert step in res.stdout
     assert "720 s in all on one GPU" in res.stdout  # 12 minutes: 100 + 120 + 420 + 80
 
