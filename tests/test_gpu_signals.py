@@ -171,3 +171,35 @@ def test_the_summary_of_a_launch_bound_timeline():
     # a for-loop optimizer's kernels are plain elementwise ones: its range's device time counts instead
     assert kernel_summary(kernels, optimizer_s=0.009, wall_s=0.030, steps=3)["optimizer_share"] == pytest.approx(0.3)
     assert kernel_summary(kernels, 0.0, 0.0, 3) == {}
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")  # the window forced on a CPU, below
+def test_the_profiler_runs_only_on_a_gpu_and_its_glue_writes_profile_json(tmp_path):
+    import torch
+
+    from recipetune.trainer.profile import StepProfiler
+
+    assert not StepProfiler(torch.device("cpu"), True, 40, tmp_path).window  # nothing on a CPU
+    assert not StepProfiler(torch.device("cuda"), False, 40, tmp_path).window  # nor on another rank
+    assert not StepProfiler(torch.device("cuda"), True, 11, tmp_path).window  # nor in a run too short
+    assert StepProfiler(torch.device("cuda"), True, 40, tmp_path).window == range(37, 40)
+    # the window forced on a CPU: the profiler's events are read as on a GPU (here without device events)
+    profiler = StepProfiler(torch.device("cpu"), True, 12, tmp_path)
+    profiler.window = range(9, 12)
+    model = torch.nn.Linear(16, 16)
+    records = []
+    for k in range(12):
+        profiler.before(k)
+        model(torch.randn(4, 16)).sum().backward()
+        records.append({"step_time_s": 0.01})
+        profiler.after(k, records[-1])
+    assert [bool(r.get("profiled")) for r in records] == [False] * 9 + [True] * 3
+    written = json.loads((tmp_path / "profile.json").read_text())
+    assert written["profiled_steps"] == 3 and written["gpu_busy"] == 0.0  # no kernels on a CPU
+
+
+def test_profiled_steps_are_left_out_of_throughput():
+    steps = [StepRecord(step=i, loss=3.0, tokens=1000, step_time_s=0.1, profiled=i > 17) for i in range(1, 21)]
+    steps[-1] = steps[-1].model_copy(update={"step_time_s": 5.0})  # the profiler's own cost
+    result = RunResult(recipe={}, recipe_id="x", status="ok", steps=steps, warmup_steps=2)
+    assert len(result.measured()) == 15 and result.summary().tokens_per_s == pytest.approx(10_000)

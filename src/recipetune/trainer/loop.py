@@ -177,14 +177,12 @@ class Run:
     start_step: int
     autocast: Any
     metrics: Any  # the metrics stream, open on rank 0 only
+    params: list[torch.Tensor] = dataclasses.field(default_factory=list)  # the trained ones, in the owner's order
+    parts: list[Transformer] = dataclasses.field(default_factory=list)  # the model, or the pipeline's stages
 
-    @property
-    def params(self) -> list[torch.Tensor]:
-        return [p for p in self.owner.parameters() if p.requires_grad]
-
-    @property
-    def parts(self) -> list[Transformer]:
-        return list(self.owner.children()) if self.pipe else [self.owner]  # type: ignore[list-item]
+    def __post_init__(self) -> None:
+        self.params = [p for p in self.owner.parameters() if p.requires_grad]
+        self.parts = list(self.owner.children()) if self.pipe else [self.owner]  # type: ignore[list-item]
 
     def log(self, record: dict[str, Any]) -> None:
         if self.metrics:
