@@ -69,3 +69,28 @@ def test_a_short_production_run_ranks_the_uncompiled_candidate_first():
     assert reward(compiled, True) < reward(1.1, True)
     # the same compiled candidate over a 20,000-step run is worth its compile
     assert charge_compile(1.3, tps, per_step, 600.0, 20_000) > 1.1
+
+
+def test_the_speed_job_ranks_a_trial_by_its_charged_speedup_and_keeps_the_steady_one(tmp_path):
+    from types import SimpleNamespace
+
+    from recipetune.config import SearchConfig
+    from recipetune.guard.screen import Screening
+    from recipetune.speed.job import SpeedJob
+
+    def land(compile_s: float, production_steps: int):
+        job = object.__new__(SpeedJob)  # only what land() reads: the search settings, the guard, the profile
+        job.cfg, job.settings, job.profile = SearchConfig(production_steps=production_steps), None, object()
+        job.guard = SimpleNamespace(screen=lambda *_: Screening(passed=True, reasons=[], speedup=1.3, loss_gap=0.0,
+                                                                 loss_tolerance=0.1))
+        steps = [StepRecord(step=i, loss=3.0, tokens=32768, step_time_s=0.25, compile_s=compile_s if i == 1 else None)
+                 for i in range(1, 26)]
+        result = RunResult(recipe={}, recipe_id="c", status="ok", steps=steps, warmup_steps=2)
+        return job.land(result, None, tmp_path)
+
+    charged = land(600.0, 200)
+    assert charged.score == pytest.approx(charge_compile(1.3, 32768 / 0.25, 32768, 600.0, 200))
+    assert charged.figures.speedup == 1.3 and charged.figures.compile_s == 600.0  # the steady figure is kept
+    assert charged.reward == reward(charged.score, True)
+    assert land(600.0, 0).score == 1.3  # not charged without a planned length
+    assert "compile_s" not in land(0.0, 200).figures.stored()  # nothing compiled: the stored figures as before
