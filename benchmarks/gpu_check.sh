@@ -18,8 +18,8 @@
 #   bash benchmarks/gpu_check.sh --dry-run   # anywhere: validates the files and prints the plan
 #
 # Environment: PYTHON (default .venv/bin/python, else python3), OUT (default runs/gpu_check-<time>), and each
-# phase's hard limit in seconds, to fit a shorter lease: LIMIT_TESTS (100), LIMIT_HAND (120), LIMIT_TUNE (420),
-# LIMIT_LAYOUTS (80), LIMIT_DENSE (240, two GPUs); TUNE_OVERRIDES, key=value overrides of the campaign
+# phase's hard limit in seconds, to fit a shorter lease: LIMIT_TESTS (80), LIMIT_HAND (110), LIMIT_TUNE (470),
+# LIMIT_LAYOUTS (60), LIMIT_DENSE (240, two GPUs); TUNE_OVERRIDES, key=value overrides of the campaign
 # (e.g. "search.budget.wall_time_s=200" for a shorter search). The tests are those of the two GPU modules, so a
 # machine with recipetune's own dependencies alone (no dev extra) collects them.
 set -euo pipefail
@@ -37,8 +37,8 @@ OUT=${OUT:-runs/gpu_check-$STAMP}
 CAMPAIGN=examples/gpt2-gpu.yaml
 HAND=examples/gpt2-gpu-hand.yaml
 HAND_STEPS=40
-LIMIT_TESTS=${LIMIT_TESTS:-100} LIMIT_HAND=${LIMIT_HAND:-120} LIMIT_TUNE=${LIMIT_TUNE:-420}
-LIMIT_LAYOUTS=${LIMIT_LAYOUTS:-80} LIMIT_DENSE=${LIMIT_DENSE:-240}
+LIMIT_TESTS=${LIMIT_TESTS:-80} LIMIT_HAND=${LIMIT_HAND:-110} LIMIT_TUNE=${LIMIT_TUNE:-470}
+LIMIT_LAYOUTS=${LIMIT_LAYOUTS:-60} LIMIT_DENSE=${LIMIT_DENSE:-240}
 GPU_TESTS=(tests/test_gpu.py tests/test_layouts_gpu.py)
 read -r -a TUNE_ARGS <<< "${TUNE_OVERRIDES:-}"
 

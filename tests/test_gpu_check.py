@@ -27,7 +27,7 @@ def test_dry_run_validates_the_files_and_prints_the_plan():
                  "recipetune tune examples/gpt2-gpu.yaml", "layouts.py --suite moe --presets moe-8x",
                  "gpu_check_report"):
         assert step in res.stdout
-    assert "720 s in all on one GPU" in res.stdout  # 12 minutes: 100 + 120 + 420 + 80
+    assert "720 s in all on one GPU" in res.stdout  # 12 minutes: 80 + 110 + 470 + 60
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
