@@ -9,6 +9,7 @@ steps' time goes (kernel time by kind, the device idle between launches), in pro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -79,7 +80,8 @@ def use_compile_cache() -> Path:
     import torch._inductor.config
 
     torch._inductor.config.fx_graph_cache = True
-    torch._functorch.config.enable_autograd_cache = True
+    with contextlib.suppress(AttributeError):  # a PyTorch without AOT autograd's cache keeps the FX-graph one
+        torch._functorch.config.enable_autograd_cache = True
     return folder
 
 
