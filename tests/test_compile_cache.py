@@ -94,3 +94,16 @@ def test_the_speed_job_ranks_a_trial_by_its_charged_speedup_and_keeps_the_steady
     assert charged.reward == reward(charged.score, True)
     assert land(600.0, 0).score == 1.3  # not charged without a planned length
     assert "compile_s" not in land(0.0, 200).figures.stored()  # nothing compiled: the stored figures as before
+
+
+def test_recipetune_run_shows_compile_seconds_apart():
+    from rich.console import Console
+
+    from recipetune.cli import summary_table
+
+    steps = [StepRecord(step=i, loss=3.0, tokens=1000, step_time_s=0.1, compile_s=40.0 if i == 1 else None,
+                        profiled=i > 17) for i in range(1, 21)]
+    console = Console(record=True, width=120)
+    console.print(summary_table(RunResult(recipe={}, recipe_id="x", status="ok", steps=steps, warmup_steps=2), "run"))
+    text = console.export_text()
+    assert "40.0s in torch.compile" in text and "3 step(s), excluded (profile.json)" in text
