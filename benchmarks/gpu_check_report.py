@@ -156,7 +156,11 @@ def main(folder: Path) -> int:
         "layouts": layout_figures(folder), "hand_tuned": hand_tuned_figures(folder),
         "seconds": {p: seconds(folder, p) for p in codes},
     }
-    gpu = re.sub(r"[^A-Za-z0-9]+", "-", (figures["run"].get("device_name") or (gpus[0] if gpus else "gpu")))
+    # one name from the first phase on (nvidia-smi -L: "GPU 0: NVIDIA H200 (UUID: ...)"), so each phase's
+    # figures overwrite the same files
+    listed = re.match(r"GPU \d+: (.*?) \(UUID", gpus[0]) if gpus else None
+    name = listed.group(1) if listed else figures["run"].get("device_name") or (gpus[0] if gpus else "gpu")
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", name)
     stem = f"gpu_check-{figures['date']}-{gpu.strip('-')[:40]}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(figures, indent=2) + "\n")

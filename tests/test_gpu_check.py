@@ -83,3 +83,19 @@ def test_report_collects_the_figures(tmp_path):
     md = figures.with_suffix(".md").read_text()
     assert "tokens/s" in md and "expert imbalance 1.30" in md and "left out: moe-8x PP x2" in md
     assert "(0.80x the hand-tuned)" in md and "launch gaps 10%" in md
+
+
+def test_each_phase_writes_the_same_files_from_the_first_on(tmp_path):
+    # after phase 1 only the GPU list and the tests' exit code exist: the figures still go to the device's name
+    out = tmp_path / "check"
+    out.mkdir()
+    (out / "gpus.txt").write_text("GPU 0: NVIDIA H200 (UUID: GPU-cd960c36-9a29-c2b0-b4d3-4d34e73b78a8)\n")
+    (out / "pytest.rc").write_text("0\n")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check_report.py"), str(out)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "GPU_CHECK_RESULTS": str(tmp_path / "results")})
+    assert res.returncode == 1  # the other phases have not run
+    (figures,) = (tmp_path / "results").glob("gpu_check-*.json")
+    assert figures.name.endswith("-NVIDIA-H200.json")
+    data = json.loads(figures.read_text())
+    assert data["exit_codes"] == {"pytest": 0, "run": None, "tune": None, "layouts": None} and data["hand_tuned"] == {}
