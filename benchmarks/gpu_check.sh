@@ -82,9 +82,10 @@ if [[ $DRY == 1 ]]; then
 fi
 
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the cache folder below and every phase's --out
 echo "== gpu_check into $OUT"
 nvidia-smi -L | tee "$OUT/gpus.txt"
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/$OUT/inductor}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$OUT/inductor}
 
 # phase NAME LIMIT COMMAND...: run it under its hard limit, keep its output, exit code and wall seconds, and
 # write the figures so far. A phase that fails or runs out of time is recorded and the check goes on.
