@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# The GPU check: on a machine with an NVIDIA GPU, within its phases' hard limits (16 minutes on one GPU, 20 on two),
+# The GPU check: on a machine with an NVIDIA GPU, within its phases' hard limits (12 minutes on one GPU; 16 with
+# the dense layouts of two),
 #   1. the GPU-marked tests (pytest -m gpu: bf16, fused optimizer, compile, memory, grouped experts; NCCL,
 #      expert, pipeline and context parallelism with >= 2 GPUs)
-#   2. one measured `recipetune run` of the gpt2-124m preset in bf16 (tokens/s, MFU against bf16 peak)
-#   3. a short `recipetune tune` campaign on it (micro-batch, compile, optimizer, checkpointing, attention)
+#   2. the hand-tuned recipe (examples/gpt2-gpu-hand.yaml: bf16, SDPA, fused AdamW, torch.compile, TF32, micro-batch
+#      32) on gpt2-124m at sequence length 1024: tokens/s, MFU against the dense bf16 peak (goal 40%), and the
+#      torch.profiler breakdown of its last steps (profile.json: kernel time by kind, launch gaps, optimizer)
+#   3. `recipetune tune` from the plain recipe (examples/gpt2-gpu.yaml: math attention, for-loop AdamW, no
+#      compile, micro-batch 8) with its verdict: the goal is an approved recipe at >= 0.9x the hand-tuned tokens/s
 #   4. the layouts of the 8-expert moe-8x (experts' loop against batched matmuls; with >= 2 GPUs expert
-#      parallelism and pipeline schedules) and of the dense gpt2-124m (with >= 2 GPUs: FSDP2, TP, CP, PP),
-#      with the profile the analyst reads (all-to-all share, pipeline bubble, expert load, memory per stage)
-# and writes the figures to benchmarks/results/gpu_check-<date>-<gpu>.{json,md}, quoted by docs/benchmarks.md.
-# Phase 4 and the layout tests of phase 1 were written without a GPU and have never run on one.
+#      parallelism and pipeline schedules) and, with >= 2 GPUs, of the dense gpt2-124m (FSDP2, TP, CP, PP)
+# Each phase's figures are written as it ends (benchmarks/results/gpu_check-<date>-<gpu>.{json,md}, quoted by
+# docs/benchmarks.md), so a lease that ends early keeps what was measured. Compiled graphs go to the shared
+# cache (TORCHINDUCTOR_CACHE_DIR, default <OUT>/inductor): phase 2 compiles the hand-tuned shapes once for phase 3.
 #
 #   bash benchmarks/gpu_check.sh             # the check (exits 1 at once without an NVIDIA GPU)
 #   bash benchmarks/gpu_check.sh --dry-run   # anywhere: validates the files and prints the plan
 #
 # Environment: PYTHON (default .venv/bin/python, else python3), OUT (default runs/gpu_check-<time>), and each
-# phase's hard limit in seconds, to fit a shorter lease: LIMIT_TESTS (240), LIMIT_RUN (120), LIMIT_TUNE (300),
-# LIMIT_LAYOUTS (300), LIMIT_DENSE (240, two GPUs); TUNE_OVERRIDES, key=value overrides of the campaign
-# (e.g. "search.budget.wall_time_s=80" for a shorter search). The tests are those of the two GPU modules, so a
+# phase's hard limit in seconds, to fit a shorter lease: LIMIT_TESTS (80), LIMIT_HAND (110), LIMIT_TUNE (470),
+# LIMIT_LAYOUTS (60), LIMIT_DENSE (240, two GPUs); TUNE_OVERRIDES, key=value overrides of the campaign
+# (e.g. "search.budget.wall_time_s=200" for a shorter search). The tests are those of the two GPU modules, so a
 # machine with recipetune's own dependencies alone (no dev extra) collects them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,9 +35,10 @@ export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 STAMP=$(date -u +%Y%m%d-%H%M%S)
 OUT=${OUT:-runs/gpu_check-$STAMP}
 CAMPAIGN=examples/gpt2-gpu.yaml
-RUN_OVERRIDES=(attention=sdpa optimizer_impl=fused micro_batch_size=16)
-LIMIT_TESTS=${LIMIT_TESTS:-240} LIMIT_RUN=${LIMIT_RUN:-120} LIMIT_TUNE=${LIMIT_TUNE:-300}
-LIMIT_LAYOUTS=${LIMIT_LAYOUTS:-300} LIMIT_DENSE=${LIMIT_DENSE:-240}
+HAND=examples/gpt2-gpu-hand.yaml
+HAND_STEPS=40
+LIMIT_TESTS=${LIMIT_TESTS:-80} LIMIT_HAND=${LIMIT_HAND:-110} LIMIT_TUNE=${LIMIT_TUNE:-470}
+LIMIT_LAYOUTS=${LIMIT_LAYOUTS:-60} LIMIT_DENSE=${LIMIT_DENSE:-240}
 GPU_TESTS=(tests/test_gpu.py tests/test_layouts_gpu.py)
 read -r -a TUNE_ARGS <<< "${TUNE_OVERRIDES:-}"
 
@@ -50,13 +55,13 @@ if [[ $DRY == 0 ]]; then  # fail fast, before anything loads
 fi
 
 # Every file the check uses must load before anything runs (a typo should not cost a GPU lease).
-"$PY" - "$CAMPAIGN" "${RUN_OVERRIDES[@]}" <<'EOF'
+"$PY" - "$CAMPAIGN" "$HAND" "${TUNE_ARGS[@]}" <<'EOF'
 import sys
 from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
 try:
-    load_campaign(sys.argv[1], sys.argv[2:])
-    load_campaign(sys.argv[1])
+    load_campaign(sys.argv[1], sys.argv[3:])
+    load_campaign(sys.argv[2])
 except ConfigError as e:
     sys.exit(f"gpu_check: {e}")
 EOF
@@ -67,44 +72,53 @@ EOF
 if [[ $DRY == 1 ]]; then
   echo "gpu_check --dry-run: $CAMPAIGN loads; with a GPU this would run, into $OUT:"
   echo "  1. $PY -m pytest -q -m gpu ${GPU_TESTS[*]}  (limit $LIMIT_TESTS s)"
-  echo "  2. recipetune run $CAMPAIGN ${RUN_OVERRIDES[*]} --steps 30  (limit $LIMIT_RUN s)"
-  echo "  3. recipetune tune $CAMPAIGN ${TUNE_ARGS[*]}  (limit $LIMIT_TUNE s)"
+  echo "  2. recipetune run $HAND --steps $HAND_STEPS  (limit $LIMIT_HAND s; the hand-tuned recipe)"
+  echo "  3. recipetune tune $CAMPAIGN ${TUNE_ARGS[*]}  (limit $LIMIT_TUNE s; from the plain recipe)"
   echo "  4. $PY benchmarks/layouts.py --suite moe --presets moe-8x --device cuda     (limit $LIMIT_LAYOUTS s)"
   echo "     $PY benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda (limit $LIMIT_DENSE s, >= 2 GPUs)"
-  echo "  5. $PY benchmarks/gpu_check_report.py $OUT  -> benchmarks/results/gpu_check-<date>-<gpu>.{json,md}"
+  echo "  after each: $PY benchmarks/gpu_check_report.py $OUT  -> benchmarks/results/gpu_check-<date>-<gpu>.{json,md}"
+  echo "  limits: $((LIMIT_TESTS + LIMIT_HAND + LIMIT_TUNE + LIMIT_LAYOUTS)) s in all on one GPU"
   exit 0
 fi
 
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the cache folder below and every phase's --out
 echo "== gpu_check into $OUT"
 nvidia-smi -L | tee "$OUT/gpus.txt"
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$OUT/inductor}
 
-# Each phase has a hard limit so the whole check stays under 16 minutes (20 with two GPUs); a phase that fails or runs
-# out of time is recorded (its exit code) and the check goes on to report what it has.
+# phase NAME LIMIT COMMAND...: run it under its hard limit, keep its output, exit code and wall seconds, and
+# write the figures so far. A phase that fails or runs out of time is recorded and the check goes on.
+phase() {
+  local name=$1 limit=$2; shift 2
+  local t0; t0=$(date +%s.%N)
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
+  echo "${PIPESTATUS[0]}" > "$OUT/$name.rc"
+  awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", b - a }' > "$OUT/$name.s"
+  "$PY" benchmarks/gpu_check_report.py "$OUT" > /dev/null || true
+}
+
 set +e
 echo "== 1/4 pytest -m gpu"
-timeout "$LIMIT_TESTS" "$PY" -m pytest -q -m gpu "${GPU_TESTS[@]}" -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.txt"
-echo "${PIPESTATUS[0]}" > "$OUT/pytest.rc"
+phase pytest "$LIMIT_TESTS" "$PY" -m pytest -q -m gpu "${GPU_TESTS[@]}" -p no:cacheprovider --junitxml="$OUT/pytest.xml"
 
-echo "== 2/4 recipetune run (gpt2-124m, bf16)"
-timeout "$LIMIT_RUN" "$PY" -m recipetune run "$CAMPAIGN" "${RUN_OVERRIDES[@]}" --steps 30 --out "$OUT/run" 2>&1 | tee "$OUT/run.txt"
-echo "${PIPESTATUS[0]}" > "$OUT/run.rc"
+echo "== 2/4 the hand-tuned recipe ($HAND)"
+phase run "$LIMIT_HAND" "$PY" -m recipetune run "$HAND" --steps "$HAND_STEPS" --out "$OUT/run"
 
-echo "== 3/4 recipetune tune (gpt2-124m)"
-timeout "$LIMIT_TUNE" "$PY" -m recipetune tune "$CAMPAIGN" "${TUNE_ARGS[@]}" --out "$OUT/tune" 2>&1 | tee "$OUT/tune.txt"
-echo "${PIPESTATUS[0]}" > "$OUT/tune.rc"
+echo "== 3/4 recipetune tune from the plain recipe ($CAMPAIGN)"
+phase tune "$LIMIT_TUNE" "$PY" -m recipetune tune "$CAMPAIGN" "${TUNE_ARGS[@]}" --out "$OUT/tune"
 
 # Two processes where there are two GPUs; on one GPU only the single-process layouts run (the others are
 # listed as left out in the figures).
 NGPU=$(nvidia-smi -L | wc -l)
 echo "== 4/4 layouts (moe-8x; gpt2-124m with >= 2 GPUs), $NGPU GPU(s)"
-timeout "$LIMIT_LAYOUTS" "$PY" benchmarks/layouts.py --suite moe --presets moe-8x --device cuda --nproc 2 --steps 10 \
-  --repeats 1 --json "$OUT/layouts-moe.json" 2>&1 | tee "$OUT/layouts-moe.txt"
-echo "${PIPESTATUS[0]}" > "$OUT/layouts.rc"
+phase layouts "$LIMIT_LAYOUTS" "$PY" benchmarks/layouts.py --suite moe --presets moe-8x --device cuda --nproc 2 \
+  --steps 10 --repeats 1 --json "$OUT/layouts-moe.json"
 if [[ $NGPU -ge 2 ]]; then
-  timeout "$LIMIT_DENSE" "$PY" benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda --nproc 2 --steps 10 \
-    --repeats 1 --json "$OUT/layouts-dense.json" 2>&1 | tee "$OUT/layouts-dense.txt"
-  rc=${PIPESTATUS[0]}; [[ $rc -ne 0 ]] && echo "$rc" > "$OUT/layouts.rc"
+  cp "$OUT/layouts.rc" "$OUT/layouts-moe.rc"
+  phase layouts "$LIMIT_DENSE" "$PY" benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda --nproc 2 \
+    --steps 10 --repeats 1 --json "$OUT/layouts-dense.json"
+  [[ $(cat "$OUT/layouts-moe.rc") -ne 0 ]] && cp "$OUT/layouts-moe.rc" "$OUT/layouts.rc"
 fi
 set -e
 

@@ -23,9 +23,11 @@ def sh(*args: str, **env: str) -> subprocess.CompletedProcess:
 def test_dry_run_validates_the_files_and_prints_the_plan():
     res = sh("--dry-run")
     assert res.returncode == 0, res.stderr
-    for step in ("pytest -q -m gpu", "recipetune run examples/gpt2-gpu.yaml", "recipetune tune",
-                 "layouts.py --suite moe --presets moe-8x", "gpu_check_report"):
+    for step in ("pytest -q -m gpu", "recipetune run examples/gpt2-gpu-hand.yaml",
+                 "recipetune tune examples/gpt2-gpu.yaml", "layouts.py --suite moe --presets moe-8x",
+                 "gpu_check_report"):
         assert step in res.stdout
+    assert "720 s in all on one GPU" in res.stdout  # 12 minutes: 80 + 110 + 470 + 60
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
@@ -43,12 +45,21 @@ def test_report_collects_the_figures(tmp_path):
     (out / "run").mkdir(parents=True)
     steps = [StepRecord(step=i, loss=5.0 - 0.1 * i, tokens=32768, step_time_s=0.2, peak_mem_bytes=2**33)
              for i in range(1, 7)]
-    RunResult(recipe={"model": "gpt2-124m"}, recipe_id="r", status="ok", steps=steps, warmup_steps=2,
+    hand = {"model": "gpt2-124m", "attention": "sdpa", "compile": "model", "micro_batch_size": 32}
+    RunResult(recipe=hand, recipe_id="r", status="ok", steps=steps, warmup_steps=2,
               flops_per_token=5e8, peak_flops_per_device=989e12).save(out / "run" / "result.json")
     (out / "run" / "run.json").write_text(json.dumps({"device_name": "NVIDIA H200", "params": 85_000_000}))
-    (out / "tune").mkdir()
-    (out / "tune" / "verdict.json").write_text(json.dumps({"decision": "KEEP BASELINE", "change": "(baseline)",
-                                                           "runs": 3, "verdict": None}))
+    (out / "run" / "profile.json").write_text(json.dumps({"gpu_busy": 0.9, "launch_gap_share": 0.1,
+                                                          "matmul_share": 0.6, "profiled_steps": 3}))
+    # the campaign approved a recipe whose screening trial ran at 0.25 s a step: 0.8x the hand-tuned
+    (out / "tune" / "trials" / "3").mkdir(parents=True)
+    slower = [s.model_copy(update={"step_time_s": 0.25}) for s in steps]
+    RunResult(recipe={**hand, "compile": "regional"}, recipe_id="w", status="ok", steps=slower, warmup_steps=2,
+              flops_per_token=5e8, peak_flops_per_device=989e12).save(out / "tune" / "trials" / "3" / "result.json")
+    (out / "tune" / "verdict.json").write_text(json.dumps({
+        "decision": "APPROVED", "change": 'compile="regional"', "recipe_id": "w", "runs": 14, "trials": 9,
+        "recipe": {**hand, "compile": "regional"}, "verdict": {"speedup": 2.1}}))
+    (out / "tune.s").write_text("401.5\n")
     grouped = {"tokens_per_s": 50000.0, "peak_mem_mib": 30000.0, "losses": [5.0],
                "profile": {"expert_imbalance": 1.3, "step_time_s": 0.3}}
     (out / "layouts-moe.json").write_text(json.dumps({"figures": {"moe-8x": {"1 process, grouped experts": grouped}},
@@ -63,7 +74,28 @@ def test_report_collects_the_figures(tmp_path):
     data = json.loads(figures.read_text())
     assert data["run"]["status"] == "ok" and data["run"]["tokens_per_s"] == 163840  # 32768 / 0.2
     assert data["run"]["mfu"] == pytest.approx(163840 * 5e8 / 989e12)
-    assert data["tune"]["decision"] == "KEEP BASELINE"
+    assert data["tune"]["decision"] == "APPROVED" and data["tune"]["trials"] == 9 and data["tune"]["device_s"] == 401.5
+    assert data["tune"]["tokens_per_s"] == 131072
+    assert data["tune"]["recipe"].startswith("attention=sdpa compile=regional")
+    assert data["hand_tuned"]["tokens_per_s"] == 163840 and data["hand_tuned"]["profile"]["gpu_busy"] == 0.9
+    assert data["hand_tuned"]["mfu"] == pytest.approx(163840 * 5e8 / 989e12)
     assert data["layouts"]["moe-8x"]["1 process, grouped experts"]["tokens_per_s"] == 50000.0
     md = figures.with_suffix(".md").read_text()
     assert "tokens/s" in md and "expert imbalance 1.30" in md and "left out: moe-8x PP x2" in md
+    assert "(0.80x the hand-tuned)" in md and "launch gaps 10%" in md
+
+
+def test_each_phase_writes_the_same_files_from_the_first_on(tmp_path):
+    # after phase 1 only the GPU list and the tests' exit code exist: the figures still go to the device's name
+    out = tmp_path / "check"
+    out.mkdir()
+    (out / "gpus.txt").write_text("GPU 0: NVIDIA H200 (UUID: GPU-cd960c36-9a29-c2b0-b4d3-4d34e73b78a8)\n")
+    (out / "pytest.rc").write_text("0\n")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check_report.py"), str(out)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "GPU_CHECK_RESULTS": str(tmp_path / "results")})
+    assert res.returncode == 1  # the other phases have not run
+    (figures,) = (tmp_path / "results").glob("gpu_check-*.json")
+    assert figures.name.endswith("-NVIDIA-H200.json")
+    data = json.loads(figures.read_text())
+    assert data["exit_codes"] == {"pytest": 0, "run": None, "tune": None, "layouts": None} and data["hand_tuned"] == {}

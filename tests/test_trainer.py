@@ -66,6 +66,8 @@ def test_metrics_stream_and_summary(workload, tmp_path):
     s = result.summary()
     assert s.tokens_per_s > 0 and s.measured_steps == 8 - s.warmup_steps
     assert s.mfu is not None and 0 < s.mfu < 1
+    convention = json.loads((tmp_path / "m" / "run.json").read_text())["mfu_convention"]
+    assert convention["matmul_dtype"] == "fp32" and convention["peak_source"].startswith("measured")
     assert (tmp_path / "m" / "result.json").exists() and (tmp_path / "m" / "recipe.json").exists()
 
 

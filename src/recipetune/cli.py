@@ -98,6 +98,10 @@ def summary_table(result: RunResult, title: str) -> Table:
     table.add_column()
     table.add_row("status", result.status + (f" ({result.cause})" if result.cause else ""))
     table.add_row("steps", f"{len(result.steps)} ({s.warmup_steps} warm-up, {s.warmup_time_s:.2f}s, excluded)")
+    if s.compile_s:  # apart from the steady figures below (trainer/profile.py: compile_figures)
+        table.add_row("compile", f"{s.compile_s:.1f}s in torch.compile")
+    if any(x.profiled for x in result.steps):  # a CUDA run's last steps, under torch.profiler: profile.json
+        table.add_row("profiled", f"{sum(x.profiled for x in result.steps)} step(s), excluded (profile.json)")
     table.add_row("tokens/s", f"{s.tokens_per_s:,.0f}  (median over windows; mean {s.mean_tokens_per_s:,.0f})")
     if s.stalls:
         table.add_row("stalls", f"{s.stalls} step(s), {s.stall_time_s:.2f}s beyond a median step")

@@ -53,6 +53,8 @@ class SearchConfig(TreeSearchConfig):
         4.0, gt=1.0, description="speed-up that earns the full reward 1 (its inverse earns 0; 1.0x earns 0.5)"
     )
     finalists: int = Field(3, ge=1, description="best screened candidates sent to the guard's final verdict")
+    production_steps: int = Field(0, ge=0, description="the planned length of the production run, in steps: recipes "
+                                  "are ranked with each trial's compile seconds paid once over it (0: not charged)")
 
 
 class ReferenceSpec(BaseModel):

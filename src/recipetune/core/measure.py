@@ -12,9 +12,11 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +48,8 @@ class StepRecord(Record):
     data_s: float | None = None  # waiting for the batch
     compute_s: float | None = None  # forward + backward
     optim_s: float | None = None  # optimizer step, incl. gradient sync where it is not overlapped
+    compile_s: float | None = None  # torch.compile's own seconds within this step (its timers), when it compiled
+    profiled: bool = False  # recorded under torch.profiler (trainer/profile.py), whose cost leaves it out of throughput
     noise_scale: float | None = None  # B_simple, when the trainer estimates it
     # The guard's evidence about the data (docs/guard.md, "Which batches"): a fingerprint of the step's
     # global batch (equal for any micro-batch split, different for another sample order) and the tokens
@@ -114,6 +118,7 @@ class RunSummary(Record):
     loss_last: float | None
     val_loss_last: float | None
     breakdown_s: dict[str, float]
+    compile_s: float = 0.0  # seconds torch.compile spent in the run, apart from the steady-state figures
 
 
 class RunResult(Record):
@@ -140,7 +145,7 @@ class RunResult(Record):
         return [s.loss for s in self.steps]
 
     def measured(self) -> list[StepRecord]:
-        return self.steps[self.warmup_steps :]
+        return [s for s in self.steps[self.warmup_steps :] if not s.profiled]
 
     def summary(self) -> RunSummary:
         measured, warm = self.measured(), self.steps[: self.warmup_steps]
@@ -173,6 +178,7 @@ class RunResult(Record):
             loss_last=self.steps[-1].loss if self.steps else None,
             val_loss_last=self.evals[-1].val_loss if self.evals else None,
             breakdown_s=breakdown,
+            compile_s=sum(s.compile_s or 0.0 for s in self.steps),
         )
 
     def save(self, path: Path) -> None:
@@ -217,26 +223,90 @@ def first_nonfinite_step(steps: list[StepRecord]) -> int | None:
 
 # ---------------------------------------------------------------------------------------------
 # Peak FLOPs: vendor figures for common accelerators (dense, no sparsity), a measured probe on CPU.
+# MFU = tokens/s per device * FLOPs per token / this peak, with FLOPs per token counted as in MFU_CONVENTION.
 
-GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "B200": {"bf16": 2.25e15, "fp16": 2.25e15, "fp32": 80e12},
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-}
+MFU_CONVENTION = ("every matmul, forward + backward (PaLM appendix B, as nanoGPT's estimate_mfu): 6 FLOPs per "
+                  "active non-embedding weight and output-head weight per token, plus 12 * n_layer * d_model * "
+                  "seq_len for attention's QK^T and AV (causal mask not discounted); against the device's dense "
+                  "peak for the dtype its matmuls run in")
+
+
+def peak_source(device_type: str, device_name: str) -> str:
+    """Where a run's peak FLOP/s came from, for run.json and the report."""
+    if device_type == "cuda":
+        row = gpu_peak(device_name)
+        return row.source if row else f"none: {device_name!r} is not in core/measure.py GPU_PEAKS"
+    return "measured: best-of-8 matmul probe on this CPU (peak_flops.json in the recipetune cache)"
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    """One GPU's dense peak FLOP/s per matmul dtype, from the vendor datasheet ``source`` names.
+
+    Dense, never the "with sparsity" figure datasheets print first (it is exactly twice). bf16/fp16 are the
+    tensor-core rates with fp32 accumulation (what PyTorch's matmuls use); tf32 is what fp32 matmuls run at
+    under ``matmul_precision=high``; fp32 is the plain CUDA-core rate (``matmul_precision=highest``).
+    """
+
+    pattern: str  # a regular expression over torch.cuda.get_device_name()
+    flops: dict[str, float]
+    source: str
+
+
+# Order matters: the first pattern that matches names the device (H100 PCIe before H100 SXM).
+GPU_PEAKS: tuple[GpuPeak, ...] = (
+    GpuPeak(r"B200", {"bf16": 2.25e15, "fp16": 2.25e15, "tf32": 1.1e15, "fp32": 80e12},
+            "NVIDIA HGX B200 datasheet (2024), per GPU, dense"),
+    GpuPeak(r"H100.*PCIe", {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
+            "NVIDIA H100 datasheet, PCIe column, dense"),
+    GpuPeak(r"H100.*NVL", {"bf16": 835e12, "fp16": 835e12, "tf32": 417e12, "fp32": 60e12},
+            "NVIDIA H100 datasheet, NVL column, dense"),
+    GpuPeak(r"H100|H800|GH200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+            "NVIDIA H100 datasheet, SXM column, dense"),
+    GpuPeak(r"H200", {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+            "NVIDIA H200 datasheet, SXM column, dense (same compute as H100 SXM)"),
+    GpuPeak(r"A100|A800", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+            "NVIDIA A100 datasheet, dense"),
+    GpuPeak(r"L40S", {"bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183e12, "fp32": 91.6e12},
+            "NVIDIA L40S datasheet, dense"),
+    GpuPeak(r"\bL4\b", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
+            "NVIDIA L4 datasheet, dense"),
+    GpuPeak(r"\bA10\b", {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
+            "NVIDIA A10 datasheet, dense (not the A10G, whose figures NVIDIA does not publish)"),
+    GpuPeak(r"RTX 4090", {"bf16": 165.2e12, "fp16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12},
+            "NVIDIA Ada GPU architecture whitepaper, RTX 4090, fp32 accumulate, dense"),
+    GpuPeak(r"RTX 3090", {"bf16": 71e12, "fp16": 71e12, "tf32": 35.6e12, "fp32": 35.6e12},
+            "NVIDIA Ampere GA102 whitepaper, RTX 3090, fp32 accumulate, dense"),
+)
+
+
+def gpu_peak(device_name: str) -> GpuPeak | None:
+    """The table's row for a device name as torch.cuda.get_device_name() gives it; None for an unknown GPU."""
+    return next((row for row in GPU_PEAKS if re.search(row.pattern, device_name, re.IGNORECASE)), None)
 
 
 def gpu_peak_flops(device_name: str, dtype: str) -> float | None:
-    for key, table in GPU_PEAK_FLOPS.items():
-        if key in device_name.upper():
-            return table.get(dtype)
-    return None
+    row = gpu_peak(device_name)
+    return row.flops.get(dtype) if row else None
+
+
+def matmul_dtype(dtype: str, matmul_precision: str = "highest") -> str:
+    """The dtype a run's matmuls run in: fp32 matmuls use TF32 under "high" and bf16 passes under "medium"."""
+    if dtype != "fp32":
+        return dtype
+    return {"high": "tf32", "medium": "bf16"}.get(matmul_precision, "fp32")
 
 
 def cache_dir() -> Path:
     path = Path(os.environ.get("RECIPETUNE_CACHE", Path.home() / ".cache" / "recipetune"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def compile_cache_dir() -> Path:
+    """Where torch.compile keeps what it compiled (inductor's FX-graph and AOT-autograd caches), shared by every
+    trial, guard run and later campaign: TORCHINDUCTOR_CACHE_DIR when the user set it, else <cache>/inductor."""
+    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or cache_dir() / "inductor")
 
 
 def cpu_model() -> str:
@@ -277,6 +347,7 @@ def peak_flops(device_type: str, device_name: str, dtype: str, threads: int) -> 
     """Peak FLOP/s of one device for ``dtype``: the vendor table on GPUs, a cached probe on CPU."""
     if device_type == "cuda":
         return gpu_peak_flops(device_name, dtype)
+    dtype = "fp32" if dtype == "tf32" else dtype  # a CPU has no TF32: its fp32 matmuls are what it runs
     if device_type != "cpu":
         return None
     import torch

@@ -22,7 +22,13 @@ PLAYBOOK = "recipetune.speed:playbook.yaml"
 GOAL = "raise training tokens/s per device without changing what the model learns"
 PROFILE = ("device", "step_s", "data_share", "compute_share", "optim_share", "accum_steps", "mem_headroom", "mfu",
            "tokens_per_s", "n_devices", "n_experts", "a2a_share", "pp_bubble", "expert_imbalance", "expert_drop",
-           "stage_mem_gb")
+           "stage_mem_gb", "gpu_busy", "launch_gap_share", "attention_share", "matmul_share", "optimizer_kernel_share",
+           "compile_s")
+# profile.json of a CUDA run (trainer/profile.py: kernel_summary) -> fact
+GPU_PROFILE_FIGURES = {"gpu_busy": "gpu_busy", "launch_gap_share": "launch_gap_share",
+                       "attention_share": "attention_share", "matmul_share": "matmul_share",
+                       "optimizer_share": "optimizer_kernel_share", "other_share": "other_kernel_share",
+                       "kernel_s": "kernel_s"}
 # Per-step figures of the reference trainer's metrics stream beyond StepRecord's (trainer/loop.py), averaged
 # over the measured steps: name in the stream -> fact
 STREAM_FIGURES = {"a2a_s": "a2a_s", "a2a_s_max": "a2a_max_s", "pp_bubble": "pp_bubble",
@@ -62,6 +68,19 @@ def _run_info(node: Node) -> dict[str, Any]:
         return json.loads((Path(node.result.out_dir) / "run.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def gpu_profile_facts(node: Node) -> dict[str, Any]:
+    """Where a GPU step's time went, from the few steps the trainer profiled (profile.json; none on a CPU):
+    the share of the step some kernel ran (gpu_busy) and the rest, the device waiting on launches
+    (launch_gap_share); attention, matmul and optimizer kernels' seconds as shares of the step."""
+    if node.result is None or not node.result.out_dir:
+        return {}
+    try:
+        figures = json.loads((Path(node.result.out_dir) / "profile.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {fact: float(figures[name]) for name, fact in GPU_PROFILE_FIGURES.items() if name in figures}
 
 
 def stream_facts(node: Node) -> dict[str, Any]:
@@ -124,7 +143,8 @@ def profile_facts(node: Node, context: SearchContext) -> dict[str, Any]:
     s = node.result.summary()
     facts["memory_reported"] = s.peak_mem_bytes is not None
     facts.update(tokens_per_s=s.tokens_per_s_per_device, step_s=s.mean_step_time_s, mfu=s.mfu,
-                 n_devices=node.result.n_devices)
+                 n_devices=node.result.n_devices, compile_s=s.compile_s)
+    facts.update(gpu_profile_facts(node))
     for part in ("data_s", "compute_s", "optim_s"):
         value = s.breakdown_s.get(part)
         facts[part] = value

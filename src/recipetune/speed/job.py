@@ -68,6 +68,8 @@ class SpeedFigures(Figures):
     loss_last: float | None = None
     pruned_at: int | None = None  # the throughput window a pruner stopped it at
     speedup_at_prune: float | None = None
+    compile_s: float | None = None  # torch.compile's seconds in the trial, apart from its steady tokens/s
+    charged_speedup: float | None = None  # the speed-up over search.production_steps, compile paid once
 
 
 # -- the reward ---------------------------------------------------------------------------------
@@ -81,6 +83,21 @@ def reward(speedup: float | None, passed: bool, span: float = 4.0, penalty: floa
     if not passed or speedup is None or not speedup > 0:
         return penalty
     return min(1.0, max(0.0, 0.5 + 0.5 * math.log(speedup) / math.log(span)))
+
+
+def charge_compile(speedup: float | None, tokens_per_s: float, tokens_per_step: int, compile_s: float,
+                   production_steps: int) -> float | None:
+    """The speed-up over a production run of ``production_steps`` steps that pays the trial's compile seconds once.
+
+    Steady throughput leaves compilation out (the warm-up steps), so a 30-step trial does not make compiling
+    look slow; but a recipe is launched for its planned length, and ``compile_s`` seconds spread over it cost
+    ``compile_s * tokens_per_s / (production_steps * tokens_per_step)`` of its time. The baseline is charged
+    nothing (its profile has no compile seconds), which only ever lowers a compiled candidate's rank.
+    0 steps, or nothing compiled: the steady speed-up unchanged.
+    """
+    if speedup is None or production_steps <= 0 or compile_s <= 0 or tokens_per_step <= 0:
+        return speedup
+    return speedup / (1 + compile_s * tokens_per_s / (production_steps * tokens_per_step))
 
 
 # -- the job ------------------------------------------------------------------------------------
@@ -215,11 +232,15 @@ class SpeedJob:
             status, cause = ("passed", "") if screening.passed else ("rejected", "; ".join(screening.reasons))
         else:
             status, cause = "failed", f"{result.status}: {result.cause}"
-        speedup = screening.speedup if screening is not None else None
-        value = reward(speedup, status == "passed", self.cfg.reward_span, self.cfg.failure_penalty)
         summary = result.summary() if result.steps else None
+        speedup = screening.speedup if screening is not None else None
+        if summary is not None:  # ranked (score, reward) over the production run, compile paid once
+            speedup = charge_compile(speedup, summary.tokens_per_s, result.steps[0].tokens, summary.compile_s,
+                                     self.cfg.production_steps)
+        value = reward(speedup, status == "passed", self.cfg.reward_span, self.cfg.failure_penalty)
+        compiled = {"compile_s": summary.compile_s, "charged_speedup": speedup} if summary and summary.compile_s else {}
         figures = SpeedFigures(
-            speedup=speedup, run_status=result.status,
+            speedup=screening.speedup if screening is not None else None, run_status=result.status, **compiled,
             screening=screening.model_dump(mode="json") if screening is not None else None,
             loss=_loss_text(screening), tokens_per_s=summary.tokens_per_s_per_device if summary else None,
             mfu=summary.mfu if summary else None, step_time_s=summary.mean_step_time_s if summary else None,

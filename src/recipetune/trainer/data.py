@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from recipetune.core.batch import split_batch
+
 # Enough real text for CPU-sized models (a few thousand steps of small batches never see it all
 # twice), and it builds in well under a second from the files already on disk.
 STDLIB_MAX_BYTES = 8_000_000
@@ -264,13 +266,9 @@ class GlobalBatchSampler:
         return hashlib.blake2b(self.offsets(step).tobytes(), digest_size=8).hexdigest()
 
     def rank_slice(self, step: int, rank: int, world_size: int) -> np.ndarray:
-        if self.global_batch_size % world_size:
-            raise ValueError(
-                f"global_batch_size={self.global_batch_size} is not divisible by world_size={world_size}"
-            )
+        per_rank, _ = split_batch(self.global_batch_size, world_size, 1, f"world_size={world_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} is outside world_size={world_size}")
-        per_rank = self.global_batch_size // world_size
         return self.offsets(step)[rank * per_rank : (rank + 1) * per_rank]
 
 
@@ -325,11 +323,7 @@ def split_micro_batches(
     batch: torch.Tensor, micro_batch_size: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Cut one step's rows into (x, y) micro-batches, in row order; the rows never change."""
-    per_rank = batch.shape[0]
-    if micro_batch_size < 1 or per_rank % micro_batch_size:
-        raise ValueError(
-            f"per-rank batch of {per_rank} rows is not divisible by micro_batch_size={micro_batch_size}"
-        )
+    split_batch(batch.shape[0], 1, micro_batch_size)
     # contiguous so y.view(-1) in the loss works
     return [(m[:, :-1].contiguous(), m[:, 1:].contiguous()) for m in batch.split(micro_batch_size)]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from recipetune.core.batch import batch_problem
 from recipetune.core.recipe import INVARIANT, SEMANTIC, SPEED, Knob, KnobSet
 
 
@@ -107,11 +108,7 @@ def check_recipe(recipe: dict) -> list[str]:
     dp = layout.dp if layout.world == nproc else nproc
     shared = " * ".join(f"{k}={recipe[k]}" for k in ("pp", "cp", "tp") if recipe.get(k, 1) > 1)
     by = f"nproc={nproc}" if dp == nproc else f"the data-parallel degree {dp} (nproc={nproc} / {shared})"
-    if gbs % dp:
-        problems.append(f"global_batch_size={gbs} is not divisible by {by}")
-    elif (gbs // dp) % mbs:
-        problems.append(
-            f"micro_batch_size={mbs} does not divide the per-process batch {gbs // dp} "
-            f"(global_batch_size={gbs} / {by})"
-        )
+    problem = batch_problem(gbs, dp, mbs, by)
+    if problem:
+        problems.append(problem)
     return problems + layout_problems

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from recipetune.core.batch import BATCH_SPLITS
 from recipetune.core.measure import RunResult
 from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import KnobSet, Recipe
@@ -36,8 +37,7 @@ class ReferenceWorkload(Workload):
             Invariant("data", "data"),
             # data-parallel ranks x micro-batch x accumulation = global batch (pp, cp, tp ranks share a batch)
             Invariant("nproc x micro_batch_size x accumulation = global_batch_size",
-                      "global_batch_size % ((nproc + pp * cp * tp - 1) // (pp * cp * tp) * micro_batch_size) == 0",
-                      "holds"),
+                      BATCH_SPLITS, "holds"),
             *(Invariant(name, relation, kind="holds") for name, relation in RELATIONS.items()),
         ]
 
