@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from recipetune.core import stats
 from recipetune.core.measure import RunResult
@@ -67,7 +67,24 @@ class Measured(BaseModel):
     fades: bool = False
 
 
+# The decisive measure's fields, as verdict.json has always carried them at the evidence's top level (the key
+# order of a verdict of today, so that it renders byte-identical): verdict.json key -> Measured field.
+_FLAT = {"final_metric": "measure", **{k: k for k in (
+    "baseline_finals", "candidate_finals", "mean_diff", "se", "low", "high", "tolerance", "detectable", "reference",
+    "reference_kind")}}
+_ORDER = ("mode", "mode_reason", "passed", "outcome", "reasons", "notes", "seeds", "steps_compared", *_FLAT,
+          "two_sided", "alpha", "level", "se_source")
+
+
+def confidence_label(level: float) -> str:
+    """A one-sided level as the confidence its bounds are stated at: 0.0025 -> '99.75%'."""
+    return f"{100 * (1 - level):.2f}".rstrip("0").rstrip(".") + "%"
+
+
 class ParityEvidence(BaseModel):
+    """The parity test's result at one look: the outcome, how the evidence was gathered, and the measure it
+    rests on (``decisive``, one of ``measures``), whose figures verdict.json states at the top level."""
+
     mode: Mode
     mode_reason: str  # declared, what the fingerprints showed, or that nothing tells
     passed: bool
@@ -76,39 +93,95 @@ class ParityEvidence(BaseModel):
     notes: list[str] = []
     seeds: list[int | None]
     steps_compared: int
-    final_metric: str  # what M is
-    baseline_finals: list[float]
-    candidate_finals: list[float]
-    mean_diff: float  # candidate - baseline M, averaged over the pairs
-    se: float | None
-    low: float | None  # one-sided bounds at this look's level
-    high: float | None
-    tolerance: float  # T
-    detectable: float | None  # the smallest difference these runs resolve (80% power); APPROVED needs <= T
-    reference: float  # the baseline's seed-to-seed standard deviation of M that T is a multiple of
-    reference_kind: str  # how that standard deviation was measured
+    decisive: Measured = Field(exclude=True)  # the measure the outcome rests on (flattened into verdict.json)
     two_sided: bool = True
     alpha: float
     level: float  # this look's nominal one-sided level (alpha for a single look; less at a sequential look)
-    se_source: str = ""
     too_short: bool = False  # too few logged losses in a tail to estimate the noise: only longer runs help
-    measures: list[Measured] = []  # each measure's test; the fields above are the decisive one's
+    measures: list[Measured] = []  # each measure's test
     gap: float | None = None  # diagnostic: RMS of the smoothed per-step difference (first pair), nats
     window: int = 10
     noise: dict[str, float] = {}  # step-to-step noise of each side's logged loss in the tail
 
     @model_validator(mode="before")
     @classmethod
-    def _older_verdicts(cls, data: object) -> object:
+    def _flat(cls, data: object) -> object:
+        # A verdict.json (or a caller) states the decisive measure's figures at the top level: gather them.
         # Verdicts written before the planned design carry `looks` (Bonferroni over the doublings) and no
         # level: their level was alpha split over those looks. Reports still read them.
-        if isinstance(data, dict) and "level" not in data and "alpha" in data:
-            data = {**data, "level": data["alpha"] / max(1, int(data.get("looks") or 1))}
+        if not isinstance(data, dict) or "decisive" in data:
+            return data
+        data = dict(data)
+        if "level" not in data and "alpha" in data:
+            data["level"] = data["alpha"] / max(1, int(data.get("looks") or 1))
+        flat = {field: data.pop(key) for key, field in _FLAT.items() if key in data}
+        flat.setdefault("measure", "training loss")
+        data["decisive"] = {"baseline_finals": [], "candidate_finals": [], "mean_diff": 0.0, "se": None, "low": None,
+                            "high": None, "tolerance": 0.0, "detectable": None, "reference": 0.0, "reference_kind": "",
+                            "se_source": data.pop("se_source", ""), "outcome": data.get("outcome", "inconclusive"),
+                            **flat}
         return data
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        flat = {key: getattr(self.decisive, field) for key, field in _FLAT.items()}
+        flat["se_source"] = self.decisive.se_source
+        head = {k: (flat[k] if k in flat else out[k]) for k in _ORDER}
+        return {**head, **{k: v for k, v in out.items() if k not in head}}
+
+    # The decisive measure's figures, read through (one concept in one place: Measured).
+    @property
+    def final_metric(self) -> str:  # what M is
+        return self.decisive.measure
+
+    @property
+    def baseline_finals(self) -> list[float]:
+        return self.decisive.baseline_finals
+
+    @property
+    def candidate_finals(self) -> list[float]:
+        return self.decisive.candidate_finals
+
+    @property
+    def mean_diff(self) -> float:  # candidate - baseline M, averaged over the pairs
+        return self.decisive.mean_diff
+
+    @property
+    def se(self) -> float | None:
+        return self.decisive.se
+
+    @property
+    def low(self) -> float | None:  # one-sided bounds at this look's level
+        return self.decisive.low
+
+    @property
+    def high(self) -> float | None:
+        return self.decisive.high
+
+    @property
+    def tolerance(self) -> float:  # T
+        return self.decisive.tolerance
+
+    @property
+    def detectable(self) -> float | None:  # the smallest difference these runs resolve (80% power); APPROVED: <= T
+        return self.decisive.detectable
+
+    @property
+    def reference(self) -> float:  # the baseline's seed-to-seed standard deviation of M that T is a multiple of
+        return self.decisive.reference
+
+    @property
+    def reference_kind(self) -> str:  # how that standard deviation was measured
+        return self.decisive.reference_kind
+
+    @property
+    def se_source(self) -> str:
+        return self.decisive.se_source
+
     def summary(self) -> str:
-        conf = f"{100 * (1 - self.level):.2f}".rstrip("0").rstrip(".") + "%"
-        bounds = "" if self.low is None else f", one-sided {conf} bounds [{self.low:+.4f}, {self.high:+.4f}]"
+        bounds = "" if self.low is None else \
+            f", one-sided {confidence_label(self.level)} bounds [{self.low:+.4f}, {self.high:+.4f}]"
         side = "+-T" if self.two_sided else "below T"
         det = "" if self.detectable is None else f", detectable {self.detectable:.4f}"
         return (f"{self.mode}: final {self.final_metric} {self.mean_diff:+.4f} nats{bounds} {side} = "
@@ -321,18 +394,15 @@ def judge(m: Measurements, settings: ParitySettings, level: float | None = None,
         outcome = ("fails" if any(x.outcome == "fails" for x in measures) else
                    "inconclusive" if any(x.outcome == "inconclusive" for x in measures) else "holds")
         reasons = [x.reason for x in measures if x.outcome == outcome and x.reason]
-    d = _decisive(measures, outcome)
+    d = _decisive(measures, outcome) or Measured(
+        measure=f"training loss (mean over {m.share})", baseline_finals=[], candidate_finals=[], mean_diff=0.0,
+        se=None, low=None, high=None, tolerance=0.0, detectable=None, reference=0.0, reference_kind="", se_source="",
+        outcome=outcome)
     return ParityEvidence(
         mode=m.mode, mode_reason=m.mode_reason, passed=outcome == "holds", outcome=outcome, reasons=reasons,
-        notes=list(m.notes), seeds=m.seeds, steps_compared=m.steps_compared,
-        final_metric=d.measure if d else f"training loss (mean over {m.share})",
-        baseline_finals=d.baseline_finals if d else [], candidate_finals=d.candidate_finals if d else [],
-        mean_diff=d.mean_diff if d else 0.0, se=d.se if d else None, low=d.low if d else None,
-        high=d.high if d else None, tolerance=d.tolerance if d else 0.0, detectable=d.detectable if d else None,
-        reference=d.reference if d else 0.0, reference_kind=d.reference_kind if d else "", two_sided=m.two_sided,
-        alpha=settings.alpha, level=level, se_source=d.se_source if d else "",
-        too_short=not m.samples and not m.problems, measures=measures, gap=m.gap, window=settings.window,
-        noise=m.noise,
+        notes=list(m.notes), seeds=m.seeds, steps_compared=m.steps_compared, decisive=d, two_sided=m.two_sided,
+        alpha=settings.alpha, level=level, too_short=not m.samples and not m.problems, measures=measures, gap=m.gap,
+        window=settings.window, noise=m.noise,
     )
 
 
@@ -350,8 +420,7 @@ def _judge(x: Sample, settings: ParitySettings, independent: bool, two_sided: bo
     diffs = [c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)]
     test = stats.equivalence(diffs, x.ses, x.tolerance, level, independent, two_sided, pilot)
     name, T = x.name, x.tolerance
-    conf = f"{100 * (1 - level):.2f}".rstrip("0").rstrip(".") + "%"
-    bounds = f"one-sided {conf} bounds [{test.low:+.4f}, {test.high:+.4f}]"
+    bounds = f"one-sided {confidence_label(level)} bounds [{test.low:+.4f}, {test.high:+.4f}]"
     origin = "guard.parity.margin" if settings.margin is not None else f"{settings.tolerance:g} x {x.how} {x.sigma:.4f}"
     t_text = f"T = {T:.4f} ({origin})"
     reason, fades = "", False
