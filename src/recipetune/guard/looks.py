@@ -229,7 +229,7 @@ def _by_seeds(v: _Verdict) -> Gathered:
         ev = judge(m, p, d.level, pilot=d.pilot)
         line = _look_line(design.looks, f"{n} seed(s)", d.level, ev)
         if d.outcome in ("holds", "fails"):
-            v.say(line)
+            v.say(f"{line}; the gap grows over the window: stopped" if _grows(ev) else line)
             break
         if d.outcome in ("plan", "budget"):
             why = _what_more(v, n, d.planned, d.needed, d.outcome)
@@ -253,7 +253,7 @@ def _by_seeds(v: _Verdict) -> Gathered:
                if d.rejecting else f"plan: {d.planned} seeds, the next look at ")
         v.say(f"{line}; {aim}{d.next} seeds ({more:.0f} more runs, ~{fmt_duration(v.seconds(more))})")
         n = d.next
-    stop = {"holds": "decided", "fails": "decided"}.get(d.outcome, d.outcome)
+    stop = "trend" if _grows(ev) else {"holds": "decided", "fails": "decided"}.get(d.outcome, d.outcome)
     return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned), stop,
                     {"pairs": d.planned, "needed": d.needed, "factor": 1.0, "at_once": v.at_once})
 
@@ -305,10 +305,12 @@ def _by_steps(v: _Verdict) -> Gathered:
             v.say(line)
             return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
                             {"pairs": 1, "factor": factor, "at_once": v.at_once})
-        if any(x.fades for x in ev.measures):  # parity.py: the fade rule ends the verdict
-            v.say(f"{line}; a difference shown beyond noise at {factor:g}x blocks approval at any longer look: stopped")
-            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
-                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        if any(x.fades for x in ev.measures) or _grows(ev):  # the fade rule and the trend end the verdict
+            why = ("a gap shown growing over the window blocks approval" if _grows(ev) else
+                   f"a difference shown beyond noise at {factor:g}x blocks approval at any longer look")
+            v.say(f"{line}; {why}: stopped")
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "trend" if _grows(ev) else
+                            "decided", {"pairs": 1, "factor": factor, "at_once": v.at_once})
         # How long the runs must be: as long as T needs at this look's error (it shrinks as 1 / sqrt(tokens));
         # or, when the runs logged too few losses to have an error, long enough to have one.
         if m.samples:
@@ -348,6 +350,12 @@ def _by_steps(v: _Verdict) -> Gathered:
         m = measure(v.profile, [got["candidate", 0]], p, v.equal_tokens, [got["baseline", 0]])
         ev = judge(m, p, rest / 2, longer=factor)
         line = _look_line(look, f"{factor:g}x the steps", rest / 2, ev)
+
+
+def _grows(ev: ParityEvidence) -> bool:
+    """The parity test held on the mean but the gap is shown to grow (guard/trend.py): not approved, and more
+    of the same evidence cannot change that."""
+    return ev.outcome == "inconclusive" and ev.trend is not None and ev.trend.outcome == "grows"
 
 
 def _look_line(look: int, what: str, level: float, ev: ParityEvidence) -> str:

@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from recipetune.core import stats
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import SPEED
 from recipetune.guard.baseline import BaselineProfile
 from recipetune.guard.config import ParitySettings
+from recipetune.guard.evidence import Measured, Mode, ParityEvidence, confidence_label
 from recipetune.guard.loss import (
     MIN_TAIL,
     has_final_val,
@@ -41,151 +40,7 @@ from recipetune.guard.loss import (
     tokens,
     tolerance,
 )
-
-Mode = Literal["same batches", "other batches", "batches unknown", "equal tokens"]
-
-
-class Measured(BaseModel):
-    """One loss measure's test (the training loss over the tail, or the validation loss)."""
-
-    measure: str
-    baseline_finals: list[float]
-    candidate_finals: list[float]
-    mean_diff: float
-    se: float | None
-    low: float | None
-    high: float | None
-    tolerance: float  # T of this measure
-    detectable: float | None
-    reference: float  # sigma_M
-    reference_kind: str
-    se_source: str
-    outcome: Literal["holds", "fails", "inconclusive"]
-    reason: str = ""
-    # Runs longer than the profile's showed a difference beyond noise that is not beyond T: an effect that
-    # fades with training looks like this, and a still longer look could only find it smaller (the fade rule).
-    fades: bool = False
-
-
-# The decisive measure's fields, as verdict.json has always carried them at the evidence's top level (the key
-# order of a verdict of today, so that it renders byte-identical): verdict.json key -> Measured field.
-_FLAT = {"final_metric": "measure", **{k: k for k in (
-    "baseline_finals", "candidate_finals", "mean_diff", "se", "low", "high", "tolerance", "detectable", "reference",
-    "reference_kind")}}
-_ORDER = ("mode", "mode_reason", "passed", "outcome", "reasons", "notes", "seeds", "steps_compared", *_FLAT,
-          "two_sided", "alpha", "level", "se_source")
-
-
-def confidence_label(level: float) -> str:
-    """A one-sided level as the confidence its bounds are stated at: 0.0025 -> '99.75%'."""
-    return f"{100 * (1 - level):.2f}".rstrip("0").rstrip(".") + "%"
-
-
-class ParityEvidence(BaseModel):
-    """The parity test's result at one look: the outcome, how the evidence was gathered, and the measure it
-    rests on (``decisive``, one of ``measures``), whose figures verdict.json states at the top level."""
-
-    mode: Mode
-    mode_reason: str  # declared, what the fingerprints showed, or that nothing tells
-    passed: bool
-    outcome: Literal["holds", "fails", "inconclusive"]
-    reasons: list[str]
-    notes: list[str] = []
-    seeds: list[int | None]
-    steps_compared: int
-    decisive: Measured = Field(exclude=True)  # the measure the outcome rests on (flattened into verdict.json)
-    two_sided: bool = True
-    alpha: float
-    level: float  # this look's nominal one-sided level (alpha for a single look; less at a sequential look)
-    too_short: bool = False  # too few logged losses in a tail to estimate the noise: only longer runs help
-    measures: list[Measured] = []  # each measure's test
-    gap: float | None = None  # diagnostic: RMS of the smoothed per-step difference (first pair), nats
-    window: int = 10
-    noise: dict[str, float] = {}  # step-to-step noise of each side's logged loss in the tail
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flat(cls, data: object) -> object:
-        # A verdict.json (or a caller) states the decisive measure's figures at the top level: gather them.
-        # Verdicts written before the planned design carry `looks` (Bonferroni over the doublings) and no
-        # level: their level was alpha split over those looks. Reports still read them.
-        if not isinstance(data, dict) or "decisive" in data:
-            return data
-        data = dict(data)
-        if "level" not in data and "alpha" in data:
-            data["level"] = data["alpha"] / max(1, int(data.get("looks") or 1))
-        flat = {field: data.pop(key) for key, field in _FLAT.items() if key in data}
-        flat.setdefault("measure", "training loss")
-        data["decisive"] = {"baseline_finals": [], "candidate_finals": [], "mean_diff": 0.0, "se": None, "low": None,
-                            "high": None, "tolerance": 0.0, "detectable": None, "reference": 0.0, "reference_kind": "",
-                            "se_source": data.pop("se_source", ""), "outcome": data.get("outcome", "inconclusive"),
-                            **flat}
-        return data
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out = handler(self)
-        flat = {key: getattr(self.decisive, field) for key, field in _FLAT.items()}
-        flat["se_source"] = self.decisive.se_source
-        head = {k: (flat[k] if k in flat else out[k]) for k in _ORDER}
-        return {**head, **{k: v for k, v in out.items() if k not in head}}
-
-    # The decisive measure's figures, read through (one concept in one place: Measured).
-    @property
-    def final_metric(self) -> str:  # what M is
-        return self.decisive.measure
-
-    @property
-    def baseline_finals(self) -> list[float]:
-        return self.decisive.baseline_finals
-
-    @property
-    def candidate_finals(self) -> list[float]:
-        return self.decisive.candidate_finals
-
-    @property
-    def mean_diff(self) -> float:  # candidate - baseline M, averaged over the pairs
-        return self.decisive.mean_diff
-
-    @property
-    def se(self) -> float | None:
-        return self.decisive.se
-
-    @property
-    def low(self) -> float | None:  # one-sided bounds at this look's level
-        return self.decisive.low
-
-    @property
-    def high(self) -> float | None:
-        return self.decisive.high
-
-    @property
-    def tolerance(self) -> float:  # T
-        return self.decisive.tolerance
-
-    @property
-    def detectable(self) -> float | None:  # the smallest difference these runs resolve (80% power); APPROVED: <= T
-        return self.decisive.detectable
-
-    @property
-    def reference(self) -> float:  # the baseline's seed-to-seed standard deviation of M that T is a multiple of
-        return self.decisive.reference
-
-    @property
-    def reference_kind(self) -> str:  # how that standard deviation was measured
-        return self.decisive.reference_kind
-
-    @property
-    def se_source(self) -> str:
-        return self.decisive.se_source
-
-    def summary(self) -> str:
-        bounds = "" if self.low is None else \
-            f", one-sided {confidence_label(self.level)} bounds [{self.low:+.4f}, {self.high:+.4f}]"
-        side = "+-T" if self.two_sided else "below T"
-        det = "" if self.detectable is None else f", detectable {self.detectable:.4f}"
-        return (f"{self.mode}: final {self.final_metric} {self.mean_diff:+.4f} nats{bounds} {side} = "
-                f"{self.tolerance:.4f}{det}")
+from recipetune.guard.trend import judge_trend, pair_slope
 
 
 def semantic_edits(profile: BaselineProfile, recipe: dict) -> list[str]:
@@ -300,6 +155,8 @@ class Measurements:
     steps_compared: int
     gap: float | None
     noise: dict[str, float]
+    slopes: list[tuple[float, float, int, int]]  # per pair: the gap's slope over the tail, its error, the window
+    tokens_compared: int
 
     @property
     def pairs(self) -> int:
@@ -331,7 +188,7 @@ def measure(
     with_val = independent and len(pairs) > 1 and all(
         has_final_val(b) and has_final_val(c) and abs(tokens(b)[-1] - tokens(c)[-1]) < b.steps[-1].tokens
         for b, c in pairs)
-    train_b, train_c, ses, shortest = [], [], [], MIN_TAIL
+    train_b, train_c, ses, shortest, slopes = [], [], [], MIN_TAIL, []
     noise: dict[str, list[float]] = {"baseline": [], "candidate": []}
     for base, cand in pairs:
         total = float(min(tokens(base)[-1], tokens(cand)[-1]))
@@ -340,6 +197,7 @@ def measure(
         train_b.append(bm)
         train_c.append(cm)
         ses.append(se)
+        slopes.append(pair_slope(base, cand, total, settings.tail))
         noise["baseline"].append(stats.step_noise([s.loss for s in tail(base, total, settings.tail)]))
         noise["candidate"].append(stats.step_noise([s.loss for s in tail(cand, total, settings.tail)]))
     compared = min(min(tokens(b)[-1], tokens(c)[-1]) for b, c in pairs)  # T over the same run length
@@ -371,6 +229,8 @@ def measure(
         seeds=[b.recipe.get("seed") for b, _ in pairs] if profile.seeds[0] is not None else [None] * len(pairs),
         steps_compared=min(len(b.steps) for b, _ in pairs), gap=gap,
         noise={k: float(np.mean(v)) for k, v in noise.items()},
+        slopes=[x for x in slopes if x is not None] if all(x is not None for x in slopes) else [],
+        tokens_compared=int(compared),
     )
 
 
@@ -394,6 +254,12 @@ def judge(m: Measurements, settings: ParitySettings, level: float | None = None,
         outcome = ("fails" if any(x.outcome == "fails" for x in measures) else
                    "inconclusive" if any(x.outcome == "inconclusive" for x in measures) else "holds")
         reasons = [x.reason for x in measures if x.outcome == outcome and x.reason]
+    train = next((x for x in measures if x.measure.startswith("training loss")), None)
+    trend = None if train is None or m.problems else judge_trend(
+        m.slopes, m.independent, m.two_sided, train.tolerance, train.mean_diff, m.steps_compared, m.tokens_compared,
+        settings.trend_alpha, settings.trend_margin)
+    if outcome == "holds" and trend is not None and trend.outcome == "grows":
+        outcome, reasons = "inconclusive", [trend.reason]  # the trend is part of parity: not approved
     d = _decisive(measures, outcome) or Measured(
         measure=f"training loss (mean over {m.share})", baseline_finals=[], candidate_finals=[], mean_diff=0.0,
         se=None, low=None, high=None, tolerance=0.0, detectable=None, reference=0.0, reference_kind="", se_source="",
@@ -402,7 +268,7 @@ def judge(m: Measurements, settings: ParitySettings, level: float | None = None,
         mode=m.mode, mode_reason=m.mode_reason, passed=outcome == "holds", outcome=outcome, reasons=reasons,
         notes=list(m.notes), seeds=m.seeds, steps_compared=m.steps_compared, decisive=d, two_sided=m.two_sided,
         alpha=settings.alpha, level=level, too_short=not m.samples and not m.problems, measures=measures, gap=m.gap,
-        window=settings.window, noise=m.noise,
+        window=settings.window, noise=m.noise, trend=trend,
     )
 
 

@@ -50,7 +50,10 @@ class Verdict(BaseModel):
     # what it cost: runs trained and seconds, per part; parity runs reused (stored by an earlier verdict)
     # and the runs the plan expected before the candidate ran, were its batches other than the baseline's
     cost: dict[str, float] = Field(default_factory=dict)
-    stop: str = ""  # why the parity looks ended: decided, futility, budget, plan, too short, failed
+    stop: str = ""  # why the parity looks ended: decided, trend, futility, budget, plan, too short, failed
+    # what parity covers: "parity shown over N steps (M tokens); the gap's slope over that window is s [lo, hi] per
+    # 1,000 steps" (a verdict proves nothing beyond its horizon: docs/guard.md, "What a verdict proves")
+    horizon: str = ""
     settings: dict[str, Any] = Field(default_factory=dict)
     out_dir: str = ""
 
@@ -126,6 +129,7 @@ def final_verdict(
         verdict.reasons = [got.failure]
         return _finish(verdict, out_dir)
     verdict.parity = evidence.model_dump(mode="json")
+    verdict.horizon = evidence.horizon()
     verdict.notes += [f"loss parity mode: {evidence.mode}, because {evidence.mode_reason}", *evidence.notes]
     if not evidence.passed:  # REJECTED when shown different; KEEP BASELINE when the runs cannot tell
         verdict.decision = "KEEP BASELINE" if evidence.outcome == "inconclusive" else "REJECTED"
@@ -142,7 +146,7 @@ def final_verdict(
         speed = executor.call(measure_speed, workload, baseline, candidate, settings, out_dir / "speed", prior_aa,
                               progress=progress).result()
     verdict.cost.update(speed_runs=2 * len(speed.pairs), speed_s=round(time.monotonic() - started, 1))
-    _decide_speed(verdict, speed, f"loss parity holds ({evidence.summary()})")
+    _decide_speed(verdict, speed, f"loss parity holds ({evidence.summary()}); {evidence.horizon()}")
     return _finish(verdict, out_dir)
 
 

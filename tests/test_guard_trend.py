@@ -1,0 +1,144 @@
+"""The trend is part of parity: a gap that grows over the compared window is not approved, even where
+its mean is within T (guard/trend.py, docs/guard.md "What a verdict proves").
+
+Synthetic loss curves shaped like real ones (tests/test_guard_parity.py's): a candidate equal to the
+baseline for its first K steps and then drifting away by 1-2 T over the rest of the run, the drift
+beginning inside the window M averages, beside the equivalent cases the rule must not block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_guard_independent import BASE as NS_BASE
+from test_guard_independent import loss_run, no_seed_profile, settings
+from test_guard_parity import BASE, FAST, SETTINGS, STEPS, WORKLOAD, curve, run
+
+from recipetune.guard.baseline import build_profile
+from recipetune.guard.config import GuardConfig
+from recipetune.guard.parity import compare
+from recipetune.guard.trend import slope_with_error
+
+# The rule switched off: what the endpoint test alone says (the verdict before the trend was part of parity).
+ENDPOINT_ONLY = GuardConfig.model_validate({"parity": {"steps": STEPS, "seeds": 3, "trend_margin": 1e9}})
+
+
+def drift(size: float, start: int, steps: int = STEPS) -> np.ndarray:
+    """Nothing for the first ``start`` steps, then a gap growing linearly to ``size`` nats at the end."""
+    return size * np.clip((np.arange(steps) - start) / (steps - start), 0, 1)
+
+
+@pytest.fixture(scope="module")
+def profile():
+    # fingerprints: the candidate at the same seed replays the baseline's batches ("same batches")
+    runs = [run(curve(s, s), BASE.with_(seed=s), fp=s) for s in range(3)]
+    return build_profile(WORKLOAD, BASE, runs, [0, 1, 2], STEPS, SETTINGS)
+
+
+def replayed(profile, extra: np.ndarray, jitter: float = 0.0) -> list:
+    """The candidate at the profile's seeds on the same batches, ``extra`` added, with round-off ``jitter``."""
+    return [run(curve(s, s, extra + np.random.default_rng([s, 7]).normal(0, jitter, STEPS)), FAST.with_(seed=s), fp=s)
+            for s in range(3)]
+
+
+@pytest.mark.parametrize("size", [1.0, 1.5, 2.0])
+@pytest.mark.parametrize("start", [72, 90])  # the window M averages is steps 61-120
+def test_a_gap_that_grows_inside_the_window_is_not_approved_though_its_mean_is_within_t(profile, size, start):
+    T = profile.loss_tolerance
+    cands = replayed(profile, drift(size * T, start), jitter=0.002)
+    before = compare(profile, cands, ENDPOINT_ONLY.parity)
+    assert before.outcome == "holds" and abs(before.mean_diff) < T  # the endpoint alone approves it
+    ev = compare(profile, cands, SETTINGS.parity)
+    assert ev.outcome == "inconclusive" and not ev.passed  # KEEP BASELINE, never REJECTED on a trend
+    assert ev.trend is not None and ev.trend.outcome == "grows" and ev.trend.low > 0
+    assert "the gap between the two recipes grows" in ev.reasons[0] and "not approved" in ev.reasons[0]
+    assert ev.horizon().startswith(f"parity compared over {STEPS} steps ({STEPS * 1024:,} tokens)")
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.002])
+def test_the_equivalent_beside_it_is_approved_with_its_horizon(profile, jitter):
+    ev = compare(profile, replayed(profile, np.zeros(STEPS), jitter), SETTINGS.parity)
+    assert ev.outcome == "holds" and ev.trend is not None and ev.trend.outcome == "flat"
+    assert ev.trend.low <= 0 <= ev.trend.high
+    assert ev.horizon() == (f"parity shown over {STEPS} steps ({STEPS * 1024:,} tokens); the gap's slope over steps "
+                            f"61-120 is {ev.trend.slope:+.4f} [{ev.trend.low:+.4f}, {ev.trend.high:+.4f}] nats per "
+                            "1,000 steps")
+    assert ev.model_dump(mode="json")["trend"]["outcome"] == "flat"  # verdict.json states it
+
+
+def test_a_gap_shown_growing_but_by_less_than_the_margin_is_approved(profile):
+    # a slope the replayed batches show beyond doubt, but 0.2 T over the run: the watch's business, not a block
+    T = profile.loss_tolerance
+    ev = compare(profile, replayed(profile, drift(0.2 * T, 60), jitter=0.0005), SETTINGS.parity)
+    assert ev.trend.low > 0 and ev.trend.outcome == "flat" and ev.outcome == "holds"
+
+
+def test_a_gap_that_shrinks_toward_zero_is_not_a_growing_one(profile):
+    # an effect that fades: 0.8 T early, closing over the window; the mean decides, the trend does not block
+    T = profile.loss_tolerance
+    ev = compare(profile, replayed(profile, 0.8 * T * (1 - drift(1.0, 40))), SETTINGS.parity)
+    assert ev.trend.high < 0 and ev.trend.outcome == "flat"
+
+
+def test_other_batches_an_equivalent_is_not_blocked_by_its_noisy_slope(profile):
+    ev = compare(profile, [run(curve(s + 10, s), FAST.with_(seed=s)) for s in range(3)], SETTINGS.parity)
+    assert ev.trend is not None and ev.trend.outcome == "flat" and ev.trend.low < 0 < ev.trend.high
+
+
+def test_a_trainer_with_identical_repeats_sees_the_trend_within_its_one_pair():
+    cfg = settings(steps=100)
+    profile = no_seed_profile(100, cfg)
+    T = profile.loss_tolerance
+    base = loss_run(NS_BASE, 2, 100, order=0)  # the same batches as the profile's (a replaying split)
+    for s, extra in zip(base.steps, drift(2.0 * T, 60, 100), strict=True):
+        s.loss += float(extra)
+    ev = compare(profile, [base], cfg.parity)
+    assert ev.trend.outcome == "grows" and ev.outcome == "inconclusive" and "grows" in ev.reasons[0]
+    assert "within-run noise" in ev.trend.source
+
+
+def test_slope_error_widens_with_autocorrelation():
+    rng = np.random.default_rng(0)
+    x = np.arange(200, dtype=float)
+    white = rng.normal(0, 1, 200)
+    wander = np.convolve(rng.normal(0, 1, 260), np.ones(30) / np.sqrt(30), "valid")[:200]
+    (s0, e0), (_, e1) = slope_with_error(x, 0.01 * x + white), slope_with_error(x, 0.01 * x + wander)
+    assert abs(s0 - 0.01) < 4 * e0 and e1 > 2 * e0
+
+
+# ------------------------------------------------------------------------------- A/A over simulated verdicts
+
+
+def aa_verdicts(n: int, replay: bool, seed: int = 0) -> dict[str, int]:
+    """``n`` simulated parity verdicts of an equivalent candidate (3 seeds each, a new baseline every time):
+    how many the endpoint test alone approves and rejects, and how many of its approvals the trend blocks."""
+    counts = {"approved before": 0, "rejected before": 0, "approved": 0, "rejected": 0, "blocked by the trend": 0,
+              "slope shown non-zero": 0}
+    for i in range(n):
+        seeds = [1000 * seed + 3 * i + k for k in range(3)]
+        base = [run(curve(s, s), BASE.with_(seed=s), fp=s) for s in seeds]
+        profile = build_profile(WORKLOAD, BASE, base, seeds, STEPS, SETTINGS)
+        if replay:  # the same batches, round-off apart
+            cands = [run(curve(s, s, np.random.default_rng([s, 9]).normal(0, 0.003, STEPS)), FAST.with_(seed=s),
+                         fp=s) for s in seeds]
+        else:  # other batches: another sample order
+            cands = [run(curve(s + 10**6, s), FAST.with_(seed=s)) for s in seeds]
+        before, after = compare(profile, cands, ENDPOINT_ONLY.parity), compare(profile, cands, SETTINGS.parity)
+        counts["approved before"] += before.outcome == "holds"
+        counts["rejected before"] += before.outcome == "fails"
+        counts["approved"] += after.outcome == "holds"
+        counts["rejected"] += after.outcome == "fails"
+        counts["blocked by the trend"] += before.outcome == "holds" and after.trend.outcome == "grows"
+        counts["slope shown non-zero"] += after.trend.low > 0 or after.trend.high < 0  # the error's calibration
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replay", [True, False], ids=["same batches", "other batches"])
+def test_equivalents_are_rejected_no_more_often_and_rarely_blocked_over_200_simulated_verdicts(replay):
+    c = aa_verdicts(200, replay)
+    print(f"A/A, {'same' if replay else 'other'} batches, 200 simulated verdicts: {c}")  # docs/guard.md's figures
+    assert c["rejected"] == c["rejected before"]  # the trend never rejects
+    assert c["approved"] == c["approved before"] - c["blocked by the trend"]
+    assert c["blocked by the trend"] <= 4, c  # <= 2% of 200 (the test's level is 1% two-sided)
+    assert c["slope shown non-zero"] <= 6, c  # the slope's error is not too small: about 1% of 200 at most
