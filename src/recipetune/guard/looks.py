@@ -299,7 +299,7 @@ def _by_steps(v: _Verdict) -> Gathered:
     m = measure(v.profile, list(got.values()), p, v.equal_tokens, v.profile.runs[:1])
     ev = judge(m, p, first)
     line = _look_line(1, "1x the steps", first, ev)
-    factor, look, planned = 1.0, 1, 1
+    factor, look, planned, plan = 1.0, 1, 1, 0.0
     while True:
         if ev.outcome != "inconclusive" or m.problems:
             v.say(line)
@@ -321,7 +321,12 @@ def _by_steps(v: _Verdict) -> Gathered:
         else:
             need = factor * MIN_TAIL / max(1, m.tail_records)
             what = f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
-        target = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
+        # The plan never shrinks (as the seeds' plan): the first look's error sized it, and a middle look
+        # that reads smaller by chance would otherwise end the looks short of it (nanoGPT's 32 x 1: planned at
+        # 9x by its first look, re-planned at 7x by its 3x pair; issue 45 saw such a last look fall short of T).
+        own = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
+        target = max(plan, own)
+        plan = target
         if look == 3 or target <= factor:
             v.say(line)
             ev.reasons.append(f"after {look} look(s): {what} (guard.parity.max_steps_factor {p.max_steps_factor})")
@@ -339,8 +344,9 @@ def _by_steps(v: _Verdict) -> Gathered:
             ev.reasons = [_not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}")]
             return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "budget",
                             {"pairs": 1, "factor": factor, "at_once": v.at_once})
-        v.say(f"{line}; plan: {target:g}x the steps, the next pair at {nxt:g}x ({round(v.cand_steps * nxt)} steps, "
-              f"~{fmt_duration(v.seconds(cost))})")
+        kept = f" (kept: this look alone says {own:g}x)" if own < target else ""
+        v.say(f"{line}; plan: {target:g}x the steps{kept}, the next pair at {nxt:g}x "
+              f"({round(v.cand_steps * nxt)} steps, ~{fmt_duration(v.seconds(cost))})")
         look, factor, sub = look + 1, nxt, f"x{nxt:g}"
         longer = [Wanted("baseline", 0, v.baseline, round(v.profile.steps * nxt), v.out_dir / "baseline" / sub / name),
                   Wanted("candidate", 0, v.candidate, round(v.cand_steps * nxt), v.out_dir / "parity" / sub / name)]
