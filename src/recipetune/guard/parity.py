@@ -256,8 +256,8 @@ def judge(m: Measurements, settings: ParitySettings, level: float | None = None,
         reasons = [x.reason for x in measures if x.outcome == outcome and x.reason]
     train = next((x for x in measures if x.measure.startswith("training loss")), None)
     trend = None if train is None or m.problems else judge_trend(
-        m.slopes, m.independent, m.two_sided, train.tolerance, train.mean_diff, m.steps_compared, m.tokens_compared,
-        settings.trend_alpha, settings.trend_margin)
+        m.slopes, m.independent, m.mode == "same batches", m.two_sided, train.tolerance, train.mean_diff,
+        m.steps_compared, m.tokens_compared, settings.trend_alpha, settings.trend_margin)
     if outcome == "holds" and trend is not None and trend.outcome == "grows":
         outcome, reasons = "inconclusive", [trend.reason]  # the trend is part of parity: not approved
     d = _decisive(measures, outcome) or Measured(
