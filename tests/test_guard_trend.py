@@ -8,16 +8,23 @@ beginning inside the window M averages, beside the equivalent cases the rule mus
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_guard_independent import BASE as NS_BASE
 from test_guard_independent import loss_run, no_seed_profile, settings
 from test_guard_parity import BASE, FAST, SETTINGS, STEPS, WORKLOAD, curve, run
 
+from recipetune.core.measure import RunResult
+from recipetune.core.recipe import Recipe
 from recipetune.guard.baseline import build_profile
 from recipetune.guard.config import GuardConfig
+from recipetune.guard.looks import gather
 from recipetune.guard.parity import compare
 from recipetune.guard.trend import slope_with_error
+from recipetune.guard.verdict import final_verdict
+from recipetune.workloads.reference import ReferenceWorkload
 
 # The rule switched off: what the endpoint test alone says (the verdict before the trend was part of parity).
 ENDPOINT_ONLY = GuardConfig.model_validate({"parity": {"steps": STEPS, "seeds": 3, "trend_margin": 1e9}})
@@ -143,3 +150,97 @@ def test_equivalents_are_rejected_no_more_often_and_rarely_blocked_over_200_simu
     assert c["blocked by the trend"] <= 4, c  # <= 2% of 200 (the test's level is 1% two-sided)
     # the slope's error is not too small: at a nominal 1%, 0-6 of these 200 (6 of 1,000 other-batches A/A with seed=7)
     assert c["slope shown non-zero"] <= 8, c
+
+
+# ------------------------------------------------------------------------------------------ real runs
+
+REF_BASE = {"model": "nano", "seq_len": 64, "global_batch_size": 16, "micro_batch_size": 4, "warmup_steps": 5,
+            "num_threads": 1}
+
+
+def real_parity(workload, base, profile, settings, folder, **edits):
+    """The candidate at the profile's seeds: the parity test with the trend and the endpoint test alone."""
+    runs = [workload.run(workload.resolve({**dict(base), **edits, "seed": s}), profile.steps, folder / f"seed-{s}",
+                         timeout_s=settings.timeout_s) for s in profile.seeds]
+    assert all(r.ok for r in runs), [r.cause for r in runs]
+    endpoint = settings.parity.model_copy(update={"trend_margin": 1e9})
+    return compare(profile, runs, settings.parity), compare(profile, runs, endpoint)
+
+
+@pytest.mark.slow
+def test_on_the_reference_trainer_a_schedule_that_bites_late_is_seen_growing(tmp_path):
+    # No trainer edit: the cosine decay ends at the run's last step (lr_decay_steps 120, min_lr_ratio 0.5) where
+    # the baseline's runs over 1,000 steps: equal at first, the learning rate falling behind later. Standing in
+    # for a speed change whose effect appears late, beside a split of the batch that is truly equivalent.
+    from recipetune.guard.baseline import profile_baseline
+    from recipetune.workloads.reference import ReferenceWorkload
+
+    w = ReferenceWorkload()
+    base = w.resolve(REF_BASE)
+    cfg = GuardConfig.model_validate({"parity": {"steps": 120, "seeds": 3}, "timeout_s": 3600})
+    profile = profile_baseline(w, base, 120, cfg, tmp_path / "baseline")
+    equiv, _ = real_parity(w, base, profile, cfg, tmp_path / "equiv", micro_batch_size=16)
+    assert equiv.outcome == "holds" and equiv.trend.outcome == "flat"
+    late, endpoint = real_parity(w, base, profile, cfg, tmp_path / "late", lr_decay_steps=120, min_lr_ratio=0.5)
+    # Measured 2026-12-04: the training loss's mean +0.47 T [+0.24, +0.71] within T; its gap's slope 1.7 T per
+    # horizon [1.3, 2.2]; the validation loss at the end sees it too (+1.56 T, REJECTED).
+    train = next(x for x in endpoint.measures if x.measure.startswith("training loss"))
+    assert train.outcome == "holds"  # the training-loss endpoint alone would pass it
+    assert late.trend.outcome == "grows" and late.trend.low > 0 and not late.passed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start, every", [(75, 16), (100, 16)])
+def test_on_a_command_trainer_a_poison_that_begins_inside_the_window_is_seen_growing(tmp_path, start, every):
+    # tests/fixtures/edge_trainer.py: a lost micro-batch gradient every 16th step, from step 75 or 100 of 150 (the
+    # window M averages is steps 76-150): the candidate learns a little slower from there on, a gap that grows
+    # by about 1 T per horizon (measured 2026-12-04: 1.17 T and 0.92 T, the endpoint +0.75 T and +0.35 T).
+    from recipetune.config import load_campaign
+    from recipetune.guard.baseline import profile_baseline
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    text = (fixtures / "edge-campaign.yaml").read_text().replace("edge_trainer.py,", f"{fixtures}/edge_trainer.py,")
+    text = text.replace('"--poison={poison}"]', '"--poison={poison}", "--poison-from={poison_from}", '
+                        '"--drop-every={drop_every}"]')
+    text = text.replace("  knobs:\n", "  knobs:\n    poison_from: {default: 1}\n    drop_every: {default: 2}\n", 1)
+    (tmp_path / "campaign.yaml").write_text(text)
+    c = load_campaign(tmp_path / "campaign.yaml", [])
+    cfg = c.config.guard
+    profile = profile_baseline(c.workload, c.baseline, cfg.parity.steps, cfg, tmp_path / "baseline")
+    split = {"micro_batch": 16, "grad_accum": 4}
+    equiv, _ = real_parity(c.workload, c.baseline, profile, cfg, tmp_path / "equiv", **split)
+    assert equiv.outcome == "holds" and equiv.trend.outcome == "flat"
+    late, endpoint = real_parity(c.workload, c.baseline, profile, cfg, tmp_path / "late", **split, poison="drop",
+                                 poison_from=start, drop_every=every)
+    assert endpoint.outcome == "holds" and abs(endpoint.mean_diff) < endpoint.tolerance  # the endpoint approves
+    assert late.trend.outcome == "grows" and late.outcome == "inconclusive" and not late.passed
+
+
+class DriftingWorkload(ReferenceWorkload):
+    """The reference workload's knobs, synthetic runs: each seed its curve, the candidate (micro_batch_size 16)
+    on the same batches with ``extra`` added; no training."""
+
+    def __init__(self, extra: np.ndarray):
+        super().__init__()
+        self.extra = extra
+
+    def run(self, recipe, steps, out_dir, timeout_s=None, progress=None, **_) -> RunResult:
+        s = int(recipe["seed"])
+        cand = int(recipe["micro_batch_size"]) == 16
+        jitter = np.random.default_rng([s, 7]).normal(0, 0.002, STEPS) if cand else 0.0
+        return run(curve(s, s, (self.extra if cand else 0.0) + jitter)[:steps], Recipe(recipe), fp=s)
+
+
+@pytest.mark.parametrize("size", [0.0, 1.5])
+def test_a_growing_gap_ends_the_looks_and_the_verdict_is_keep_baseline_with_its_horizon(tmp_path, profile, size):
+    wl = DriftingWorkload(drift(size * profile.loss_tolerance, 72))
+    cfg = SETTINGS.model_copy(update={"speed": SETTINGS.speed.model_copy(update={"pairs": 2, "first_pairs": 2})})
+    got = gather(wl, profile, BASE, FAST, STEPS, cfg, tmp_path / "g", equal_tokens=False)
+    if size == 0:
+        assert got.evidence.passed and got.stop == "decided" and got.evidence.trend.outcome == "flat"
+        return
+    assert got.stop == "trend" and not got.evidence.passed and "the gap grows" in got.looks[-1]
+    v = final_verdict(wl, BASE, FAST, cfg, tmp_path / "v", profile=profile)
+    assert v.decision == "KEEP BASELINE" and v.stop == "trend" and not v.pairs  # never timed
+    assert "the gap between the two recipes grows" in v.reasons[0]
+    assert v.horizon.startswith(f"parity compared over {STEPS} steps") and v.parity["trend"]["outcome"] == "grows"

@@ -6,9 +6,9 @@ bites late) can have that mean within T while its gap grows. The same runs, read
 give the gap as a function of training: per pair of runs its least-squares slope, with an error from
 the residuals' own noise and autocorrelation (as the within-run error of M, guard/loss.py), pooled
 over the pairs as M's difference is (core/stats.py: ``paired``). A gap shown (at
-``parity.trend_alpha``, two-sided) to grow by more than ``parity.trend_margin`` x T per horizon (the
-steps compared), away from zero, is not approved; a gap that shrinks toward zero (an effect that fades) is the fade
-rule's business, not this one's. docs/guard.md, "What a verdict proves".
+``parity.trend_alpha``, two-sided) to grow away from zero, by more than ``parity.trend_margin`` x T per
+horizon (the steps compared) at its estimate, is not approved; a gap that shrinks toward zero (an
+effect that fades) is the fade rule's business, not this one's. docs/guard.md, "What a verdict proves".
 """
 
 from __future__ import annotations
@@ -70,9 +70,11 @@ def pair_slope(base: RunResult, cand: RunResult, total: float, share: float) -> 
 def judge_trend(slopes: list[tuple[float, float, int, int]], independent: bool, replayed: bool, two_sided: bool,
                 tolerance: float, mean_diff: float, steps: int, total: int, alpha: float,
                 margin: float) -> Trend | None:
-    """The trend test over the pairs: the gap's mean slope, its bounds at ``alpha`` (two-sided), and
-    whether it is shown to grow by more than ``margin`` x T per horizon (``steps``), away from zero (for an
-    allowed semantic change, only toward a worse loss)."""
+    """The trend test over the pairs: the gap's mean slope and its bounds at ``alpha`` (two-sided). The gap
+    grows when the bounds exclude zero (significant), the slope moves it away from zero (for an allowed
+    semantic change: toward a worse loss), and it amounts to more than ``margin`` x T per horizon
+    (``steps``) at its estimate (relevant: a slope that replayed batches resolve beyond doubt but that
+    would take many horizons to reach T is left to ``watch``)."""
     if not slopes or any(not math.isfinite(s[1]) for s in slopes):
         return None
     # Replayed batches: each pair's difference series is what the change alone does, and its slope's error is
@@ -83,16 +85,16 @@ def judge_trend(slopes: list[tuple[float, float, int, int]], independent: bool, 
     q = stats.quantile(alpha / 2, p.df)
     low, high = p.mean - q * p.se, p.mean + q * p.se
     first, last = min(s[2] for s in slopes), max(s[3] for s in slopes)
-    shown = low if low > 0 else (-high if high < 0 else 0.0)  # the growth rate the bounds exclude, per step
+    shown = low > 0 or high < 0
     away = p.mean * mean_diff > 0 if two_sided else p.mean > 0
-    grows = away and shown * steps > margin * tolerance
+    grows = shown and away and abs(p.mean) * steps > margin * tolerance
     per_k = 1000.0
     trend = Trend(steps=steps, tokens=total, first_step=first, last_step=last, slope=per_k * p.mean,
                   low=per_k * low, high=per_k * high, level=alpha, margin=margin * tolerance, source=p.source,
                   outcome="grows" if grows else "flat")
     if grows:
-        trend.reason = (f"the gap between the two recipes grows: {trend.summary()}, at least "
-                        f"{shown * steps:.4f} nats per {steps:,} steps, more than parity.trend_margin x T = "
+        trend.reason = (f"the gap between the two recipes grows: {trend.summary()}, "
+                        f"{abs(p.mean) * steps:.4f} nats per {steps:,} steps, more than parity.trend_margin x T = "
                         f"{margin * tolerance:.4f}; its mean ({mean_diff:+.4f} nats) is within T, but a longer run "
                         "would see it larger: not approved on this evidence")
     return trend
