@@ -172,7 +172,8 @@ class ParityEvidence(BaseModel):
     def horizon(self) -> str:
         """What the verdict's parity covers: 'parity shown over N steps (M tokens); the gap's slope ...'."""
         if self.trend is None:
-            return f"parity compared over {self.steps_compared:,} steps; too few records to fit the gap's slope"
+            return (f"parity {'shown' if self.passed else 'compared'} over {self.steps_compared:,} steps; the gap's "
+                    "slope was not fitted (too few logged losses in the window, or a measure not comparable)")
         t = self.trend
         return (f"parity {'shown' if self.passed else 'compared'} over {t.steps:,} steps ({t.tokens:,} tokens); the "
                 f"gap's slope over steps {t.first_step:,}-{t.last_step:,} is {t.slope:+.4f} [{t.low:+.4f}, "
