@@ -16,9 +16,10 @@ from test_guard_independent import BASE as NS_BASE
 from test_guard_independent import loss_run, no_seed_profile, settings
 from test_guard_parity import BASE, FAST, SETTINGS, STEPS, WORKLOAD, curve, run
 
+from recipetune.config import load_campaign
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
-from recipetune.guard.baseline import build_profile
+from recipetune.guard.baseline import build_profile, profile_baseline
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.looks import gather
 from recipetune.guard.parity import compare
@@ -172,9 +173,6 @@ def test_on_the_reference_trainer_a_schedule_that_bites_late_is_seen_growing(tmp
     # No trainer edit: the cosine decay ends at the run's last step (lr_decay_steps 120, min_lr_ratio 0.5) where
     # the baseline's runs over 1,000 steps: equal at first, the learning rate falling behind later. Standing in
     # for a speed change whose effect appears late, beside a split of the batch that is truly equivalent.
-    from recipetune.guard.baseline import profile_baseline
-    from recipetune.workloads.reference import ReferenceWorkload
-
     w = ReferenceWorkload()
     base = w.resolve(REF_BASE)
     cfg = GuardConfig.model_validate({"parity": {"steps": 120, "seeds": 3}, "timeout_s": 3600})
@@ -195,9 +193,6 @@ def test_on_a_command_trainer_a_poison_that_begins_inside_the_window_is_seen_gro
     # tests/fixtures/edge_trainer.py: a lost micro-batch gradient every 16th step, from step 75 or 100 of 150 (the
     # window M averages is steps 76-150): the candidate learns a little slower from there on, a gap that grows
     # by about 1 T per horizon (measured 2026-12-04: 1.17 T and 0.92 T, the endpoint +0.75 T and +0.35 T).
-    from recipetune.config import load_campaign
-    from recipetune.guard.baseline import profile_baseline
-
     fixtures = Path(__file__).resolve().parent / "fixtures"
     text = (fixtures / "edge-campaign.yaml").read_text().replace("edge_trainer.py,", f"{fixtures}/edge_trainer.py,")
     text = text.replace('"--poison={poison}"]', '"--poison={poison}", "--poison-from={poison_from}", '
