@@ -147,6 +147,30 @@ def test_a_difference_shown_beyond_noise_but_not_beyond_t_at_the_middle_look_end
     assert sum(n.startswith("parity look ") for n in got.looks) == 2  # the long pair is never run
 
 
+class CalmerWorkload(LossWorkload):
+    """Longer runs log a calmer loss than 1 / sqrt(tokens) predicts: the middle look's error, taken alone,
+    plans a shorter last pair than the first look did (as a middle look that reads small by chance does)."""
+
+    def run(self, recipe, steps, out_dir, timeout_s=None, progress=None) -> RunResult:
+        out = super().run(recipe, steps, out_dir, timeout_s, progress)
+        if steps > 100:  # the same descent, its noise 1.4x smaller
+            for s in out.steps:
+                descent = 1.0 + 1.7 * math.exp(-s.step / 60)
+                s.loss = descent + (s.loss - descent) / 1.4
+        return out
+
+
+def test_the_plan_of_the_first_look_is_never_shortened_by_a_middle_look(tmp_path):
+    cfg = settings()
+    profile = no_seed_profile(100, cfg)
+    wl = CalmerWorkload()
+    got = gather(wl, profile, BASE, CAND, 100, cfg, tmp_path, equal_tokens=False)
+    first = next(n for n in got.looks if n.startswith("parity look 1"))
+    planned = float(first.split("plan: ")[1].split("x")[0])
+    assert planned >= 4 and "kept: this look alone says" in got.looks[2], got.looks
+    assert wl.launched[-1] == (32, round(100 * planned))  # the last pair at the first look's plan
+
+
 def test_runs_that_cannot_resolve_t_say_how_much_more_would(tmp_path):
     cfg = settings(max_steps_factor=1)
     profile = no_seed_profile(100, cfg)

@@ -38,6 +38,10 @@ class ParitySettings(BaseModel):
         default_factory=list, description="knobs the trainer's sample order depends on (e.g. batch_size)")
     tail: float = Field(0.5, gt=0.0, le=1.0, description="the share of the tokens, at the end of a run, whose "
                         "training loss is the loss measure")
+    trend_alpha: float = Field(0.01, gt=0.0, lt=1.0, description="two-sided level of the trend test: the gap's "
+                               "slope over the compared window must be shown growing at this level to block approval")
+    trend_margin: float = Field(0.5, ge=0.0, description="a gap shown to grow by more than this many T per "
+                                "horizon (the steps compared) is not approved, even where its mean is within T")
     max_steps_factor: int = Field(16, ge=1, description="a trainer without a seed knob: the second look's runs are "
                                   "at most this many times parity.steps")
 

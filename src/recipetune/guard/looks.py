@@ -229,7 +229,7 @@ def _by_seeds(v: _Verdict) -> Gathered:
         ev = judge(m, p, d.level, pilot=d.pilot)
         line = _look_line(design.looks, f"{n} seed(s)", d.level, ev)
         if d.outcome in ("holds", "fails"):
-            v.say(line)
+            v.say(f"{line}; the gap grows over the window: stopped" if _grows(ev) else line)
             break
         if d.outcome in ("plan", "budget"):
             why = _what_more(v, n, d.planned, d.needed, d.outcome)
@@ -253,7 +253,7 @@ def _by_seeds(v: _Verdict) -> Gathered:
                if d.rejecting else f"plan: {d.planned} seeds, the next look at ")
         v.say(f"{line}; {aim}{d.next} seeds ({more:.0f} more runs, ~{fmt_duration(v.seconds(more))})")
         n = d.next
-    stop = {"holds": "decided", "fails": "decided"}.get(d.outcome, d.outcome)
+    stop = "trend" if _grows(ev) else {"holds": "decided", "fails": "decided"}.get(d.outcome, d.outcome)
     return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned), stop,
                     {"pairs": d.planned, "needed": d.needed, "factor": 1.0, "at_once": v.at_once})
 
@@ -299,16 +299,18 @@ def _by_steps(v: _Verdict) -> Gathered:
     m = measure(v.profile, list(got.values()), p, v.equal_tokens, v.profile.runs[:1])
     ev = judge(m, p, first)
     line = _look_line(1, "1x the steps", first, ev)
-    factor, look, planned = 1.0, 1, 1
+    factor, look, planned, plan = 1.0, 1, 1, 0.0
     while True:
         if ev.outcome != "inconclusive" or m.problems:
             v.say(line)
             return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
                             {"pairs": 1, "factor": factor, "at_once": v.at_once})
-        if any(x.fades for x in ev.measures):  # parity.py: the fade rule ends the verdict
-            v.say(f"{line}; a difference shown beyond noise at {factor:g}x blocks approval at any longer look: stopped")
-            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
-                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        if any(x.fades for x in ev.measures) or _grows(ev):  # the fade rule and the trend end the verdict
+            why = ("a gap shown growing over the window blocks approval" if _grows(ev) else
+                   f"a difference shown beyond noise at {factor:g}x blocks approval at any longer look")
+            v.say(f"{line}; {why}: stopped")
+            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "trend" if _grows(ev) else
+                            "decided", {"pairs": 1, "factor": factor, "at_once": v.at_once})
         # How long the runs must be: as long as T needs at this look's error (it shrinks as 1 / sqrt(tokens));
         # or, when the runs logged too few losses to have an error, long enough to have one.
         if m.samples:
@@ -319,7 +321,12 @@ def _by_steps(v: _Verdict) -> Gathered:
         else:
             need = factor * MIN_TAIL / max(1, m.tail_records)
             what = f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
-        target = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
+        # The plan never shrinks (as the seeds' plan): the first look's error sized it, and a middle look
+        # that reads smaller by chance would otherwise end the looks short of it (nanoGPT's 32 x 1: planned at
+        # 9x by its first look, re-planned at 7x by its 3x pair; issue 45 saw such a last look fall short of T).
+        own = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
+        target = max(plan, own)
+        plan = target
         if look == 3 or target <= factor:
             v.say(line)
             ev.reasons.append(f"after {look} look(s): {what} (guard.parity.max_steps_factor {p.max_steps_factor})")
@@ -337,8 +344,9 @@ def _by_steps(v: _Verdict) -> Gathered:
             ev.reasons = [_not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}")]
             return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "budget",
                             {"pairs": 1, "factor": factor, "at_once": v.at_once})
-        v.say(f"{line}; plan: {target:g}x the steps, the next pair at {nxt:g}x ({round(v.cand_steps * nxt)} steps, "
-              f"~{fmt_duration(v.seconds(cost))})")
+        kept = f" (kept: this look alone says {own:g}x)" if own < target else ""
+        v.say(f"{line}; plan: {target:g}x the steps{kept}, the next pair at {nxt:g}x "
+              f"({round(v.cand_steps * nxt)} steps, ~{fmt_duration(v.seconds(cost))})")
         look, factor, sub = look + 1, nxt, f"x{nxt:g}"
         longer = [Wanted("baseline", 0, v.baseline, round(v.profile.steps * nxt), v.out_dir / "baseline" / sub / name),
                   Wanted("candidate", 0, v.candidate, round(v.cand_steps * nxt), v.out_dir / "parity" / sub / name)]
@@ -348,6 +356,12 @@ def _by_steps(v: _Verdict) -> Gathered:
         m = measure(v.profile, [got["candidate", 0]], p, v.equal_tokens, [got["baseline", 0]])
         ev = judge(m, p, rest / 2, longer=factor)
         line = _look_line(look, f"{factor:g}x the steps", rest / 2, ev)
+
+
+def _grows(ev: ParityEvidence) -> bool:
+    """The parity test held on the mean but the gap is shown to grow (guard/trend.py): not approved, and more
+    of the same evidence cannot change that."""
+    return ev.outcome == "inconclusive" and ev.trend is not None and ev.trend.outcome == "grows"
 
 
 def _look_line(look: int, what: str, level: float, ev: ParityEvidence) -> str:

@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, model_validator
 
 from recipetune.core import stats
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import SPEED
 from recipetune.guard.baseline import BaselineProfile
 from recipetune.guard.config import ParitySettings
+from recipetune.guard.evidence import Measured, Mode, ParityEvidence, confidence_label
 from recipetune.guard.loss import (
     MIN_TAIL,
     has_final_val,
@@ -41,78 +40,7 @@ from recipetune.guard.loss import (
     tokens,
     tolerance,
 )
-
-Mode = Literal["same batches", "other batches", "batches unknown", "equal tokens"]
-
-
-class Measured(BaseModel):
-    """One loss measure's test (the training loss over the tail, or the validation loss)."""
-
-    measure: str
-    baseline_finals: list[float]
-    candidate_finals: list[float]
-    mean_diff: float
-    se: float | None
-    low: float | None
-    high: float | None
-    tolerance: float  # T of this measure
-    detectable: float | None
-    reference: float  # sigma_M
-    reference_kind: str
-    se_source: str
-    outcome: Literal["holds", "fails", "inconclusive"]
-    reason: str = ""
-    # Runs longer than the profile's showed a difference beyond noise that is not beyond T: an effect that
-    # fades with training looks like this, and a still longer look could only find it smaller (the fade rule).
-    fades: bool = False
-
-
-class ParityEvidence(BaseModel):
-    mode: Mode
-    mode_reason: str  # declared, what the fingerprints showed, or that nothing tells
-    passed: bool
-    outcome: Literal["holds", "fails", "inconclusive"]
-    reasons: list[str]
-    notes: list[str] = []
-    seeds: list[int | None]
-    steps_compared: int
-    final_metric: str  # what M is
-    baseline_finals: list[float]
-    candidate_finals: list[float]
-    mean_diff: float  # candidate - baseline M, averaged over the pairs
-    se: float | None
-    low: float | None  # one-sided bounds at this look's level
-    high: float | None
-    tolerance: float  # T
-    detectable: float | None  # the smallest difference these runs resolve (80% power); APPROVED needs <= T
-    reference: float  # the baseline's seed-to-seed standard deviation of M that T is a multiple of
-    reference_kind: str  # how that standard deviation was measured
-    two_sided: bool = True
-    alpha: float
-    level: float  # this look's nominal one-sided level (alpha for a single look; less at a sequential look)
-    se_source: str = ""
-    too_short: bool = False  # too few logged losses in a tail to estimate the noise: only longer runs help
-    measures: list[Measured] = []  # each measure's test; the fields above are the decisive one's
-    gap: float | None = None  # diagnostic: RMS of the smoothed per-step difference (first pair), nats
-    window: int = 10
-    noise: dict[str, float] = {}  # step-to-step noise of each side's logged loss in the tail
-
-    @model_validator(mode="before")
-    @classmethod
-    def _older_verdicts(cls, data: object) -> object:
-        # Verdicts written before the planned design carry `looks` (Bonferroni over the doublings) and no
-        # level: their level was alpha split over those looks. Reports still read them.
-        if isinstance(data, dict) and "level" not in data and "alpha" in data:
-            data = {**data, "level": data["alpha"] / max(1, int(data.get("looks") or 1))}
-        return data
-
-    def summary(self) -> str:
-        conf = f"{100 * (1 - self.level):.2f}".rstrip("0").rstrip(".") + "%"
-        bounds = "" if self.low is None else f", one-sided {conf} bounds [{self.low:+.4f}, {self.high:+.4f}]"
-        side = "+-T" if self.two_sided else "below T"
-        det = "" if self.detectable is None else f", detectable {self.detectable:.4f}"
-        return (f"{self.mode}: final {self.final_metric} {self.mean_diff:+.4f} nats{bounds} {side} = "
-                f"{self.tolerance:.4f}{det}")
+from recipetune.guard.trend import judge_trend, pair_slope
 
 
 def semantic_edits(profile: BaselineProfile, recipe: dict) -> list[str]:
@@ -227,6 +155,8 @@ class Measurements:
     steps_compared: int
     gap: float | None
     noise: dict[str, float]
+    slopes: list[tuple[float, float, int, int]]  # per pair: the gap's slope over the tail, its error, the window
+    tokens_compared: int
 
     @property
     def pairs(self) -> int:
@@ -258,7 +188,7 @@ def measure(
     with_val = independent and len(pairs) > 1 and all(
         has_final_val(b) and has_final_val(c) and abs(tokens(b)[-1] - tokens(c)[-1]) < b.steps[-1].tokens
         for b, c in pairs)
-    train_b, train_c, ses, shortest = [], [], [], MIN_TAIL
+    train_b, train_c, ses, shortest, slopes = [], [], [], MIN_TAIL, []
     noise: dict[str, list[float]] = {"baseline": [], "candidate": []}
     for base, cand in pairs:
         total = float(min(tokens(base)[-1], tokens(cand)[-1]))
@@ -267,6 +197,7 @@ def measure(
         train_b.append(bm)
         train_c.append(cm)
         ses.append(se)
+        slopes.append(pair_slope(base, cand, total, settings.tail))
         noise["baseline"].append(stats.step_noise([s.loss for s in tail(base, total, settings.tail)]))
         noise["candidate"].append(stats.step_noise([s.loss for s in tail(cand, total, settings.tail)]))
     compared = min(min(tokens(b)[-1], tokens(c)[-1]) for b, c in pairs)  # T over the same run length
@@ -298,6 +229,8 @@ def measure(
         seeds=[b.recipe.get("seed") for b, _ in pairs] if profile.seeds[0] is not None else [None] * len(pairs),
         steps_compared=min(len(b.steps) for b, _ in pairs), gap=gap,
         noise={k: float(np.mean(v)) for k, v in noise.items()},
+        slopes=[x for x in slopes if x is not None] if all(x is not None for x in slopes) else [],
+        tokens_compared=int(compared),
     )
 
 
@@ -321,18 +254,21 @@ def judge(m: Measurements, settings: ParitySettings, level: float | None = None,
         outcome = ("fails" if any(x.outcome == "fails" for x in measures) else
                    "inconclusive" if any(x.outcome == "inconclusive" for x in measures) else "holds")
         reasons = [x.reason for x in measures if x.outcome == outcome and x.reason]
-    d = _decisive(measures, outcome)
+    train = next((x for x in measures if x.measure.startswith("training loss")), None)
+    trend = None if train is None or m.problems else judge_trend(
+        m.slopes, m.independent, m.mode == "same batches", m.two_sided, train.tolerance, train.mean_diff,
+        m.steps_compared, m.tokens_compared, settings.trend_alpha, settings.trend_margin)
+    if outcome == "holds" and trend is not None and trend.outcome == "grows":
+        outcome, reasons = "inconclusive", [trend.reason]  # the trend is part of parity: not approved
+    d = _decisive(measures, outcome) or Measured(
+        measure=f"training loss (mean over {m.share})", baseline_finals=[], candidate_finals=[], mean_diff=0.0,
+        se=None, low=None, high=None, tolerance=0.0, detectable=None, reference=0.0, reference_kind="", se_source="",
+        outcome=outcome)
     return ParityEvidence(
         mode=m.mode, mode_reason=m.mode_reason, passed=outcome == "holds", outcome=outcome, reasons=reasons,
-        notes=list(m.notes), seeds=m.seeds, steps_compared=m.steps_compared,
-        final_metric=d.measure if d else f"training loss (mean over {m.share})",
-        baseline_finals=d.baseline_finals if d else [], candidate_finals=d.candidate_finals if d else [],
-        mean_diff=d.mean_diff if d else 0.0, se=d.se if d else None, low=d.low if d else None,
-        high=d.high if d else None, tolerance=d.tolerance if d else 0.0, detectable=d.detectable if d else None,
-        reference=d.reference if d else 0.0, reference_kind=d.reference_kind if d else "", two_sided=m.two_sided,
-        alpha=settings.alpha, level=level, se_source=d.se_source if d else "",
-        too_short=not m.samples and not m.problems, measures=measures, gap=m.gap, window=settings.window,
-        noise=m.noise,
+        notes=list(m.notes), seeds=m.seeds, steps_compared=m.steps_compared, decisive=d, two_sided=m.two_sided,
+        alpha=settings.alpha, level=level, too_short=not m.samples and not m.problems, measures=measures, gap=m.gap,
+        window=settings.window, noise=m.noise, trend=trend,
     )
 
 
@@ -350,8 +286,7 @@ def _judge(x: Sample, settings: ParitySettings, independent: bool, two_sided: bo
     diffs = [c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)]
     test = stats.equivalence(diffs, x.ses, x.tolerance, level, independent, two_sided, pilot)
     name, T = x.name, x.tolerance
-    conf = f"{100 * (1 - level):.2f}".rstrip("0").rstrip(".") + "%"
-    bounds = f"one-sided {conf} bounds [{test.low:+.4f}, {test.high:+.4f}]"
+    bounds = f"one-sided {confidence_label(level)} bounds [{test.low:+.4f}, {test.high:+.4f}]"
     origin = "guard.parity.margin" if settings.margin is not None else f"{settings.tolerance:g} x {x.how} {x.sigma:.4f}"
     t_text = f"T = {T:.4f} ({origin})"
     reason, fades = "", False

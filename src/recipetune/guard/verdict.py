@@ -22,7 +22,7 @@ from recipetune.guard.baseline import BaselineProfile, profile_baseline, trusted
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.looks import gather
 from recipetune.guard.runs import Runs
-from recipetune.guard.speed import measure_speed
+from recipetune.guard.speed import SpeedEvidence, measure_speed
 from recipetune.guard.static import StaticReport, static_report
 from recipetune.workloads.base import Workload
 
@@ -50,7 +50,10 @@ class Verdict(BaseModel):
     # what it cost: runs trained and seconds, per part; parity runs reused (stored by an earlier verdict)
     # and the runs the plan expected before the candidate ran, were its batches other than the baseline's
     cost: dict[str, float] = Field(default_factory=dict)
-    stop: str = ""  # why the parity looks ended: decided, futility, budget, plan, too short, failed
+    stop: str = ""  # why the parity looks ended: decided, trend, futility, budget, plan, too short, failed
+    # what parity covers: "parity shown over N steps (M tokens); the gap's slope over that window is s [lo, hi] per
+    # 1,000 steps" (a verdict proves nothing beyond its horizon: docs/guard.md, "What a verdict proves")
+    horizon: str = ""
     settings: dict[str, Any] = Field(default_factory=dict)
     out_dir: str = ""
 
@@ -105,23 +108,8 @@ def final_verdict(
     if report.violations:
         return _finish(verdict, out_dir)  # nothing ran
 
-    parity_cfg = settings.parity
-    prior_aa: list[float] = []
-    if profile is not None:
-        prior_aa, refused = trusted_aa(profile, settings)
-        verdict.notes += [n for n in (profile.noise_note, refused) if n]
-    # A campaign's profile serves when it measured this baseline at enough seeds for at least as many
-    # steps; otherwise the baseline is profiled again at the parity settings.
-    reusable = (profile is not None and profile.recipe == dict(baseline) and profile.steps >= parity_cfg.steps
-                and len(profile.runs) >= parity_cfg.seeds)
     runs = Runs(workload, executor, runs_folder, settings.timeout_s, progress)
-    if not reusable:
-        profile = profile_baseline(workload, baseline, parity_cfg.steps, settings, out_dir / "baseline", progress,
-                                   runs=runs)
-        fresh, refused = trusted_aa(profile, settings)
-        prior_aa += fresh
-        verdict.notes += [n for n in (profile.noise_note, refused) if n]
-    assert profile is not None
+    profile, prior_aa = _profile(verdict, workload, baseline, settings, out_dir, profile, progress, runs)
 
     # Parity: the candidate at every profiled seed, for the same tokens as the baseline.
     equal_tokens = bool(report.allowed_semantic)
@@ -136,17 +124,15 @@ def final_verdict(
                     "parity_s": round(time.monotonic() - started, 1)}
     verdict.stop = got.stop
     verdict.notes += runs.notes + got.looks  # stored runs not reused (what changed), results set aside
-    if got.evidence is None:
+    evidence = got.evidence
+    if evidence is None:
         verdict.reasons = [got.failure]
         return _finish(verdict, out_dir)
-    evidence = got.evidence
     verdict.parity = evidence.model_dump(mode="json")
+    verdict.horizon = evidence.horizon()
     verdict.notes += [f"loss parity mode: {evidence.mode}, because {evidence.mode_reason}", *evidence.notes]
-    if evidence.outcome == "inconclusive":
-        verdict.decision = "KEEP BASELINE"  # never APPROVED on runs that cannot tell
-        verdict.reasons = evidence.reasons
-        return _finish(verdict, out_dir)
-    if not evidence.passed:
+    if not evidence.passed:  # REJECTED when shown different; KEEP BASELINE when the runs cannot tell
+        verdict.decision = "KEEP BASELINE" if evidence.outcome == "inconclusive" else "REJECTED"
         verdict.reasons = evidence.reasons
         return _finish(verdict, out_dir)
 
@@ -160,12 +146,41 @@ def final_verdict(
         speed = executor.call(measure_speed, workload, baseline, candidate, settings, out_dir / "speed", prior_aa,
                               progress=progress).result()
     verdict.cost.update(speed_runs=2 * len(speed.pairs), speed_s=round(time.monotonic() - started, 1))
+    _decide_speed(verdict, speed, f"loss parity holds ({evidence.summary()}); {evidence.horizon()}")
+    return _finish(verdict, out_dir)
+
+
+def _profile(
+    verdict: Verdict, workload: Workload, baseline: Recipe, settings: GuardConfig, out_dir: Path,
+    profile: BaselineProfile | None, progress: Callable[[str], None] | None, runs: Runs,
+) -> tuple[BaselineProfile, list[float]]:
+    """The baseline's profile and the A/A log ratios to trust. A campaign's profile serves when it measured
+    this baseline at enough seeds for at least as many steps; otherwise the baseline is profiled again at
+    the parity settings."""
+    prior_aa: list[float] = []
+    if profile is not None:
+        prior_aa, refused = trusted_aa(profile, settings)
+        verdict.notes += [n for n in (profile.noise_note, refused) if n]
+    reusable = (profile is not None and profile.recipe == dict(baseline) and profile.steps >= settings.parity.steps
+                and len(profile.runs) >= settings.parity.seeds)
+    if not reusable:
+        profile = profile_baseline(workload, baseline, settings.parity.steps, settings, out_dir / "baseline",
+                                   progress, runs=runs)
+        fresh, refused = trusted_aa(profile, settings)
+        prior_aa += fresh
+        verdict.notes += [n for n in (profile.noise_note, refused) if n]
+    assert profile is not None
+    return profile, prior_aa
+
+
+def _decide_speed(verdict: Verdict, speed: SpeedEvidence, loss: str) -> None:
+    """The decision once parity holds: APPROVED only when the speed-up's CI clears 1 + the noise margin."""
     verdict.pairs = [p.model_dump(mode="json") for p in speed.pairs]
     verdict.speed = speed.model_dump(mode="json", exclude={"pairs"})
     verdict.notes += speed.notes
     if speed.failure:
         verdict.reasons = [speed.failure]
-        return _finish(verdict, out_dir)
+        return
     stalls = sum(p.baseline_stalls + p.candidate_stalls for p in speed.pairs)
     if stalls:
         verdict.notes.append(f"{stalls} stalled step(s) in the speed runs, outweighed by each run's median over "
@@ -177,10 +192,8 @@ def final_verdict(
     figures = (f"speed-up {speed.speedup:.3f}x, {100 * speed.confidence:.0f}% CI [{speed.ci_low:.3f}, "
                f"{speed.ci_high:.3f}] over {len(speed.pairs)} interleaved pairs; noise margin "
                f"{100 * speed.noise_margin:.1f}%{power}")
-    loss = f"loss parity holds ({evidence.summary()})"
     if speed.busy:
-        verdict.decision = "KEEP BASELINE"
-        verdict.reasons = [speed.busy, loss]
+        verdict.decision, verdict.reasons = "KEEP BASELINE", [speed.busy, loss]
     elif speed.faster:
         verdict.decision = "APPROVED"
         verdict.reasons = [f"{figures}: the CI's lower end clears 1 + margin", loss]
@@ -189,7 +202,6 @@ def final_verdict(
         why = "the candidate is slower" if speed.ci_high < 1 else "the gain is within noise"
         verdict.reasons = [f"{figures}: the CI's lower end {speed.ci_low:.3f} does not clear "
                            f"{1 + speed.noise_margin:.3f}, {why}", loss]
-    return _finish(verdict, out_dir)
 
 
 def _finish(verdict: Verdict, out_dir: Path) -> Verdict:
