@@ -10,7 +10,8 @@ import sqlalchemy as sa
 
 from recipetune.core.recipe import Knob, KnobSet, Recipe, SearchSpace
 from recipetune.engine.drivers import INTERRUPTED
-from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.samplers import distributions
+from recipetune.engine.store import CampaignStore
 
 KNOBS = KnobSet([Knob("mbs", 1, choices=(1, 2, 4, 8)), Knob("impl", "loop", choices=("loop", "foreach")),
                  Knob("pin", False, choices=(False, True))])

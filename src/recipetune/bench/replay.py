@@ -38,8 +38,8 @@ from recipetune.engine.loop import Search, run_search
 from recipetune.engine.plan import make_proposer
 from recipetune.engine.record import Figures
 from recipetune.engine.researcher import Explore, Proposal
-from recipetune.engine.samplers import FeasibleSampler, make_sampler
-from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.samplers import FeasibleSampler, distributions, make_sampler
+from recipetune.engine.store import CampaignStore
 from recipetune.engine.strategy import Candidate, Strategy, Wait
 from recipetune.engine.tree import Node
 from recipetune.execute.executor import LocalExecutor

@@ -29,7 +29,7 @@ from recipetune.config import Campaign
 from recipetune.core.errors import ConfigError, validation_error
 from recipetune.core.measure import RunResult, environment_fingerprint
 from recipetune.core.recipe import KnobError, Recipe, Scalar
-from recipetune.engine.store import distributions
+from recipetune.engine.samplers import distributions
 from recipetune.workloads.base import Workload
 
 FORMAT = "recipetune-bench-table/1"

@@ -31,8 +31,8 @@ from recipetune.engine.database import NO_SPACE, DiskFull
 from recipetune.engine.job import Checked, Finished, Job, Landing, Outcome, Progress, Root, Row, Services
 from recipetune.engine.record import Trial, TrialRecord
 from recipetune.engine.researcher import Proposer, SearchContext
-from recipetune.engine.samplers import pruning_bar
-from recipetune.engine.store import Refused, distributions
+from recipetune.engine.samplers import distributions, pruning_bar
+from recipetune.engine.store import Refused
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
 from recipetune.engine.tree import Node, Tree
 from recipetune.execute.executor import TrialLost

@@ -19,14 +19,27 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.core.relations import Relations
 from recipetune.engine.config import Pruning
-from recipetune.engine.store import distributions, reference_trial
+from recipetune.engine.store import reference_trial
 
 STRATEGIES = ("mcts", "tpe", "gp", "random", "grid")
+
+
+def distributions(space: SearchSpace, baseline: Recipe) -> dict[str, BaseDistribution]:
+    """Categorical distributions over each searched knob's listed values, plus the baseline's."""
+    out: dict[str, BaseDistribution] = {}
+    for name, values in space.values.items():
+        choices = list(values)
+        if baseline.get(name) is not None and not any(
+            v == baseline[name] and isinstance(v, bool) == isinstance(baseline[name], bool) for v in choices
+        ):
+            choices.insert(0, baseline[name])
+        out[name] = CategoricalDistribution(choices)
+    return out
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):

@@ -14,8 +14,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from recipetune.core.recipe import Scalar
 from recipetune.engine.researcher import SearchContext, fmt_value, member
-from recipetune.engine.samplers import FeasibleSampler, StableTPE
-from recipetune.engine.store import distributions
+from recipetune.engine.samplers import FeasibleSampler, StableTPE, distributions
 from recipetune.engine.tree import Node, Tree
 
 

@@ -56,12 +56,12 @@ from typing import Any, Literal, TypeVar
 
 import optuna
 import sqlalchemy as sa
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel
 
 from recipetune.core.files import write_atomic
-from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.core.recipe import Recipe
 from recipetune.engine.database import (
     NO_SPACE,
     DiskFull,
@@ -93,20 +93,6 @@ def reference_trial(study: optuna.Study) -> FrozenTrial | None:
         return None
     return optuna.trial.create_trial(value=ref["score"], user_attrs={"status": REFERENCE, "ran": False},
                                      intermediate_values={int(k): v for k, v in ref["curve"].items()})
-
-
-def distributions(space: SearchSpace, baseline: Recipe) -> dict[str, BaseDistribution]:
-    """Categorical distributions over each searched knob's listed values, plus the baseline's."""
-    out: dict[str, BaseDistribution] = {}
-    for name, values in space.values.items():
-        choices = list(values)
-        if baseline.get(name) is not None and not any(
-            v == baseline[name] and isinstance(v, bool) == isinstance(baseline[name], bool) for v in choices
-        ):
-            choices.insert(0, baseline[name])
-        out[name] = CategoricalDistribution(choices)
-    return out
-
 
 
 def _jsonable(value: Any) -> Any:
