@@ -45,9 +45,14 @@ class Pruning(BaseModel):
                                                          "finetune/plan.py: QualityPruning)")
 
     @property
+    def on(self) -> bool:
+        """Whether trials may be stopped early: the one switch every reader of this section asks."""
+        return self.pruner != "none"
+
+    @property
     def reports(self) -> int:
         """The reports a trial makes: ``checkpoints`` with a pruner, none without one."""
-        return self.checkpoints if self.pruner != "none" else 0
+        return self.checkpoints if self.on else 0
 
 
 class LLMSettings(BaseModel):

@@ -1,14 +1,17 @@
 """The search loop every job and every strategy runs through.
 
     Search.start()   open or resume the study; the job measures its baseline (the tree's root)
-    Search.run(s)    loop { s.ask -> job.check -> store.open_trial -> job.submit -> job.land -> tree.add
-                            (backpropagate) -> store.finish -> s.tell } until the budget is spent or s has nothing left
+    Search.run(s)    loop { s.ask -> job.check -> store.open_trial -> job.submit -> job.land -> store.finish
+                            -> tree.add (backpropagate) -> s.tell } until the budget is spent or s has nothing left
     job.decide()     the job's control system turns the tree into APPROVED or KEEP BASELINE
 
 The strategy (engine/strategy.py) chooses what to try next: the tree and its Researcher, or an
 Optuna sampler. The job (engine/job.py) measures and judges. The loop owns the rest: the tree, the
 budget, the study, resume, the trials in flight, other drivers on the same study.
 
+The study before the tree: a landed trial is closed in the study (store.finish) before its node joins
+the tree, because the study is what a resume reads: a campaign killed between the two resumes with
+the trial and rebuilds its node, where the other order would have shown a node the study never kept.
 Every trial lands in the study before its run starts (RUNNING) and is closed when it ends, so a
 campaign killed at any moment resumes from the study: finished trials are kept and never run
 again, a trial that was running is marked failed ("interrupted") and its recipe may run again.
@@ -36,8 +39,6 @@ from recipetune.engine.store import Refused
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
 from recipetune.engine.tree import Node, Tree
 from recipetune.execute.executor import TrialLost
-
-FINISHED = ("passed", "rejected", "failed", "pruned")  # a trial's status once its node is in the tree
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Search:
             store.write_json("campaign.json", self.snapshot)
         root = self.root = self.job.start(self.services)
         self.tree = Tree(self.baseline, root.result, self.cfg.exploration, score=root.score, backup=self.cfg.backup)
-        if root.curve and self.cfg.pruning.pruner != "none" and root.score is not None:
+        if root.curve and self.cfg.pruning.on and root.score is not None:
             store.set_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
         self.rebuild(store.records())
         self.started = time.monotonic()  # the wall-time budget is search time: the baseline is apart
@@ -114,7 +115,7 @@ class Search:
         """The tree and the measured set from the study's finished trials, in trial order."""
         tree = self.tree
         for rec in sorted(records, key=lambda r: r.number):
-            if rec.state not in ("COMPLETE", "FAIL", "PRUNED") or rec.status not in FINISHED:
+            if not rec.finished:
                 self._report_record(rec)
                 continue
             if rec.recipe in tree:
@@ -316,8 +317,7 @@ class Search:
         mine = {p.number for p in self.inflight.values()}
         others = [r for r in self.store.records() if r.number not in mine]
         # (an interrupted trial is no node: it was reported once at resume, not again at every sync)
-        fresh = [r for r in others if r.state in ("COMPLETE", "FAIL", "PRUNED") and r.status in FINISHED
-                 and "recipe" in r.attrs and r.recipe not in self.tree]
+        fresh = [r for r in others if r.finished and "recipe" in r.attrs and r.recipe not in self.tree]
         if fresh:
             self.rebuild(fresh, quiet=True)
         self.elsewhere = {r.attrs["recipe_id"] for r in others if r.state == "RUNNING" and "recipe_id" in r.attrs}

@@ -186,7 +186,7 @@ class WithReference(optuna.pruners.BasePruner):
 def make_pruner(p: Pruning) -> optuna.pruners.BasePruner:
     """The pruner ``search.pruning`` names (Optuna's own, shown the baseline's curve: ``WithReference``;
     ``none`` prunes nothing)."""
-    if p.pruner == "none":
+    if not p.on:
         return optuna.pruners.NopPruner()
     return WithReference(_pruner(p))
 

@@ -141,7 +141,7 @@ class SpeedJob:
         # the curve: the baseline's own windows, what the pruner compares a trial's with.
         first = profile.runs[0] if profile.runs else None
         curve = {int(w["checkpoint"]): float(w["value"]) for w in self.windows(first.steps, len(first.steps))} \
-            if first is not None and self.cfg.pruning.pruner != "none" else {}
+            if first is not None and self.cfg.pruning.on else {}
         return Root(first, 1.0, noise=profile.throughput_noise, curve=curve)
 
     def windows(self, steps: list[StepRecord], expected: int, n_devices: int = 1) -> list[dict[str, Any]]:
@@ -189,7 +189,7 @@ class SpeedJob:
         assert self.services is not None
         steps = plan["steps"]
         done = threading.Event()
-        if self.cfg.pruning.pruner != "none":  # its throughput windows go to the pruner as it runs
+        if self.cfg.pruning.on:  # its throughput windows go to the pruner as it runs
             n_devices = self.workload.n_devices(recipe)
             watch(lambda: self.windows(self.workload.steps_so_far(recipe, steps, run_dir), steps, n_devices),
                   progress, run_dir / STOP_FILE, done)
