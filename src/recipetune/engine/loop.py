@@ -75,7 +75,7 @@ class Search:
         self.runs = 0
         self.root = Root(None, None)  # the baseline, once start() measured it
         self.trial_s = 0.0  # seconds the trials have run, this session and before (budget.trial_s)
-        self.spent = False  # every run slot of the study's shared budget is taken (store.take_run)
+        self.spent = False  # every run slot of the study's shared budget is taken (engine/drivers.py: take_run)
         self.spent_checked = False  # a sync has looked for a dead driver's slots since it was spent
         self.elapsed_before = 0.0
         self.started = time.monotonic()
@@ -94,7 +94,7 @@ class Search:
     def start(self) -> Tree:
         store = self.store
         if self.resume:
-            for rec in store.fail_interrupted():
+            for rec in store.drivers.fail_interrupted():
                 self.reporter.phase(f"trial {rec.number} was interrupted; its recipe may run again")
                 kill_orphans(rec.attrs.get("run_dir"))  # on this machine; a Ray retry cleans its own node
             self.elapsed_before = float(store.study.user_attrs.get("search_elapsed_s", 0.0))
@@ -108,7 +108,7 @@ class Search:
             store.set_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
         self.rebuild(store.records())
         self.started = time.monotonic()  # the wall-time budget is search time: the baseline is apart
-        store.start_heartbeat()
+        store.drivers.start_heartbeat()
         return self.tree
 
     def rebuild(self, records: list[TrialRecord], quiet: bool = False) -> None:
@@ -309,7 +309,7 @@ class Search:
         if time.monotonic() - self.last_sync < min(5.0, self.store.heartbeat_s):
             return
         self.last_sync = time.monotonic()
-        for rec in self.store.fail_interrupted(mine=False):  # another driver died: its trials may run again
+        for rec in self.store.drivers.fail_interrupted(mine=False):  # another driver died: its trials may run again
             self.spent = False  # and its run slots are free again
             self.reporter.phase(f"trial {rec.number} was interrupted ({rec.attrs.get('driver', '?')} is gone); "
                                 "its recipe may run again")
@@ -389,9 +389,9 @@ def run_search(job: Job, cfg: TreeSearchConfig, services: Services, *, meta: dic
     except KeyboardInterrupt:
         search.executor.close()  # remote runs are cancelled; their trainers are killed where they run
         if search.store.opened:
-            search.store.fail_interrupted(gone=False)
+            search.store.drivers.fail_interrupted(gone=False)
             search.store.set_meta("search_elapsed_s", search.elapsed())
         raise
     finally:
         search.executor.close()
-        search.store.stop_heartbeat()
+        search.store.drivers.stop_heartbeat()
