@@ -23,8 +23,9 @@ from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.engine.record import Figures, Trial
 from recipetune.engine.researcher import Subject
+from recipetune.engine.status import NodeStatus
 from recipetune.engine.store import CampaignStore
-from recipetune.engine.tree import Node, NodeStatus, Tree
+from recipetune.engine.tree import Node, Tree
 from recipetune.execute.executor import Executor
 
 # -- what the live view is told ----------------------------------------------------------------

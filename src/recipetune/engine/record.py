@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from recipetune.core.recipe import Recipe
-from recipetune.engine.words import FINISHED
+from recipetune.engine.status import FINISHED
 
 
 class Figures(BaseModel):

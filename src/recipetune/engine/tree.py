@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from recipetune.core.recipe import Recipe
+from recipetune.engine.status import NodeStatus
 
-NodeStatus = Literal["baseline", "passed", "rejected", "failed", "pruned"]
 Backup = Literal["mean", "max"]
 
 
