@@ -82,7 +82,7 @@ class Progress:
     ``upper`` is the most the value could plausibly be, given its noise: a trial is stopped only when
     the pruner says so and even that bound stays below the bar that pruner keeps the finished trials
     (the baseline's curve among them) above at the same report: their median for ``median``
-    (engine/loop.py: Search.prune; engine/samplers.py: pruning_bar).
+    (engine/trials.py: Trials.prune; engine/samplers.py: pruning_bar).
     Called from the thread that watches the run."""
 
     def __init__(self, step: Callable[[int, int], None], report: Callable[[int, float, float | None], bool]):
@@ -180,7 +180,7 @@ class Finished:
 
     tree: Tree
     runs: int  # runs of the budget spent, this session and before
-    stopped: str = ""  # the stop rule that ended the search before its budget (Search.stop_rule), if one did
+    stopped: str = ""  # the stop rule that ended the search before its budget (engine/stopping.py: Stopping.why), if one did
 
 
 @dataclass

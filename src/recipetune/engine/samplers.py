@@ -212,7 +212,7 @@ def _pruner(p: Pruning) -> optuna.pruners.BasePruner:
 def pruning_bar(p: Pruning, values: list[float]) -> float | None:
     """What the pruner ``p`` keeps a trial above at a report, from the finished trials' reports at
     the same step (the baseline's among them): the bar a running trial's plausible value must fall
-    below before it is stopped (engine/loop.py: Search.prune). The median for ``median`` and
+    below before it is stopped (engine/trials.py: Trials.prune). The median for ``median`` and
     ``patient``; for ``percentile``, the percentile Optuna's pruner keeps (``percentile: 25`` keeps
     the top quarter, so its bar is the 75th percentile, interpolated as numpy does); for
     ``successive_halving`` and ``hyperband``, the lowest value still among the top
