@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.core.words import Decision
 from recipetune.engine.record import Figures, Trial
 from recipetune.engine.researcher import Subject
 from recipetune.engine.status import NodeStatus
@@ -180,7 +181,7 @@ class Finished:
 
     tree: Tree
     runs: int  # runs of the budget spent, this session and before
-    stopped: str = ""  # the stop rule that ended the search before its budget (engine/stopping.py: Stopping.why), if one did
+    stopped: str = ""  # the stop rule that ended the search before its budget (Stopping.why), if one did
 
 
 @dataclass
@@ -188,7 +189,7 @@ class Outcome:
     """A job's decision. ``approved``: the text of approved.yaml for a winner; ``record``: the job's
     own fields of verdict.json."""
 
-    decision: str  # APPROVED or KEEP BASELINE
+    decision: Decision  # APPROVED or KEEP BASELINE
     reasons: list[str]
     tree: Tree
     winner: Node | None = None

@@ -39,6 +39,7 @@ from recipetune.engine.job import (
 )
 from recipetune.engine.loop import run_search
 from recipetune.engine.record import Figures, Trial
+from recipetune.engine.status import Status
 from recipetune.execute.executor import Executor
 from recipetune.execute.factory import make_executor
 from recipetune.speed import decide
@@ -211,11 +212,11 @@ class SpeedJob:
         if result.ok:
             assert self.profile is not None
             screening = self.guard.screen(self.profile, result, self.settings)
-            status, cause = ("passed", "") if screening.passed else ("rejected", "; ".join(screening.reasons))
+            status, cause = (Status.PASSED, "") if screening.passed else (Status.REJECTED, "; ".join(screening.reasons))
         else:
-            status, cause = "failed", f"{result.status}: {result.cause}"
+            status, cause = Status.FAILED, f"{result.status}: {result.cause}"
         speedup = screening.speedup if screening is not None else None
-        value = reward(speedup, status == "passed", self.cfg.reward_span, self.cfg.failure_penalty)
+        value = reward(speedup, status == Status.PASSED, self.cfg.reward_span, self.cfg.failure_penalty)
         summary = result.summary() if result.steps else None
         figures = SpeedFigures(
             speedup=speedup, run_status=result.status,
