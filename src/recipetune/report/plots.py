@@ -101,7 +101,7 @@ def speed_plot(report: Report) -> bytes | None:
     winner = report.winner.recipe_id if report.winner else None
     for y, e in enumerate(rows):
         color = COLORS["approved"] if e.recipe_id == winner else (
-            COLORS["passed"] if e.decision == Decision.APPROVED else COLORS["rejected"])
+            COLORS[Status.PASSED] if e.decision == Decision.APPROVED else COLORS[Status.REJECTED])
         lo = e.ci_low if e.ci_low is not None else e.speedup
         hi = e.ci_high if e.ci_high is not None else e.speedup
         ax.errorbar([e.speedup], [y], xerr=[[e.speedup - lo], [hi - e.speedup]], fmt="o", color=color,
@@ -205,8 +205,8 @@ def throughput_plot(report: Report) -> bytes | None:
         ax.errorbar([x], [t.tokens_per_s], yerr=[[t.tokens_per_s - ci[0]], [ci[1] - t.tokens_per_s]], fmt="o",
                     color=color, capsize=3, ms=9 if t.winner else 6, zorder=3)
     handles = [Line2D([], [], color=COLORS[s], marker=m, ls="", label=lab) for s, m, lab in (
-        ("approved", "o", "approved"), ("passed", "o", "passed screening"), ("rejected", "o", "rejected (loss)"),
-        ("failed", "x", "failed run"))]
+        ("approved", "o", "approved"), (Status.PASSED, "o", "passed screening"),
+        (Status.REJECTED, "o", "rejected (loss)"), (Status.FAILED, "x", "failed run"))]
     existing, _ = ax.get_legend_handles_labels()
     ax.legend(handles=existing + handles, fontsize=8, loc="upper left", ncol=3)
     ax.set_xlabel("trial (in the order they ran)")
@@ -288,17 +288,17 @@ def tree_plot(report: Report) -> bytes | None:
                     fontsize=8, color="#111827", zorder=4,
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
         if t.status == Status.PASSED and report.job == QUALITY:
-            outcome = f"{t.value:.3f}" if t.value is not None else "passed"
+            outcome = f"{t.value:.3f}" if t.value is not None else Status.PASSED
         elif t.status == Status.PASSED:
-            outcome = f"{t.speedup:.2f}x" if t.speedup is not None else "passed"
+            outcome = f"{t.speedup:.2f}x" if t.speedup is not None else Status.PASSED
         else:
-            outcome = t.run_status if t.status == "failed" and t.run_status else t.status
+            outcome = t.run_status if t.status == Status.FAILED and t.run_status else t.status
         label = outcome if crowded and not t.on_path else f"{_short(t.edit, 24)}\n{outcome}"
         ax.annotate(label, (x, -y), xytext=(0, -radius - 4), textcoords="offset points", ha="center", va="top",
                     fontsize=7.5, color="#374151", fontweight="bold" if t.on_path else "normal", zorder=4,
                     bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
     handles = [Line2D([], [], color=COLORS[s], marker="o", ls="", ms=8, label=s) for s in
-               ("baseline", "passed", "rejected", "failed")]
+               (Status.BASELINE, Status.PASSED, Status.REJECTED, Status.FAILED)]
     handles += [Line2D([], [], color=COLORS["approved"], marker="*", ls="-", lw=3, ms=12, label="path to the winner"),
                 Line2D([], [], color="#6b7280", marker="o", mfc="white", ls="", ms=8, label="not run (static check)")]
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
@@ -375,7 +375,7 @@ def validation_plot(report: Report) -> bytes | None:
         ys = [y for _, y in best] + [best[-1][1]]
         ax.step(xs, ys, where="post", color=COLORS["approved"], lw=1.6, alpha=0.8, label="best so far")
     handles = [Line2D([], [], color=COLORS[s], marker=m, ls="", label=lab) for s, m, lab in (
-        ("approved", "*", "approved"), ("passed", "o", "passed"), ("failed", "x", "failed run"))]
+        ("approved", "*", "approved"), (Status.PASSED, "o", "passed"), (Status.FAILED, "x", "failed run"))]
     existing, _ = ax.get_legend_handles_labels()
     ax.legend(handles=existing + handles, fontsize=8, loc="upper left", ncol=3)
     ax.set_xlabel("trial (in the order they ran)")
