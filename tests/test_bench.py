@@ -18,7 +18,7 @@ from recipetune.bench.table import FORMAT, Entry, Measurement, Table, build_tabl
 from recipetune.cli import app
 from recipetune.config import load_campaign
 from recipetune.core.errors import ConfigError
-from recipetune.engine.store import distributions
+from recipetune.engine.samplers import distributions
 from recipetune.finetune import bench_tasks as ftbench
 from recipetune.finetune import metrics as ftm
 from recipetune.workloads.reference import ReferenceWorkload

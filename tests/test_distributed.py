@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
-from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.samplers import distributions
+from recipetune.engine.store import CampaignStore
 from recipetune.engine.tree import Tree
 from recipetune.execute.config import ExecuteConfig, TrialResources
 
@@ -78,9 +79,9 @@ def test_claims_let_one_driver_have_a_recipe(tmp_path):
     store.create({})
     other = CampaignStore(tmp_path / "c")  # a second driver on the same study
     r = BASE.with_(a=5)
-    assert store.claim(r) and not other.claim(r) and not store.claim(r)
-    store.unclaim(r.id)
-    assert other.claim(r)
+    assert store.drivers.claim(r) and not other.drivers.claim(r) and not store.drivers.claim(r)
+    store.drivers.unclaim(r.id)
+    assert other.drivers.claim(r)
 
 
 def test_a_trial_without_heartbeat_is_failed_and_its_recipe_released(tmp_path):
@@ -88,22 +89,22 @@ def test_a_trial_without_heartbeat_is_failed_and_its_recipe_released(tmp_path):
     store = CampaignStore(tmp_path / "c", heartbeat_s=30)
     store.create({})
     r = BASE.with_(a=7)
-    assert store.claim(r)
+    assert store.drivers.claim(r)
     n = store.begin(r, distributions_for(r), {"parent": BASE.id})
     trial_id = store._open[n]._trial_id
     store.storage.set_trial_user_attr(trial_id, "driver", "another-host:4242")  # not this host: only beats tell
     live = CampaignStore(tmp_path / "c", heartbeat_s=30)
-    assert live.fail_interrupted(mine=False) == []  # its last beat is fresh
+    assert live.drivers.fail_interrupted(mine=False) == []  # its last beat is fresh
     # ten minutes pass without a beat (the grace period is two beats, 60 s): the beat is made that old
     # rather than waited for, so neither a slow machine nor SQLite's whole-second stamps decide
     with store.storage.engine.begin() as conn:
         conn.execute(sa.text("UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, '-10 minutes') "
                              "WHERE trial_id = :t"), {"t": trial_id})
-    failed = live.fail_interrupted(mine=False)
+    failed = live.drivers.fail_interrupted(mine=False)
     assert [f.number for f in failed] == [n]
     assert failed[0].state == "FAIL" and failed[0].status == "interrupted"
     assert "another-host:4242 sent no heartbeat" in failed[0].attrs["cause"]
-    assert live.claim(r)  # the recipe may run again
+    assert live.drivers.claim(r)  # the recipe may run again
 
 
 def distributions_for(recipe: Recipe):

@@ -54,14 +54,16 @@ def test_a_replay_hangs_neither_on_rounding_nor_on_the_clock(tmp_path, monkeypat
     import numpy as np
     from optuna.samplers._tpe.parzen_estimator import _ParzenEstimator
 
-    from recipetune.engine import loop
+    from recipetune.engine import loop, stopping, trials
 
     ulps = np.random.default_rng(0)
     log_pdf = _ParzenEstimator.log_pdf
     monkeypatch.setattr(_ParzenEstimator, "log_pdf", lambda self, samples: log_pdf(self, samples) * (
         1 + ulps.integers(-4, 5, size=len(next(iter(samples.values())))) * np.finfo(float).eps))
     clock = iter(range(0, 10**9, 10))
-    monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: float(next(clock)), sleep=time.sleep))
+    fake = SimpleNamespace(monotonic=lambda: float(next(clock)), sleep=time.sleep)
+    for module in (loop, trials, stopping):  # the loop, a trial's landing, the budget: one clock
+        monkeypatch.setattr(module, "time", fake)
     before = next(r for r in BEFORE if r["strategy"] == "tpe" and r["seed"] == 1)
     assert trees(before, tmp_path) == before
 

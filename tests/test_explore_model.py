@@ -16,8 +16,8 @@ from recipetune.engine.plan import build_proposer, make_proposer
 from recipetune.engine.playbook import Rule
 from recipetune.engine.proposers import AnalystProposer
 from recipetune.engine.researcher import SearchContext, member
+from recipetune.engine.samplers import distributions
 from recipetune.engine.space_model import SpaceModel
-from recipetune.engine.store import distributions
 from recipetune.engine.tree import Tree
 from recipetune.speed.facts import BRIEFING, PLAYBOOK
 from recipetune.workloads.reference import ReferenceWorkload

@@ -21,7 +21,7 @@ from ft_fixtures import experiment_file
 from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Knob, KnobSet, Recipe, SearchSpace
 from recipetune.core.relations import Relations
-from recipetune.engine import loop
+from recipetune.engine import loop, stopping, trials
 from recipetune.engine.config import Pruning, TreeSearchConfig
 from recipetune.engine.job import (
     Checked,
@@ -330,8 +330,9 @@ def test_a_compute_budget_counts_the_time_the_trials_ran(tmp_path, monkeypatch, 
     # 10 s a trial: a budget of 25 s starts a third trial at 20 s and none at 30 s; at 20 s a budget
     # of 20 s is spent. (The clock once started after a local trial had run: every budget read 0 s.)
     clock = [0.0]
-    monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time,
-                                                      monotonic_ns=time.monotonic_ns, sleep=time.sleep))
+    fake = SimpleNamespace(monotonic=lambda: clock[0], time=time.time, monotonic_ns=time.monotonic_ns, sleep=time.sleep)
+    for module in (loop, trials, stopping):  # the loop, a trial's landing, the budget: one clock
+        monkeypatch.setattr(module, "time", fake)
     reporter = Phases()
     outcome, store = campaign(tmp_path / "c", TimedJob(clock), reporter=reporter,
                               budget={"trials": 4, "trial_s": trial_s})

@@ -17,8 +17,8 @@ from recipetune.core.recipe import SearchSpace
 from recipetune.engine.playbook import load_playbook
 from recipetune.engine.proposers import AnalystProposer, RandomProposer
 from recipetune.engine.researcher import SearchContext
-from recipetune.engine.samplers import make_sampler
-from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.samplers import distributions, make_sampler
+from recipetune.engine.store import CampaignStore
 from recipetune.engine.strategy import SamplerStrategy
 from recipetune.engine.tree import Tree
 from recipetune.guard.static import static_check

@@ -10,7 +10,8 @@ import sqlalchemy as sa
 
 from recipetune.core.recipe import Knob, KnobSet, Recipe, SearchSpace
 from recipetune.engine.drivers import INTERRUPTED
-from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.samplers import distributions
+from recipetune.engine.store import CampaignStore
 
 KNOBS = KnobSet([Knob("mbs", 1, choices=(1, 2, 4, 8)), Knob("impl", "loop", choices=("loop", "foreach")),
                  Knob("pin", False, choices=(False, True))])
@@ -56,7 +57,7 @@ def test_round_trip(tmp_path):
     assert recs[0].attrs["screening"] == {"passed": True, "gap": None}  # NaN is not JSON: stored as null
     assert recs[1].attrs["cause"] == "crash: exit code 1" and recs[1].attrs["parent"] == good.id
     assert Recipe(recs[1].attrs["recipe"]).id == recs[1].attrs["recipe_id"] == bad.id
-    interrupted = again.fail_interrupted()
+    interrupted = again.drivers.fail_interrupted()
     assert [r.number for r in interrupted] == [2]
     assert again.records()[2].state == "FAIL" and again.records()[2].attrs["cause"] == INTERRUPTED
     assert again.read_json("baseline_profile.json") == {"tokens_per_s": 123.0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -10,6 +11,9 @@ from rich.console import Console
 from recipetune.config import load_campaign
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from recipetune.bench.table import Table
 
 bench_app = typer.Typer(
     help="How good is the search? Measure a space's every recipe, replay strategies against it.",
@@ -49,6 +53,21 @@ def table_cmd(
                   f"{best.tokens_per_s() / base.tokens_per_s():.2f}x the baseline")  # type: ignore[operator]
 
 
+def _replayable(path: Path) -> Table:
+    """A table file to replay. A table from an older knob set is replayed under today's defaults for the
+    new knobs, and says so; one that cannot be mapped is refused (exit 2) before anything runs."""
+    from recipetune.bench.table import Table
+
+    try:
+        table = Table.load(path)
+        _, notes = table.up_to_date(table.make_workload(), path)
+    except ConfigError as e:
+        raise fail(f"not a bench table that can be replayed: {e}") from None
+    for note in notes:
+        console.print(f"note: {note}", markup=False)
+    return table
+
+
 @bench_app.command("replay")
 def replay_cmd(
     tables: list[Path] = typer.Argument(..., help="table files built by `recipetune bench table`"),
@@ -66,24 +85,12 @@ def replay_cmd(
 
     from recipetune.bench.figures import markdown, plot, summarize
     from recipetune.bench.replay import STRATEGIES, replay
-    from recipetune.bench.table import Table
 
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown:
         raise fail(f"--strategies: unknown {', '.join(unknown)}; expected some of {', '.join(STRATEGIES)}")
-    loaded = []
-    for path in tables:
-        try:
-            table = Table.load(path)
-            # A table from an older knob set is replayed under today's defaults for the new knobs, and
-            # says so; one that cannot be mapped is refused before anything runs.
-            _, notes = table.up_to_date(table.make_workload(), path)
-        except ConfigError as e:
-            raise fail(f"not a bench table that can be replayed: {e}") from None
-        for note in notes:
-            console.print(f"note: {note}", markup=False)
-        loaded.append(table)
+    loaded = [_replayable(path) for path in tables]
     report: dict = {"budget": budget, "seeds": seeds, "tables": {}}
     panels, texts = [], []
     for table in loaded:

@@ -31,6 +31,7 @@ from recipetune.bench.table import Entry, Measurement, Table
 from recipetune.core import stats
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.core.words import Decision
 from recipetune.engine import record
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services
@@ -38,8 +39,9 @@ from recipetune.engine.loop import Search, run_search
 from recipetune.engine.plan import make_proposer
 from recipetune.engine.record import Figures
 from recipetune.engine.researcher import Explore, Proposal
-from recipetune.engine.samplers import FeasibleSampler, make_sampler
-from recipetune.engine.store import CampaignStore, distributions
+from recipetune.engine.samplers import FeasibleSampler, distributions, make_sampler
+from recipetune.engine.status import Status
+from recipetune.engine.store import CampaignStore
 from recipetune.engine.strategy import Candidate, Strategy, Wait
 from recipetune.engine.tree import Node
 from recipetune.execute.executor import LocalExecutor
@@ -208,14 +210,14 @@ class TableJob:
         true = self.oracle.true_speedup(entry)
         if stopped_at is not None:  # what it showed is its reward; it is no incumbent
             shown = m.tokens_per_s / self.oracle.base_tps  # type: ignore[operator]
-            self.trajectory.trials.append(Trial(entry.id, "pruned", None, true, m.wall_s))
-            return Landing("pruned", None, reward(shown, True, self.reward_span, self.cfg.failure_penalty),
+            self.trajectory.trials.append(Trial(entry.id, Status.PRUNED, None, true, m.wall_s))
+            return Landing(Status.PRUNED, None, reward(shown, True, self.reward_span, self.cfg.failure_penalty),
                            f"pruned at window {stopped_at}: {shown:.2f}x", TableFigures(true=true, cost_s=m.wall_s),
                            self.oracle.result(entry, m))
         ok = m.status == "ok" and bool(m.tokens_per_s)
         observed = m.tokens_per_s / self.oracle.base_tps if ok else None  # type: ignore[operator]
-        self.trajectory.trials.append(Trial(entry.id, "passed" if ok else "failed", observed, true, m.wall_s))
-        return Landing("passed" if ok else "failed", observed,
+        self.trajectory.trials.append(Trial(entry.id, Status.PASSED if ok else Status.FAILED, observed, true, m.wall_s))
+        return Landing(Status.PASSED if ok else Status.FAILED, observed,
                        reward(observed, ok, self.reward_span, self.cfg.failure_penalty), "" if ok else m.cause,
                        TableFigures(true=true, cost_s=m.wall_s), self.oracle.result(entry, m))
 
@@ -226,7 +228,7 @@ class TableJob:
         return Row(key, number, recipe.describe_diff(self.baseline), trial.status)
 
     def decide(self, finished: Finished) -> Outcome:
-        return Outcome("KEEP BASELINE", ["a replay measures the search, not a decision"], finished.tree,
+        return Outcome(Decision.KEEP_BASELINE, ["a replay measures the search, not a decision"], finished.tree,
                        runs=finished.runs)
 
 

@@ -29,7 +29,7 @@ from recipetune.config import Campaign
 from recipetune.core.errors import ConfigError, validation_error
 from recipetune.core.measure import RunResult, environment_fingerprint
 from recipetune.core.recipe import KnobError, Recipe, Scalar
-from recipetune.engine.store import distributions
+from recipetune.engine.samplers import distributions
 from recipetune.workloads.base import Workload
 
 FORMAT = "recipetune-bench-table/1"
@@ -216,11 +216,30 @@ def _load_avg() -> list[float] | None:
         return None
 
 
+def _new_table(campaign: Campaign, name: str, points: list[dict[str, Scalar]], steps: int, repeats: int,
+               timeout_s: float) -> Table:
+    """A table with no runs yet: every point of the space as an entry, the static check's refusal with it."""
+    from recipetune.guard.static import static_check
+
+    workload, baseline = campaign.workload, campaign.baseline
+    entries = []
+    for values in points:
+        recipe = baseline.with_(**values)
+        violations = static_check(workload, baseline, recipe)
+        cause = "; ".join(f"{v.knob}: {v.message}" for v in violations)
+        entries.append(Entry(id=recipe.id, values=values, feasible=not violations, cause=cause))
+    return Table(name=name, workload=workload.kind, campaign=str(campaign.path), baseline=dict(baseline),
+                 workload_spec=campaign.config.workload.model_dump(mode="json", exclude_none=True),
+                 baseline_id=baseline.id, space={n: list(v) for n, v in campaign.config.search.knobs.items()},
+                 steps=steps, repeats=repeats, environment=environment_fingerprint(),
+                 conditions={"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_avg_start": _load_avg(),
+                             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""), "timeout_s": timeout_s},
+                 entries=entries)
+
+
 def build_table(campaign: Campaign, out: Path, name: str, repeats: int, steps: int, timeout_s: float,
                 seed: int = 0, log: Callable[[str], None] = print) -> Table:
     """Measure every feasible recipe ``repeats`` times, interleaved; resume from ``out`` if it holds this table."""
-    from recipetune.guard.static import static_check
-
     workload, baseline = campaign.workload, campaign.baseline
     points = space_points(campaign)
     previous: Table | None = None
@@ -232,20 +251,7 @@ def build_table(campaign: Campaign, out: Path, name: str, repeats: int, steps: i
         table = previous
         table.repeats = max(table.repeats, repeats)
     else:
-        entries = []
-        for values in points:
-            recipe = baseline.with_(**values)
-            violations = static_check(workload, baseline, recipe)
-            cause = "; ".join(f"{v.knob}: {v.message}" for v in violations)
-            entries.append(Entry(id=recipe.id, values=values, feasible=not violations, cause=cause))
-        table = Table(name=name, workload=workload.kind, campaign=str(campaign.path), baseline=dict(baseline),
-                      workload_spec=campaign.config.workload.model_dump(mode="json", exclude_none=True),
-                      baseline_id=baseline.id, space={n: list(v) for n, v in campaign.config.search.knobs.items()},
-                      steps=steps, repeats=repeats, environment=environment_fingerprint(),
-                      conditions={"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_avg_start": _load_avg(),
-                                  "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
-                                  "timeout_s": timeout_s},
-                      entries=entries)
+        table = _new_table(campaign, name, points, steps, repeats, timeout_s)
     feasible = [e for e in table.entries if e.feasible]
     todo = [(r, e) for r in range(repeats) for e in feasible if all(m.repeat != r for m in e.runs)]
     log(f"{len(table.entries)} recipes, {len(feasible)} feasible; {len(todo)} runs to go ({repeats} repeats, "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 from rich.console import Console
@@ -19,6 +21,7 @@ from recipetune.cbs.table import Summary, TableError, fmt, fmt_ci, load_table, s
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 
+S, R = TypeVar("S"), TypeVar("R")  # a command's spec, its result
 cbs_app = typer.Typer(
     help="Critical batch size (arXiv 2410.21676): measure steps vs batch size, fit B* and its scaling laws.",
     no_args_is_help=True,
@@ -93,7 +96,11 @@ def fit_command(
         summary = summarize(load_table(table), b_opt=b_opt, seed=seed)
     except TableError as exc:
         raise fail(exc) from None
-    out_dir = out or table.with_name(f"{table.stem}-cbs")
+    _write_fit(summary, out or table.with_name(f"{table.stem}-cbs"))
+
+
+def _write_fit(summary: Summary, out_dir: Path) -> None:
+    """A fit's files (summary, plots) in ``out_dir``, its tables on the terminal."""
     written = write_summary(summary, out_dir)
     written.append(plot_steps_vs_batch(summary.groups, out_dir / "steps_vs_batch.png"))
     if summary.scaling:
@@ -119,13 +126,29 @@ def _fit_points(points: Path, out_dir: Path, b_opt: float | None, seed: int) -> 
     except TableError as exc:
         errors.print(f"[yellow]no fit:[/yellow] {exc}; the measurements are in {points}", highlight=False)
         return False
-    written = write_summary(summary, out_dir)
-    written.append(plot_steps_vs_batch(summary.groups, out_dir / "steps_vs_batch.png"))
-    if summary.scaling:
-        written.append(plot_scaling(summary.scaling, out_dir / "scaling.png"))
-    _print_summary(summary)
-    console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+    _write_fit(summary, out_dir)
     return True
+
+
+def _measure(config: Path, overrides: list[str] | None, out: Path | None, load: Callable[[Path, list[str]], S],
+             run: Callable[[S, Path, Progress], R], failure: type[Exception],
+             describe: Callable[[S, Path], str] | None = None) -> tuple[S, Path, R]:
+    """What every measuring command does before its own output: load its file (bad input: exit 2, nothing
+    written), the output folder, what will run (``describe``), the runs under a progress bar (a run that
+    cannot go on: exit 1)."""
+    try:
+        spec = load(config, overrides or [])
+    except ConfigError as exc:
+        raise fail(exc) from None
+    out_dir = out or Path("runs") / f"cbs-{config.stem}"
+    if describe is not None:
+        console.print(describe(spec, out_dir), highlight=False)
+    try:
+        with _progress() as progress:
+            result = run(spec, out_dir, progress)
+    except failure as exc:
+        raise fail(exc, 1) from None
+    return spec, out_dir, result
 
 
 def _print_points(result: SweepResult, title: str) -> None:
@@ -151,21 +174,9 @@ def sweep_command(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Measure steps to a target loss per batch size (constant LR + EWA, best lr/beta2 per B), then fit B*."""
-    try:
-        spec = load_sweep(config, overrides or [])
-    except ConfigError as exc:
-        raise fail(exc) from None
-    out_dir = out or Path("runs") / f"cbs-{config.stem}"
-    console.print(
+    spec, out_dir, result = _measure(config, overrides, out, load_sweep, run_sweep, SweepError, lambda spec, out_dir: (
         f"{len(spec.trials)} sweep runs over B={spec.config.batch_sizes}"
-        + (f" + {len(spec.reference_trials)} reference runs" if spec.reference_trials else "")
-        + f" -> {out_dir}", highlight=False,
-    )
-    try:
-        with _progress() as progress:
-            result = run_sweep(spec, out_dir, progress)
-    except SweepError as exc:
-        raise fail(exc, 1) from None
+        + (f" + {len(spec.reference_trials)} reference runs" if spec.reference_trials else "") + f" -> {out_dir}"))
     _print_points(result, "steps to target per batch size")
     if not _fit_points(out_dir / "points.csv", out_dir, spec.config.b_opt, spec.config.bootstrap_seed):
         raise typer.Exit(1)
@@ -178,17 +189,8 @@ def scale_command(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Sweep several data sizes and model sizes, fit B* = c D^alpha and B* = c N^beta with 95% intervals."""
-    try:
-        spec = load_scale(config, overrides or [])
-    except ConfigError as exc:
-        raise fail(exc) from None
-    out_dir = out or Path("runs") / f"cbs-{config.stem}"
-    console.print(f"{len(spec.groups)} groups, {spec.n_runs} runs -> {out_dir}", highlight=False)
-    try:
-        with _progress() as progress:
-            result = run_scale(spec, out_dir, progress)
-    except SweepError as exc:
-        raise fail(exc, 1) from None
+    spec, out_dir, result = _measure(config, overrides, out, load_scale, run_scale, SweepError, lambda spec, out_dir:
+                                     f"{len(spec.groups)} groups, {spec.n_runs} runs -> {out_dir}")
     for group, sweep in result.groups:
         _print_points(sweep, f"{group.model}, D={sweep.data_tokens} tokens, N={sweep.params}")
     if not _fit_points(out_dir / "points.csv", out_dir, spec.config.b_opt, spec.config.bootstrap_seed):
@@ -202,16 +204,7 @@ def local_command(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Local CBS by branched training (arXiv 2505.23971): branches at k*B with LR x sqrt(k), same tokens."""
-    try:
-        spec = load_local(config, overrides or [])
-    except ConfigError as exc:
-        raise fail(exc) from None
-    out_dir = out or Path("runs") / f"cbs-{config.stem}"
-    try:
-        with _progress() as progress:
-            result = run_local(spec, out_dir, progress)
-    except LocalError as exc:
-        raise fail(exc, 1) from None
+    spec, out_dir, result = _measure(config, overrides, out, load_local, run_local, LocalError)
     c = spec.config
     table = RichTable(title=f"local CBS: B={c.batch_size}, epsilon={c.epsilon} nats, LR x k^p ({c.lr_scaling})",
                       title_justify="left")

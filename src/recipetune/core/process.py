@@ -102,7 +102,7 @@ class Machine:
                 self._busy.update(mine)
         try:
             if share is not None and share.cancel.is_set():  # closed while this run waited: never start it
-                raise Cancelled("the executor was closed")
+                raise Cancelled("the executor was closed") from None
             yield _pin(mine) if share is not None and share.gpus else {}
         finally:
             with self._cond:
@@ -152,6 +152,47 @@ def tail(path: Path, n_bytes: int = 4000) -> str:
         return ""
 
 
+@contextlib.contextmanager
+def opening(log_dir: Path, env: Mapping[str, str] | None) -> Iterator[dict[str, str]]:
+    """How every runner opens a run (``run_process``, workloads/warm.py: ``run_warm``): its log folder,
+    its place on the machine (``MACHINE``: a measured run alone, a loss-only run within its share), and
+    the child's environment, its pinned devices included."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with MACHINE.use() as pinned:
+        yield {**os.environ, **(env or {}), **pinned}
+
+
+@dataclass
+class Watch:
+    """What every runner asks each time its child has not ended yet (``must_stop``), and the outcome
+    it then reports (``outcome``): the caller's poll, the timeout, the stop file (the pruner's word),
+    the executor closing."""
+
+    timeout_s: float | None
+    on_poll: Callable[[], None] | None
+    stop_file: Path | None
+    start: float = field(default_factory=time.perf_counter)
+    timed_out: bool = False
+    stopped: bool = False
+
+    def must_stop(self) -> bool:
+        """True when the child must be killed now (its timeout, or its stop file); raises ``Cancelled``
+        when the executor was closed (the caller kills the child with its group)."""
+        if self.on_poll:
+            self.on_poll()
+        self.timed_out = self.timeout_s is not None and time.perf_counter() - self.start > self.timeout_s
+        self.stopped = not self.timed_out and self.stop_file is not None and self.stop_file.exists()
+        if not (self.timed_out or self.stopped) and cancelled():
+            raise Cancelled("the executor was closed") from None
+        return self.timed_out or self.stopped
+
+    def outcome(self, returncode: int | None, wall_s: float, log_dir: Path) -> ProcessOutcome:
+        if self.on_poll:
+            self.on_poll()  # the last word: the child's final lines
+        return ProcessOutcome(None if self.timed_out else returncode, self.timed_out, wall_s,
+                              tail(log_dir / "stderr.log"), self.stopped)
+
+
 def run_process(
     argv: Sequence[str],
     *,
@@ -165,41 +206,27 @@ def run_process(
 ) -> ProcessOutcome:
     """Run ``argv`` (no shell) to completion, timeout or ``stop_file``'s appearance; stdout/stderr go to
     files in ``log_dir``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    stdout_path, stderr_path = log_dir / "stdout.log", log_dir / "stderr.log"
-    with MACHINE.use() as pinned, stdout_path.open("wb") as out, stderr_path.open("wb") as err:
-        full_env = {**os.environ, **(env or {}), **pinned}
-        start = time.perf_counter()
+    with opening(log_dir, env) as full_env, (log_dir / "stdout.log").open("wb") as out, \
+            (log_dir / "stderr.log").open("wb") as err:
+        watch = Watch(timeout_s, on_poll, stop_file)
         proc = subprocess.Popen(
             list(argv), stdout=out, stderr=err, env=full_env, cwd=cwd, start_new_session=True,
             preexec_fn=_die_with_parent if _prctl is not None else None,
         )
-        timed_out = stopped = False
         try:
             while True:
                 try:
                     proc.wait(timeout=poll_interval_s)
                     break
                 except subprocess.TimeoutExpired:
-                    if on_poll:
-                        on_poll()
-                    if timeout_s is not None and time.perf_counter() - start > timeout_s:
-                        timed_out = True
+                    if watch.must_stop():
                         _kill_group(proc)
                         break
-                    if stop_file is not None and stop_file.exists():
-                        stopped = True
-                        _kill_group(proc)
-                        break
-                    if cancelled():
-                        raise Cancelled("the executor was closed") from None  # killed below, with its group
         except BaseException:
             _kill_group(proc)  # Ctrl-C in the parent must not leave a trainer running
             raise
-        wall = time.perf_counter() - start
-    if on_poll:
-        on_poll()
-    return ProcessOutcome(None if timed_out else proc.returncode, timed_out, wall, tail(stderr_path), stopped)
+        wall = time.perf_counter() - watch.start
+    return watch.outcome(proc.returncode, wall, log_dir)
 
 
 def kill_orphans(run_dir: str | None) -> None:

@@ -40,14 +40,19 @@ class Pruning(BaseModel):
     patience: int = Field(1, ge=1, description="patient: reports in a row below the median before pruning")
     min_resource: int = Field(1, ge=1, description="successive_halving, hyperband: the first rung's step")
     reduction_factor: int = Field(3, ge=2, description="successive_halving, hyperband: keep 1 of this many per rung")
-    checkpoints: int = Field(3, ge=1, le=50, description="reports per trial (the quality job: validation metric on "
-                                                         "`eval_examples` rows at this many points of training)")
-    eval_examples: int = Field(64, ge=1, description="the quality job: validation rows scored at a checkpoint")
+    checkpoints: int = Field(3, ge=1, le=50, description="reports per trial, at this many points of its run "
+                                                         "(the quality job adds what it scores there: "
+                                                         "finetune/plan.py: QualityPruning)")
+
+    @property
+    def on(self) -> bool:
+        """Whether trials may be stopped early: the one switch every reader of this section asks."""
+        return self.pruner != "none"
 
     @property
     def reports(self) -> int:
         """The reports a trial makes: ``checkpoints`` with a pruner, none without one."""
-        return self.checkpoints if self.pruner != "none" else 0
+        return self.checkpoints if self.on else 0
 
 
 class LLMSettings(BaseModel):

@@ -1,6 +1,7 @@
 """Several drivers on one study: claims, run slots and heartbeats (engine/store.py's docstring says
-why each exists). ``Drivers`` is the part of ``CampaignStore`` that keeps them; a trial whose driver
-is gone is failed as interrupted, its claim and slot released.
+why each exists). ``Drivers`` keeps them for the store that owns it (``CampaignStore.drivers``), through
+a narrow view of it (``Study``); a trial whose driver is gone is failed as interrupted, its claim and
+slot released.
 
 Private Optuna API used here, because no public one serves: ``RDBStorage._get_stale_trial_ids``
 (the trials whose heartbeat stopped; Optuna's public ``fail_stale_trials`` fails them itself, without
@@ -15,7 +16,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import optuna
 import sqlalchemy as sa
@@ -65,19 +66,41 @@ def _alive(driver: str | None) -> bool:
     return True
 
 
-class Drivers:
-    """Claims, run slots and heartbeats of a campaign's study (a mixin of ``CampaignStore``, which
-    gives it the study, its storage and ``_sql``)."""
+class Study(Protocol):
+    """What ``Drivers`` reads of the store that owns it: the study, its storage, its name, and one
+    transaction of its database (``sql``), patient as the store's own."""
 
     name: str
-    heartbeat_s: int
-    study: optuna.Study
-    storage: optuna.storages.RDBStorage
-    _open: dict[int, optuna.trial.Trial]
-    _beat: threading.Thread | None
-    _stop: threading.Event
 
-    def _sql(self, what: str, fn: Callable[[sa.engine.Connection], T]) -> T: ...
+    @property
+    def study(self) -> optuna.Study: ...
+
+    @property
+    def storage(self) -> optuna.storages.RDBStorage: ...
+
+    def sql(self, what: str, fn: Callable[[sa.engine.Connection], T]) -> T: ...
+
+
+class Drivers:
+    """Claims, run slots and heartbeats of a campaign's study: a part the store owns
+    (``CampaignStore.drivers``), given the study (``Study``) and the trials this driver has open (the
+    store's, by number: a run slot is taken for one, a heartbeat sent for each)."""
+
+    def __init__(self, db: Study, heartbeat_s: int, open_trials: dict[int, optuna.trial.Trial]):
+        self.db, self.heartbeat_s, self._open = db, heartbeat_s, open_trials
+        self._beat: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def study(self) -> optuna.Study:
+        return self.db.study
+
+    @property
+    def storage(self) -> optuna.storages.RDBStorage:
+        return self.db.storage
+
+    def _sql(self, what: str, fn: Callable[[sa.engine.Connection], T]) -> T:
+        return self.db.sql(what, fn)
 
     def fail_interrupted(self, mine: bool = True, gone: bool = True) -> list[TrialRecord]:
         """Mark trials left RUNNING by a stopped driver as failed; their recipes may run again.
@@ -127,7 +150,7 @@ class Drivers:
         """Trials whose driver sent no heartbeat for twice ``heartbeat_s``: failed as interrupted
         (Optuna's heartbeat table; the failing is ours so the trial says why before it closes)."""
         out = []
-        study_id = self.storage.get_study_id_from_name(self.name)
+        study_id = self.storage.get_study_id_from_name(self.db.name)
         for trial_id in self.storage._get_stale_trial_ids(study_id):
             driver = self.storage.get_trial(trial_id).user_attrs.get("driver", "?")
             rec = self._interrupted(trial_id, f"{INTERRUPTED} (its driver {driver} sent no heartbeat for "
@@ -155,7 +178,7 @@ class Drivers:
 
     def _claim_key(self) -> str:
         # The study's id too: a study deleted and created again under its name starts without claims.
-        return f"{self.name}#{self.storage.get_study_id_from_name(self.name)}"
+        return f"{self.db.name}#{self.storage.get_study_id_from_name(self.db.name)}"
 
     def claim(self, recipe: Recipe) -> bool:
         """Reserve ``recipe`` for this driver; False when a driver (this one included) already has it."""

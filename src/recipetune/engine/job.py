@@ -21,10 +21,12 @@ from typing import Any, Protocol
 
 from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.core.words import Decision
 from recipetune.engine.record import Figures, Trial
 from recipetune.engine.researcher import Subject
+from recipetune.engine.status import NodeStatus
 from recipetune.engine.store import CampaignStore
-from recipetune.engine.tree import Node, NodeStatus, Tree
+from recipetune.engine.tree import Node, Tree
 from recipetune.execute.executor import Executor
 
 # -- what the live view is told ----------------------------------------------------------------
@@ -81,7 +83,7 @@ class Progress:
     ``upper`` is the most the value could plausibly be, given its noise: a trial is stopped only when
     the pruner says so and even that bound stays below the bar that pruner keeps the finished trials
     (the baseline's curve among them) above at the same report: their median for ``median``
-    (engine/loop.py: Search.prune; engine/samplers.py: pruning_bar).
+    (engine/trials.py: Trials.prune; engine/samplers.py: pruning_bar).
     Called from the thread that watches the run."""
 
     def __init__(self, step: Callable[[int, int], None], report: Callable[[int, float, float | None], bool]):
@@ -179,7 +181,7 @@ class Finished:
 
     tree: Tree
     runs: int  # runs of the budget spent, this session and before
-    stopped: str = ""  # the stop rule that ended the search before its budget (Search.stop_rule), if one did
+    stopped: str = ""  # the stop rule that ended the search before its budget (Stopping.why), if one did
 
 
 @dataclass
@@ -187,7 +189,7 @@ class Outcome:
     """A job's decision. ``approved``: the text of approved.yaml for a winner; ``record``: the job's
     own fields of verdict.json."""
 
-    decision: str  # APPROVED or KEEP BASELINE
+    decision: Decision  # APPROVED or KEEP BASELINE
     reasons: list[str]
     tree: Tree
     winner: Node | None = None

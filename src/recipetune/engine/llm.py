@@ -22,6 +22,7 @@ from typing import Any
 from recipetune.core.recipe import KnobError, Recipe, Scalar
 from recipetune.engine.config import LLMSettings
 from recipetune.engine.researcher import Proposal, SearchContext, fresh_recipe, member, with_note
+from recipetune.engine.status import Status
 from recipetune.engine.tree import Node
 
 # Values reach a trainer's argv or environment. They are matched against the space anyway; a value
@@ -73,7 +74,7 @@ def compress_context(node: Node, context: SearchContext, k: int, n_key: int = 3)
         return _node_view(n, baseline, context.score_name)
 
     rel = context.relations
-    gains = sorted((n for n in tree if n.status == "passed" and _gain(n) > 0), key=_gain, reverse=True)
+    gains = sorted((n for n in tree if n.status == Status.PASSED and _gain(n) > 0), key=_gain, reverse=True)
     out: dict[str, Any] = {
         "space": {n: list(v) for n, v in context.space.values.items()},
         **({"relations": [r.expr for r in rel.relations]} if rel.relations else {}),

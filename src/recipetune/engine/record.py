@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from recipetune.core.recipe import Recipe
+from recipetune.engine.status import FINISHED
 
 
 class Figures(BaseModel):
@@ -88,6 +89,12 @@ class TrialRecord:
     @property
     def status(self) -> str:
         return self.attrs.get("status", "")
+
+    @property
+    def finished(self) -> bool:
+        """Closed in the study with a status that makes it a node of the tree (not an interrupted,
+        duplicate or unrun trial, nor one still running)."""
+        return self.state in ("COMPLETE", "FAIL", "PRUNED") and self.status in FINISHED
 
 
 def trial_record(t: FrozenTrial) -> TrialRecord:

@@ -19,14 +19,27 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.core.relations import Relations
 from recipetune.engine.config import Pruning
-from recipetune.engine.store import distributions, reference_trial
+from recipetune.engine.store import reference_trial
 
 STRATEGIES = ("mcts", "tpe", "gp", "random", "grid")
+
+
+def distributions(space: SearchSpace, baseline: Recipe) -> dict[str, BaseDistribution]:
+    """Categorical distributions over each searched knob's listed values, plus the baseline's."""
+    out: dict[str, BaseDistribution] = {}
+    for name, values in space.values.items():
+        choices = list(values)
+        if baseline.get(name) is not None and not any(
+            v == baseline[name] and isinstance(v, bool) == isinstance(baseline[name], bool) for v in choices
+        ):
+            choices.insert(0, baseline[name])
+        out[name] = CategoricalDistribution(choices)
+    return out
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):
@@ -173,7 +186,7 @@ class WithReference(optuna.pruners.BasePruner):
 def make_pruner(p: Pruning) -> optuna.pruners.BasePruner:
     """The pruner ``search.pruning`` names (Optuna's own, shown the baseline's curve: ``WithReference``;
     ``none`` prunes nothing)."""
-    if p.pruner == "none":
+    if not p.on:
         return optuna.pruners.NopPruner()
     return WithReference(_pruner(p))
 
@@ -199,7 +212,7 @@ def _pruner(p: Pruning) -> optuna.pruners.BasePruner:
 def pruning_bar(p: Pruning, values: list[float]) -> float | None:
     """What the pruner ``p`` keeps a trial above at a report, from the finished trials' reports at
     the same step (the baseline's among them): the bar a running trial's plausible value must fall
-    below before it is stopped (engine/loop.py: Search.prune). The median for ``median`` and
+    below before it is stopped (engine/trials.py: Trials.prune). The median for ``median`` and
     ``patient``; for ``percentile``, the percentile Optuna's pruner keeps (``percentile: 25`` keeps
     the top quarter, so its bar is the 75th percentile, interpolated as numpy does); for
     ``successive_halving`` and ``hyperband``, the lowest value still among the top

@@ -14,8 +14,8 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from recipetune.core.recipe import Scalar
 from recipetune.engine.researcher import SearchContext, fmt_value, member
-from recipetune.engine.samplers import FeasibleSampler, StableTPE
-from recipetune.engine.store import distributions
+from recipetune.engine.samplers import FeasibleSampler, StableTPE, distributions
+from recipetune.engine.status import Status
 from recipetune.engine.tree import Node, Tree
 
 
@@ -31,7 +31,7 @@ def helped_moves(tree: Tree, knobs: list[str]) -> list[tuple[dict[str, Scalar], 
     allowed = set(knobs)
     for child in tree:
         parent = child.parent
-        if (parent is None or child.status != "passed" or child.score is None or parent.score is None
+        if (parent is None or child.status != Status.PASSED or child.score is None or parent.score is None
                 or not math.isfinite(child.score) or not math.isfinite(parent.score)):
             continue
         gain = child.score - parent.score
@@ -71,7 +71,7 @@ class SpaceModel:
             if any(not member(v, tuple(d.choices)) for v, d in  # type: ignore[attr-defined]
                    zip(params.values(), dists.values(), strict=True)):
                 continue  # a value outside the space (a derived or repaired knob): not a point of it
-            if node.status in ("baseline", "passed") and node.score is not None and math.isfinite(node.score):
+            if node.status in (Status.BASELINE, Status.PASSED) and node.score is not None and math.isfinite(node.score):
                 out.append(create_trial(params=params, distributions=dists, value=float(node.score)))
             else:
                 out.append(create_trial(params=params, distributions=dists, state=TrialState.PRUNED))

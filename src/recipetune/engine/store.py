@@ -26,7 +26,7 @@ campaign, which ``--resume`` continues.
 
 Here: the study and the trial's lifecycle (``open_trial``: claim, begin, a run slot, running, in one
 trip; finish; reports), and the campaign's files.
-The claims, slots and heartbeats are engine/drivers.py (``Drivers``, a part of this class); the
+The claims, slots and heartbeats are engine/drivers.py (``Drivers``, the store's ``drivers``); the
 patient database is engine/database.py; what a trial stores is engine/record.py.
 
 The baseline's curve (``set_reference``) is kept in the study's user attributes, not as a trial:
@@ -47,7 +47,6 @@ import datetime
 import json
 import math
 import os
-import threading
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -56,12 +55,12 @@ from typing import Any, Literal, TypeVar
 
 import optuna
 import sqlalchemy as sa
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel
 
 from recipetune.core.files import write_atomic
-from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.core.recipe import Recipe
 from recipetune.engine.database import (
     NO_SPACE,
     DiskFull,
@@ -93,20 +92,6 @@ def reference_trial(study: optuna.Study) -> FrozenTrial | None:
         return None
     return optuna.trial.create_trial(value=ref["score"], user_attrs={"status": REFERENCE, "ran": False},
                                      intermediate_values={int(k): v for k, v in ref["curve"].items()})
-
-
-def distributions(space: SearchSpace, baseline: Recipe) -> dict[str, BaseDistribution]:
-    """Categorical distributions over each searched knob's listed values, plus the baseline's."""
-    out: dict[str, BaseDistribution] = {}
-    for name, values in space.values.items():
-        choices = list(values)
-        if baseline.get(name) is not None and not any(
-            v == baseline[name] and isinstance(v, bool) == isinstance(baseline[name], bool) for v in choices
-        ):
-            choices.insert(0, baseline[name])
-        out[name] = CategoricalDistribution(choices)
-    return out
-
 
 
 def _jsonable(value: Any) -> Any:
@@ -145,7 +130,7 @@ CLAIMED = "same recipe as another driver's trial"
 BUDGET_TAKEN = "the shared budget was spent by other drivers' runs"
 
 
-class CampaignStore(Drivers):
+class CampaignStore:
     """A campaign folder and its study."""
 
     def __init__(
@@ -164,8 +149,7 @@ class CampaignStore(Drivers):
         self._study: optuna.Study | None = None
         self._open: dict[int, optuna.trial.Trial] = {}
         self._reference: dict[int, float] | None = None  # the baseline's curve, once read (reference())
-        self._beat: threading.Thread | None = None
-        self._stop = threading.Event()
+        self.drivers = Drivers(self, heartbeat_s, self._open)  # claims, run slots, heartbeats
 
     # -- the study --------------------------------------------------------------------------
 
@@ -204,7 +188,7 @@ class CampaignStore(Drivers):
             self._storage = storage
         return self._storage
 
-    def _sql(self, what: str, fn: Callable[[sa.engine.Connection], T]) -> T:
+    def sql(self, what: str, fn: Callable[[sa.engine.Connection], T]) -> T:
         """``fn`` in one transaction of the study's database, waiting out a lost connection."""
 
         def run() -> T:
@@ -297,7 +281,7 @@ class CampaignStore(Drivers):
         the trial is closed at once, claimed but never run. A sampler's ``trial`` is closed as a
         duplicate when another driver has the recipe; a trial whose slot another driver's run took is
         closed as unrun and its recipe released."""
-        if not self.claim(recipe):
+        if not self.drivers.claim(recipe):
             number = None
             if trial is not None:  # the sampler's trial must be told: it is not run here
                 number = self.begin(recipe, dists, {k: attrs[k] for k in ("parent", "proposer") if k in attrs}, trial)
@@ -307,9 +291,9 @@ class CampaignStore(Drivers):
         if refusal is not None:
             self.finish(number, None, dict(refusal))
             return Refused("rejected", number, str(refusal.get("cause", "")))
-        if not self.take_run(number, budget):
+        if not self.drivers.take_run(number, budget):
             self.finish(number, None, {"status": "unrun", "ran": False, "cause": BUDGET_TAKEN})
-            self.unclaim(recipe.id)
+            self.drivers.unclaim(recipe.id)
             return Refused("budget", number, BUDGET_TAKEN)
         run_dir = self.run_dir(number, recipe)
         self.set_running(number, {"run_dir": str(run_dir), "ran": True, **(plan or {})})

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from recipetune.core.recipe import Recipe
+from recipetune.engine.status import NodeStatus, Status
 
-NodeStatus = Literal["baseline", "passed", "rejected", "failed", "pruned"]
 Backup = Literal["mean", "max"]
 
 
@@ -72,7 +72,7 @@ class Node:
     def expandable(self) -> bool:
         # Failed and rejected recipes are dead ends: children would inherit what broke them; a pruned
         # one was losing to the others when it stopped.
-        return self.status in ("baseline", "passed") and not self.exhausted
+        return self.status in (Status.BASELINE, Status.PASSED) and not self.exhausted
 
     def depth(self) -> int:
         return 0 if self.parent is None else 1 + self.parent.depth()
@@ -217,7 +217,7 @@ class Tree:
 
     def ranked(self) -> list[Node]:
         """Passed candidates, highest score first."""
-        passed = [n for n in self.nodes.values() if n.status == "passed" and n.score is not None]
+        passed = [n for n in self.nodes.values() if n.status == Status.PASSED and n.score is not None]
         return sorted(passed, key=lambda n: n.score, reverse=True)  # type: ignore[arg-type,return-value]
 
     def best(self) -> Node | None:

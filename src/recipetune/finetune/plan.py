@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from recipetune.core.errors import ConfigError, require_extra, validation_error
 from recipetune.core.recipe import INVARIANT, KnobError, Recipe, SearchSpace
 from recipetune.data.files import DataFileError
-from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.config import Pruning, TreeSearchConfig
 from recipetune.engine.plan import Plan, open_campaign, redacted
 from recipetune.execute.config import ExecuteConfig
 from recipetune.finetune.experiment import Experiment, ExperimentSpec, read_experiment_file, validate_spec
@@ -23,6 +23,12 @@ from recipetune.finetune.space import DATA_PREFIX, ExperimentSpace, check_data_s
 from recipetune.finetune.task import load_splits
 
 PLAYBOOK = "recipetune.finetune:playbook.yaml"
+
+
+class QualityPruning(Pruning):
+    """The engine's pruning, and what the quality job scores at each of its checkpoints."""
+
+    eval_examples: int = Field(64, ge=1, description="validation rows scored at a checkpoint")
 
 
 class FinetuneSearchConfig(TreeSearchConfig):
@@ -44,6 +50,7 @@ class FinetuneSearchConfig(TreeSearchConfig):
     explore: Literal["model", "random"] = Field(
         "model", description="the analyst where no specific rule fires: model (TPE fitted to the tree's results so "
                              "far; the default here) or random (one other value of a searched knob, seeded)")
+    pruning: QualityPruning = QualityPruning()
 
 
 class FinetuneSettings(BaseModel):

@@ -14,7 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from recipetune.core import expr
-from recipetune.core.recipe import INVARIANT, SPEED, KnobError, Recipe
+from recipetune.core.recipe import INVARIANT, SPEED, KnobError, KnobSet, Recipe
 from recipetune.workloads.base import Workload
 
 
@@ -54,32 +54,8 @@ def _knob_in(message: str, names: Collection[str]) -> str:
     return "recipe"
 
 
-def static_report(
-    workload: Workload, baseline: Recipe, candidate: Recipe, allow_semantic: Collection[str] = ()
-) -> StaticReport:
-    """Every static check of ``candidate`` against ``baseline``, with what was checked."""
-    report = StaticReport()
-    knobs = workload.knobs()
-    allow = set(allow_semantic)
-
-    values = dict(knobs.defaults())
-    for name, value in candidate.items():
-        if name not in knobs:
-            report.violations.append(Violation(
-                name, "unknown-knob", f"the {workload.kind} workload has no knob '{name}'; "
-                f"valid knobs are: {', '.join(sorted(knobs))}"))
-            continue
-        try:
-            values[name] = knobs[name].validate(value)
-        except KnobError as e:
-            report.violations.append(Violation(name, "out-of-domain", str(e)))
-    report.checked.append(f"domains: {len(candidate)} knob values known and in range")
-    if report.violations:
-        return report  # nothing else can be evaluated meaningfully on unknown or invalid values
-    resolved = Recipe(values)
-    base = Recipe({**knobs.defaults(), **baseline})
-
-    # Role: a knob that may change learning keeps the baseline's value unless the campaign opts in.
+def _check_roles(report: StaticReport, knobs: KnobSet, base: Recipe, resolved: Recipe, allow: set[str]) -> None:
+    """Roles: a knob that may change learning keeps the baseline's value unless the campaign opts in."""
     fixed = [k for k in knobs.values() if k.role != SPEED]
     for knob in fixed:
         old, new = base.get(knob.name), resolved.get(knob.name)
@@ -99,18 +75,10 @@ def static_report(
     allowed = f" except allowed {', '.join(report.allowed_semantic)}" if report.allowed_semantic else ""
     report.checked.append(f"roles: {len(fixed)} semantic/invariant knobs equal to the baseline{allowed}")
 
-    # Derived knobs and relations that must hold (recipetune.core.relations: the search repairs a
-    # proposal that breaks one; here a recipe that still breaks one is refused).
-    broken_knobs: set[str] = set()
-    for problem in workload.relations().problems(resolved):
-        report.violations.append(Violation(problem.knob, problem.rule, problem.message))
-        broken_knobs |= problem.knobs
-    n_rel = len(workload.relations().relations) + len(workload.relations().derived)
-    if n_rel and not broken_knobs:
-        report.checked.append(f"relations: {n_rel} derived knobs and relations hold")
 
-    # 'Unchanged' invariants. One that depends on a semantic knob the campaign allowed to change is
-    # waived: that change is judged on loss at equal tokens instead.
+def _check_invariants(report: StaticReport, workload: Workload, base: Recipe, resolved: Recipe) -> None:
+    """'Unchanged' invariants. One that depends on a semantic knob the campaign allowed to change is
+    waived: that change is judged on loss at equal tokens instead."""
     reported = {v.knob for v in report.violations}
     for inv in workload.invariants():
         if inv.kind == "holds":
@@ -129,6 +97,45 @@ def static_report(
                 inv.name, "invariant", f"'{inv.expr}' must stay {_show(old)}, the candidate gives {_show(new)}"))
         elif new == old:
             report.checked.append(f"{inv.name}: {inv.expr} = {_show(new)}, unchanged")
+
+
+def static_report(
+    workload: Workload, baseline: Recipe, candidate: Recipe, allow_semantic: Collection[str] = ()
+) -> StaticReport:
+    """Every static check of ``candidate`` against ``baseline``, with what was checked."""
+    report = StaticReport()
+    knobs = workload.knobs()
+
+    values = dict(knobs.defaults())
+    for name, value in candidate.items():
+        if name not in knobs:
+            report.violations.append(Violation(
+                name, "unknown-knob", f"the {workload.kind} workload has no knob '{name}'; "
+                f"valid knobs are: {', '.join(sorted(knobs))}"))
+            continue
+        try:
+            values[name] = knobs[name].validate(value)
+        except KnobError as e:
+            report.violations.append(Violation(name, "out-of-domain", str(e)))
+    report.checked.append(f"domains: {len(candidate)} knob values known and in range")
+    if report.violations:
+        return report  # nothing else can be evaluated meaningfully on unknown or invalid values
+    resolved = Recipe(values)
+    base = Recipe({**knobs.defaults(), **baseline})
+
+    _check_roles(report, knobs, base, resolved, set(allow_semantic))
+
+    # Derived knobs and relations that must hold (recipetune.core.relations: the search repairs a
+    # proposal that breaks one; here a recipe that still breaks one is refused).
+    broken_knobs: set[str] = set()
+    for problem in workload.relations().problems(resolved):
+        report.violations.append(Violation(problem.knob, problem.rule, problem.message))
+        broken_knobs |= problem.knobs
+    n_rel = len(workload.relations().relations) + len(workload.relations().derived)
+    if n_rel and not broken_knobs:
+        report.checked.append(f"relations: {n_rel} derived knobs and relations hold")
+
+    _check_invariants(report, workload, base, resolved)
 
     # The workload's own consistency checks (e.g. a micro-batch that does not divide the batch).
     for problem in workload.check(resolved):

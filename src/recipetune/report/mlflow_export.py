@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from recipetune.core.measure import RunResult
+from recipetune.engine.status import Status
 from recipetune.report import sources as src
 from recipetune.report.build import build_report
 
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
-STATE = {"passed": "FINISHED", "rejected": "FINISHED", "failed": "FAILED", "pruned": "KILLED", "interrupted": "KILLED"}
+STATE = {Status.PASSED: "FINISHED", Status.REJECTED: "FINISHED", Status.FAILED: "FAILED", Status.PRUNED: "KILLED",
+         Status.INTERRUPTED: "KILLED"}
 STEP_METRICS = ("loss", "step_time_s", "grad_norm", "lr", "data_s", "compute_s", "optim_s", "peak_mem_bytes")
 
 

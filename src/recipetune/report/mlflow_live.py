@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from recipetune.engine.job import Reporter, Row
-from recipetune.engine.loop import FINISHED
+from recipetune.engine.status import FINISHED
 from recipetune.report.mlflow_export import export, require_mlflow
 
 

@@ -14,11 +14,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from recipetune.engine.status import Status
 from recipetune.report import sources as src
 from recipetune.report.sources import CampaignFiles
 
 NO_VERDICT = "NO VERDICT YET"
-TREE_STATUSES = ("passed", "rejected", "failed", "pruned", "interrupted")
+TREE_STATUSES = (Status.PASSED, Status.REJECTED, Status.FAILED, Status.PRUNED, Status.INTERRUPTED)
 
 
 class Trial(BaseModel):
@@ -197,7 +198,7 @@ def mark_path(winner: Trial | None, by_id: dict[str, Trial]) -> None:
 
 def count(trials: list[Trial], files: CampaignFiles) -> dict[str, int]:
     counts = {"trials": len(trials), "ran": sum(t.ran for t in trials)}
-    for status in ("passed", "rejected", "failed", "pruned", "interrupted", "duplicate"):
+    for status in (Status.PASSED, Status.REJECTED, Status.FAILED, Status.PRUNED, Status.INTERRUPTED, Status.DUPLICATE):
         counts[status] = sum(t.status == status for t in trials)
     counts["invalid proposals"] = len(files.rejected)
     return counts

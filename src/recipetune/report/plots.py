@@ -15,12 +15,14 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from recipetune.core.words import Decision
+from recipetune.engine.status import Status
 from recipetune.report.model import TREE_STATUSES, Curve, Report, Trial
 from recipetune.report.sources import QUALITY, smooth
 
-COLORS = {"baseline": "#6b7280", "approved": "#15803d", "passed": "#2563eb", "rejected": "#d97706",
-          "failed": "#dc2626", "pruned": "#a16207", "interrupted": "#9ca3af", "duplicate": "#9ca3af",
-          "running": "#0891b2"}
+COLORS = {Status.BASELINE: "#6b7280", "approved": "#15803d", Status.PASSED: "#2563eb", Status.REJECTED: "#d97706",
+          Status.FAILED: "#dc2626", Status.PRUNED: "#a16207", Status.INTERRUPTED: "#9ca3af",
+          Status.DUPLICATE: "#9ca3af", Status.RUNNING: "#0891b2"}
 OTHERS = ["#7c3aed", "#0d9488", "#db2777", "#2563eb", "#ca8a04"]  # finalists other than the winner
 PARTS = {"data_s": ("data", "#f59e0b"), "compute_s": ("compute", "#3b82f6"), "optim_s": ("optimizer", "#8b5cf6")}
 DPI = 110
@@ -99,7 +101,7 @@ def speed_plot(report: Report) -> bytes | None:
     winner = report.winner.recipe_id if report.winner else None
     for y, e in enumerate(rows):
         color = COLORS["approved"] if e.recipe_id == winner else (
-            COLORS["passed"] if e.decision == "APPROVED" else COLORS["rejected"])
+            COLORS[Status.PASSED] if e.decision == Decision.APPROVED else COLORS[Status.REJECTED])
         lo = e.ci_low if e.ci_low is not None else e.speedup
         hi = e.ci_high if e.ci_high is not None else e.speedup
         ax.errorbar([e.speedup], [y], xerr=[[e.speedup - lo], [hi - e.speedup]], fmt="o", color=color,
@@ -203,8 +205,8 @@ def throughput_plot(report: Report) -> bytes | None:
         ax.errorbar([x], [t.tokens_per_s], yerr=[[t.tokens_per_s - ci[0]], [ci[1] - t.tokens_per_s]], fmt="o",
                     color=color, capsize=3, ms=9 if t.winner else 6, zorder=3)
     handles = [Line2D([], [], color=COLORS[s], marker=m, ls="", label=lab) for s, m, lab in (
-        ("approved", "o", "approved"), ("passed", "o", "passed screening"), ("rejected", "o", "rejected (loss)"),
-        ("failed", "x", "failed run"))]
+        ("approved", "o", "approved"), (Status.PASSED, "o", "passed screening"),
+        (Status.REJECTED, "o", "rejected (loss)"), (Status.FAILED, "x", "failed run"))]
     existing, _ = ax.get_legend_handles_labels()
     ax.legend(handles=existing + handles, fontsize=8, loc="upper left", ncol=3)
     ax.set_xlabel("trial (in the order they ran)")
@@ -285,18 +287,18 @@ def tree_plot(report: Report) -> bytes | None:
         ax.annotate(f"#{t.number}", (x, -y), xytext=(radius + 3, radius - 2), textcoords="offset points",
                     fontsize=8, color="#111827", zorder=4,
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
-        if t.status == "passed" and report.job == QUALITY:
-            outcome = f"{t.value:.3f}" if t.value is not None else "passed"
-        elif t.status == "passed":
-            outcome = f"{t.speedup:.2f}x" if t.speedup is not None else "passed"
+        if t.status == Status.PASSED and report.job == QUALITY:
+            outcome = f"{t.value:.3f}" if t.value is not None else Status.PASSED
+        elif t.status == Status.PASSED:
+            outcome = f"{t.speedup:.2f}x" if t.speedup is not None else Status.PASSED
         else:
-            outcome = t.run_status if t.status == "failed" and t.run_status else t.status
+            outcome = t.run_status if t.status == Status.FAILED and t.run_status else t.status
         label = outcome if crowded and not t.on_path else f"{_short(t.edit, 24)}\n{outcome}"
         ax.annotate(label, (x, -y), xytext=(0, -radius - 4), textcoords="offset points", ha="center", va="top",
                     fontsize=7.5, color="#374151", fontweight="bold" if t.on_path else "normal", zorder=4,
                     bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
     handles = [Line2D([], [], color=COLORS[s], marker="o", ls="", ms=8, label=s) for s in
-               ("baseline", "passed", "rejected", "failed")]
+               (Status.BASELINE, Status.PASSED, Status.REJECTED, Status.FAILED)]
     handles += [Line2D([], [], color=COLORS["approved"], marker="*", ls="-", lw=3, ms=12, label="path to the winner"),
                 Line2D([], [], color="#6b7280", marker="o", mfc="white", ls="", ms=8, label="not run (static check)")]
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
@@ -313,7 +315,7 @@ def breakdown_plot(report: Report) -> bytes | None:
     if report.baseline.breakdown_s:
         rows.append(("baseline", report.baseline.breakdown_s, False))
     rows += [(f"#{t.number} {_short(t.change, 34)}", t.breakdown_s, t.winner) for t in report.trials
-             if t.breakdown_s and t.status in ("passed", "rejected")]
+             if t.breakdown_s and t.status in (Status.PASSED, Status.REJECTED)]
     if not rows:
         return None
     rows = rows[:1] + rows[1:][-24:]  # the page stays readable on long campaigns; report.json has them all
@@ -366,14 +368,14 @@ def validation_plot(report: Report) -> bytes | None:
         color = COLORS["approved"] if t.winner else COLORS.get(t.status, "#111827")
         ax.scatter([t.number], [t.value], marker="*" if t.winner else "o", s=160 if t.winner else 45, color=color,
                    zorder=3)
-        if t.status == "passed" and (not best or t.value > best[-1][1]):
+        if t.status == Status.PASSED and (not best or t.value > best[-1][1]):
             best.append((t.number, t.value))
     if best:
         xs = [x for x, _ in best] + [ran[-1].number]
         ys = [y for _, y in best] + [best[-1][1]]
         ax.step(xs, ys, where="post", color=COLORS["approved"], lw=1.6, alpha=0.8, label="best so far")
     handles = [Line2D([], [], color=COLORS[s], marker=m, ls="", label=lab) for s, m, lab in (
-        ("approved", "*", "approved"), ("passed", "o", "passed"), ("failed", "x", "failed run"))]
+        ("approved", "*", "approved"), (Status.PASSED, "o", "passed"), (Status.FAILED, "x", "failed run"))]
     existing, _ = ax.get_legend_handles_labels()
     ax.legend(handles=existing + handles, fontsize=8, loc="upper left", ncol=3)
     ax.set_xlabel("trial (in the order they ran)")
@@ -393,7 +395,7 @@ def seeds_plot(report: Report) -> bytes | None:
     fig = _figure(7, 3.8)
     ax = fig.add_subplot()
     xs = np.arange(len(ev.seeds))
-    color = COLORS["approved"] if ev.decision == "APPROVED" else COLORS["rejected"]
+    color = COLORS["approved"] if ev.decision == Decision.APPROVED else COLORS["rejected"]
     for x, b, c in zip(xs, ev.baseline, ev.candidate, strict=False):
         if b is not None and c is not None:
             ax.plot([x - 0.12, x + 0.12], [b, c], color="#cbd5e1", lw=1.2, zorder=1)

@@ -17,6 +17,8 @@ from scipy import stats
 from recipetune.core.fmt import fmt_pct
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
+from recipetune.core.words import Decision
+from recipetune.engine.status import Status
 from recipetune.report import sources as src
 from recipetune.report.model import (
     NO_VERDICT,
@@ -191,7 +193,7 @@ def headline(decision: str, ev: Evidence | None, n_trials: int, reasons: list[st
     if decision == NO_VERDICT:
         return f"The campaign has not reached its verdict yet ({n_trials} trials so far)."
     if ev is None or ev.speedup is None:
-        lead = "Approved" if decision == "APPROVED" else "The baseline stays"
+        lead = "Approved" if decision == Decision.APPROVED else "The baseline stays"
         return f"{lead}: {reasons[0] if reasons else 'no candidate beat it'}."
     ci = f" ({_ci(ev)})" if _ci(ev) else ""
     noise = f"the {fmt_pct(ev.noise_margin)} noise margin" if ev.noise_margin is not None else "the noise"
@@ -199,7 +201,7 @@ def headline(decision: str, ev: Evidence | None, n_trials: int, reasons: list[st
     if ev.loss_gap is not None and ev.loss_tolerance is not None:
         within = "within" if abs(ev.loss_gap) <= ev.loss_tolerance else "outside"
         loss = f"; final loss {ev.loss_gap:+.4f} nats, {within} the tolerance +-{ev.loss_tolerance:.4f}"
-    if decision == "APPROVED":
+    if decision == Decision.APPROVED:
         return f"Approved {ev.change}: {ev.speedup:.3f}x tokens/s per device{ci}, clear of {noise}{loss}."
     clears = ev.ci_low is not None and ev.noise_margin is not None and ev.ci_low > 1 + ev.noise_margin
     speed = f"clear of {noise}" if clears else f"not clear of {noise}"
@@ -227,7 +229,7 @@ def build_speed(files: CampaignFiles) -> Report:
             t.final = ev.decision
 
     winner = None
-    if decision == "APPROVED":
+    if decision == Decision.APPROVED:
         winner = by_number.get(vfile.get("trial")) or by_id.get(str(vfile.get("recipe_id")))  # type: ignore[arg-type]
     evidence = None
     if isinstance(vfile.get("verdict"), dict):
@@ -241,7 +243,7 @@ def build_speed(files: CampaignFiles) -> Report:
     curves = [_curve(r, f"baseline run {i + 1}", "baseline") for i, r in enumerate(files.profile_runs) if r.steps]
     shown = [e.trial for e in finalists if e.trial is not None]
     if not shown:  # nothing reached the final verdict: show the best screened candidates instead
-        passed = sorted((t for t in trials if t.status == "passed"), key=lambda t: t.speedup or 0, reverse=True)
+        passed = sorted((t for t in trials if t.status == Status.PASSED), key=lambda t: t.speedup or 0, reverse=True)
         shown = [t.number for t in passed[:3]]
     if winner is not None and winner.number not in shown:
         shown.insert(0, winner.number)

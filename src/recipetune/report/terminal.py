@@ -9,11 +9,14 @@ from rich.text import Text
 from rich.tree import Tree
 
 from recipetune.core.fmt import fmt_bytes, fmt_num, fmt_pct
+from recipetune.core.words import Decision
+from recipetune.engine.status import Status
 from recipetune.report.model import TREE_STATUSES, Report, Trial
 from recipetune.report.sources import QUALITY
 
-STYLE = {"passed": "blue", "rejected": "yellow", "failed": "red", "pruned": "magenta", "interrupted": "dim",
-         "duplicate": "dim", "running": "cyan", "APPROVED": "green", "KEEP BASELINE": "yellow", "REJECTED": "yellow"}
+STYLE = {Status.PASSED: "blue", Status.REJECTED: "yellow", Status.FAILED: "red", Status.PRUNED: "magenta",
+         Status.INTERRUPTED: "dim", Status.DUPLICATE: "dim", Status.RUNNING: "cyan", Decision.APPROVED: "green",
+         Decision.KEEP_BASELINE: "yellow", Decision.REJECTED: "yellow"}
 
 
 def _quality_lines(r: Report) -> list[RenderableType]:
@@ -109,9 +112,9 @@ def trial_table(r: Report, width: int = 200) -> Table:
 def _label(t: Trial, job: str) -> Text:
     # The figure the job decides on: validation metric for quality, screened speed-up for speed.
     figure = ""
-    if t.status == "passed" and job == QUALITY and t.value is not None:
+    if t.status == Status.PASSED and job == QUALITY and t.value is not None:
         figure = f" {t.value:.3f}"
-    elif t.status == "passed" and job != QUALITY and t.speedup is not None:
+    elif t.status == Status.PASSED and job != QUALITY and t.speedup is not None:
         figure = f" {t.speedup:.2f}x"
     outcome = t.run_status if t.status == "failed" and t.run_status else t.status
     style = "bold green" if t.on_path else STYLE.get(t.status, "")

@@ -20,6 +20,7 @@ import yaml
 from recipetune.config import Campaign
 from recipetune.core.console import Note
 from recipetune.core.recipe import Recipe
+from recipetune.core.words import Decision
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.engine.tree import Node
 
@@ -40,7 +41,7 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
     finalists = [n for n in tree.ranked() if (n.score or 0) > 1.0][: cfg.finalists]
     if not finalists:
         reasons = ["no candidate passed screening with a speed-up above 1.0x"]
-        return _conclude(campaign, services, Outcome("KEEP BASELINE", reasons, tree, runs=runs))
+        return _conclude(campaign, services, Outcome(Decision.KEEP_BASELINE, reasons, tree, runs=runs))
     previous = {v["candidate_id"]: v for v in store.read_json("verdicts.json") or []}
     verdicts: list[tuple[Node, Verdict]] = []
     saved: list[dict] = []
@@ -72,12 +73,13 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
             saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.score,
                           "verdict": verdict.model_dump(mode="json")})
             store.write_json("verdicts.json", saved)  # after each: a resume does not redo a finished verdict
-    approved = [(n, v) for n, v in verdicts if v.decision == "APPROVED"]
+    approved = [(n, v) for n, v in verdicts if v.decision == Decision.APPROVED]
     if not approved:
         reasons = [f"{n.recipe.describe_diff(baseline)}: {v.decision}: {'; '.join(v.reasons)}" for n, v in verdicts]
-        return _conclude(campaign, services, Outcome("KEEP BASELINE", reasons, tree, verdicts=verdicts, runs=runs))
+        return _conclude(campaign, services, Outcome(Decision.KEEP_BASELINE, reasons, tree, verdicts=verdicts,
+                                                     runs=runs))
     winner, verdict = max(approved, key=lambda nv: nv[1].speedup or 0.0)
-    outcome = Outcome("APPROVED", list(verdict.reasons), tree, winner, verdict, verdicts, runs=runs,
+    outcome = Outcome(Decision.APPROVED, list(verdict.reasons), tree, winner, verdict, verdicts, runs=runs,
                       approved=approved_text(campaign, winner.recipe, verdict),
                       launch=launch_commands(campaign, winner.recipe, services.store.folder / "approved-run"))
     return _conclude(campaign, services, outcome)

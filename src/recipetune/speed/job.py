@@ -39,6 +39,7 @@ from recipetune.engine.job import (
 )
 from recipetune.engine.loop import run_search
 from recipetune.engine.record import Figures, Trial
+from recipetune.engine.status import Status
 from recipetune.execute.executor import Executor
 from recipetune.execute.factory import make_executor
 from recipetune.speed import decide
@@ -159,7 +160,7 @@ class SpeedJob:
         # the curve: the baseline's own windows, what the pruner compares a trial's with.
         first = profile.runs[0] if profile.runs else None
         curve = {int(w["checkpoint"]): float(w["value"]) for w in self.windows(first.steps, len(first.steps))} \
-            if first is not None and self.cfg.pruning.pruner != "none" else {}
+            if first is not None and self.cfg.pruning.on else {}
         return Root(first, 1.0, noise=profile.throughput_noise, curve=curve)
 
     def windows(self, steps: list[StepRecord], expected: int, n_devices: int = 1) -> list[dict[str, Any]]:
@@ -207,7 +208,7 @@ class SpeedJob:
         assert self.services is not None
         steps = plan["steps"]
         done = threading.Event()
-        if self.cfg.pruning.pruner != "none":  # its throughput windows go to the pruner as it runs
+        if self.cfg.pruning.on:  # its throughput windows go to the pruner as it runs
             n_devices = self.workload.n_devices(recipe)
             watch(lambda: self.windows(self.workload.steps_so_far(recipe, steps, run_dir), steps, n_devices),
                   progress, run_dir / STOP_FILE, done)
@@ -229,15 +230,15 @@ class SpeedJob:
         if result.ok:
             assert self.profile is not None
             screening = self.guard.screen(self.profile, result, self.settings)
-            status, cause = ("passed", "") if screening.passed else ("rejected", "; ".join(screening.reasons))
+            status, cause = (Status.PASSED, "") if screening.passed else (Status.REJECTED, "; ".join(screening.reasons))
         else:
-            status, cause = "failed", f"{result.status}: {result.cause}"
+            status, cause = Status.FAILED, f"{result.status}: {result.cause}"
         summary = result.summary() if result.steps else None
         speedup = screening.speedup if screening is not None else None
         if summary is not None:  # ranked (score, reward) over the production run, compile paid once
             speedup = charge_compile(speedup, summary.tokens_per_s, result.steps[0].tokens, summary.compile_s,
                                      self.cfg.production_steps)
-        value = reward(speedup, status == "passed", self.cfg.reward_span, self.cfg.failure_penalty)
+        value = reward(speedup, status == Status.PASSED, self.cfg.reward_span, self.cfg.failure_penalty)
         compiled = {"compile_s": summary.compile_s, "charged_speedup": speedup} if summary and summary.compile_s else {}
         figures = SpeedFigures(
             speedup=screening.speedup if screening is not None else None, run_status=result.status, **compiled,

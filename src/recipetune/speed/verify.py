@@ -31,12 +31,12 @@ from rich.table import Table
 from rich.text import Text
 
 from recipetune.config import Campaign, CampaignConfig, check_recipe, load_campaign, resolve_paths
+from recipetune.core import options as opt
 from recipetune.core.console import Note, fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.files import parse_override
 from recipetune.core.fmt import fmt_duration, fmt_pct
 from recipetune.core.recipe import Recipe
-from recipetune.engine import options as opt
 from recipetune.execute.factory import make_executor
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.runs import check_folder as check_runs_folder

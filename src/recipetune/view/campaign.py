@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
+from recipetune.core import options as opt
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
 from recipetune.core.recipe import Recipe
-from recipetune.engine import options as opt
 from recipetune.engine.database import DiskFull, StoreUnavailable
 from recipetune.engine.job import Outcome, Reporter
 from recipetune.engine.plan import default_folder

@@ -20,14 +20,16 @@ from sqlalchemy.engine import make_url
 from recipetune.core.console import fail
 from recipetune.core.errors import missing_extra
 from recipetune.core.recipe import Recipe
+from recipetune.core.words import Decision
 from recipetune.engine.job import Outcome, Reporter, Row
+from recipetune.engine.status import Status
 from recipetune.engine.store import STUDY_NAME, CampaignStore
 from recipetune.engine.tree import Node
 from recipetune.execute.executor import Executor
 
 console = Console()
-STATUS_STYLE = {"passed": "green", "rejected": "yellow", "failed": "red", "pruned": "magenta", "invalid": "magenta",
-                "running": "cyan", "interrupted": "dim", "duplicate": "dim"}
+STATUS_STYLE = {Status.PASSED: "green", Status.REJECTED: "yellow", Status.FAILED: "red", Status.PRUNED: "magenta",
+                "invalid": "magenta", Status.RUNNING: "cyan", Status.INTERRUPTED: "dim", Status.DUPLICATE: "dim"}
 MAX_ROWS = 40  # the table keeps the latest trials; the study keeps them all
 
 
@@ -265,7 +267,7 @@ def decision_panel(outcome: Outcome, lines: list[Text], folder: Path, store: Cam
         lines.append(Text(f"{approved}: {outcome.approved_file}"))
         for cmd in outcome.launch:
             lines.append(Text(f"{launch}: {cmd}", style="bold"))
-    style = "green" if outcome.decision == "APPROVED" else "yellow"
+    style = "green" if outcome.decision == Decision.APPROVED else "yellow"
     return Panel(Group(*lines), title=f"[bold {style}]{outcome.decision}", border_style=style, expand=False)
 
 

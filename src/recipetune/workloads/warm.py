@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from recipetune.core.process import MACHINE, Cancelled, ProcessOutcome, cancelled, tail
+from recipetune.core.process import ProcessOutcome, Watch, opening
 
 ENV_FLAG = "RECIPETUNE_WARM_START"
 
@@ -210,31 +210,22 @@ def run_warm(
     stop_file: Path | None = None,
 ) -> ProcessOutcome:
     """``python -m recipetune.trainer ARGS`` as a fork of the warm launcher; like ``run_process``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with MACHINE.use() as pinned, Launcher.held() as proc:
+    with opening(log_dir, env) as full_env, Launcher.held() as proc:
         req = {"args": list(args), "stdout": str(log_dir / "stdout.log"), "stderr": str(log_dir / "stderr.log"),
-               "cwd": str(cwd or Path.cwd()), "env": {**os.environ, **(env or {}), **pinned}}
-        start = time.perf_counter()
+               "cwd": str(cwd or Path.cwd()), "env": full_env}
+        watch = Watch(timeout_s, on_poll, stop_file)
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(req) + "\n")
         proc.stdin.flush()
         pid = _read(proc, None)["pid"]  # type: ignore[index]
-        timed_out = stopped = False
         answer = None
         try:
             while answer is None:
                 answer = _read(proc, time.perf_counter() + poll_interval_s)
-                if answer is None:
-                    if on_poll:
-                        on_poll()
-                    if cancelled():
-                        raise Cancelled("the executor was closed")  # killed below
-                    timed_out = timeout_s is not None and time.perf_counter() - start > timeout_s
-                    stopped = not timed_out and stop_file is not None and stop_file.exists()
-                    if timed_out or stopped:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(pid, signal.SIGKILL)
-                        answer = _read(proc, None)
+                if answer is None and watch.must_stop():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                    answer = _read(proc, None)
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)  # Ctrl-C in the driver must not leave a trainer running
@@ -246,11 +237,8 @@ def run_warm(
             except Exception:
                 proc.kill()
             raise
-        wall = time.perf_counter() - start
-    if on_poll:
-        on_poll()
-    code = None if timed_out else answer["returncode"]
-    return ProcessOutcome(code, timed_out, wall, tail(log_dir / "stderr.log"), stopped)
+        wall = time.perf_counter() - watch.start
+    return watch.outcome(answer["returncode"], wall, log_dir)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,10 @@
-"""The command-line options every campaign command shares (``tune``, ``finetune``), declared once
-(``campaign_options``), each naming the field it overrides, and how they become the file's overrides."""
+"""The command-line options every campaign command shares (``tune``, ``finetune``; ``verify`` takes
+``--executor`` and ``--ray-address``), declared once (``campaign_options``), each naming the field it
+overrides, and how they become the file's overrides.
+
+Here, beside core/console.py (how every command fails), because commands of two layers read them:
+view/campaign.py (``tune``, ``finetune``) and speed/verify.py (a job's command, which may not reach up
+to view/). The engine holds no command-line code."""
 
 from __future__ import annotations
 
