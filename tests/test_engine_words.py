@@ -76,7 +76,6 @@ def test_eval_examples_is_the_quality_jobs_field_where_users_write_it():
 
 
 def test_the_engine_holds_no_command_line_code():
-    # engine/options.py only re-exports core/options.py for speed/verify.py until its import moves
     for path in sorted((SRC / "engine").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
