@@ -147,3 +147,23 @@ def test_a_schema_error_that_is_no_race_is_raised(tmp_path, monkeypatch):
     monkeypatch.setattr(models.BaseModel.metadata, "create_all", broken)
     with pytest.raises(sa.exc.OperationalError, match="readonly"):
         CampaignStore(tmp_path / "c").create({"baseline_id": BASE.id})
+
+
+def test_an_interrupted_grid_point_goes_back_to_the_grid(tmp_path):
+    # GridSampler counts a failed trial's point as visited; an interrupted trial measured nothing, so a
+    # resumed grid campaign must still reach its point (found by 21 kills of a grid campaign, issue 44).
+    grid = optuna.samplers.GridSampler({"mbs": [2, 4]}, seed=0)
+    store = CampaignStore(tmp_path / "c", sampler=grid)
+    store.create({"baseline_id": BASE.id, "space": {"mbs": [2, 4]}})
+    dists = {"mbs": distributions(SPACE, BASE)["mbs"]}
+    first = store.ask(dists)
+    store.set_running(first.number, {"run_dir": "r0", "ran": True})
+    done = store.ask(dists)
+    store.finish(done.number, 1.0, {"status": "passed"})
+    assert not grid.is_exhausted(store.study)  # the first point is still running
+
+    again = CampaignStore(tmp_path / "c", sampler=optuna.samplers.GridSampler({"mbs": [2, 4]}, seed=0))
+    assert [r.number for r in again.drivers.fail_interrupted()] == [first.number]
+    assert not again.study.sampler.is_exhausted(again.study)  # its point was handed back
+    retried = again.ask(dists)
+    assert retried.params["mbs"] == first.params["mbs"]  # and it is the one drawn next

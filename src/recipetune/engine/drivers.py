@@ -164,6 +164,11 @@ class Drivers:
         try:
             self.storage.set_trial_user_attr(trial_id, "status", "interrupted")
             self.storage.set_trial_user_attr(trial_id, "cause", cause)
+            # Optuna's GridSampler counts a failed trial's point as visited, and an interrupted run measured
+            # nothing: its point goes back to the grid (a grid campaign killed twice on one point ended
+            # KEEP BASELINE with that point never measured, where the uninterrupted campaign approved it).
+            if "grid_id" in self.storage.get_trial_system_attrs(trial_id):
+                self.storage.set_trial_system_attr(trial_id, "grid_id", -1)
             if not self.storage.set_trial_state_values(trial_id, TrialState.FAIL):
                 return None
         except optuna.exceptions.UpdateFinishedTrialError:
