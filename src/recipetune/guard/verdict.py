@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from recipetune.core.recipe import Recipe
+from recipetune.core.words import Decision
 from recipetune.execute.executor import Executor
 from recipetune.guard.baseline import BaselineProfile, profile_baseline, trusted_aa
 from recipetune.guard.config import GuardConfig
@@ -25,8 +26,6 @@ from recipetune.guard.runs import Runs
 from recipetune.guard.speed import SpeedEvidence, measure_speed
 from recipetune.guard.static import StaticReport, static_report
 from recipetune.workloads.base import Workload
-
-Decision = Literal["APPROVED", "REJECTED", "KEEP BASELINE"]
 
 
 class Verdict(BaseModel):
@@ -78,7 +77,7 @@ def static_verdict(
 ) -> Verdict:
     """The verdict as far as the static checks go: REJECTED with the violations, else still undecided."""
     return Verdict(
-        decision="REJECTED", reasons=[f"static check: {v}" for v in report.violations],
+        decision=Decision.REJECTED, reasons=[f"static check: {v}" for v in report.violations],
         invariants_checked=report.checked,
         violations=[{"knob": v.knob, "rule": v.rule, "message": v.message} for v in report.violations],
         allowed_semantic=report.allowed_semantic, baseline=dict(baseline), candidate=dict(candidate),
@@ -132,7 +131,7 @@ def final_verdict(
     verdict.horizon = evidence.horizon()
     verdict.notes += [f"loss parity mode: {evidence.mode}, because {evidence.mode_reason}", *evidence.notes]
     if not evidence.passed:  # REJECTED when shown different; KEEP BASELINE when the runs cannot tell
-        verdict.decision = "KEEP BASELINE" if evidence.outcome == "inconclusive" else "REJECTED"
+        verdict.decision = Decision.KEEP_BASELINE if evidence.outcome == "inconclusive" else Decision.REJECTED
         verdict.reasons = evidence.reasons
         return _finish(verdict, out_dir)
 
@@ -193,12 +192,12 @@ def _decide_speed(verdict: Verdict, speed: SpeedEvidence, loss: str) -> None:
                f"{speed.ci_high:.3f}] over {len(speed.pairs)} interleaved pairs; noise margin "
                f"{100 * speed.noise_margin:.1f}%{power}")
     if speed.busy:
-        verdict.decision, verdict.reasons = "KEEP BASELINE", [speed.busy, loss]
+        verdict.decision, verdict.reasons = Decision.KEEP_BASELINE, [speed.busy, loss]
     elif speed.faster:
-        verdict.decision = "APPROVED"
+        verdict.decision = Decision.APPROVED
         verdict.reasons = [f"{figures}: the CI's lower end clears 1 + margin", loss]
     else:
-        verdict.decision = "KEEP BASELINE"
+        verdict.decision = Decision.KEEP_BASELINE
         why = "the candidate is slower" if speed.ci_high < 1 else "the gain is within noise"
         verdict.reasons = [f"{figures}: the CI's lower end {speed.ci_low:.3f} does not clear "
                            f"{1 + speed.noise_margin:.3f}, {why}", loss]

@@ -37,14 +37,16 @@ from recipetune.core.errors import ConfigError
 from recipetune.core.files import parse_override
 from recipetune.core.fmt import fmt_duration, fmt_pct
 from recipetune.core.recipe import Recipe
+from recipetune.core.words import Decision
 from recipetune.execute.factory import make_executor
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.runs import check_folder as check_runs_folder
 from recipetune.guard.static import StaticReport, static_report
 from recipetune.guard.verdict import Verdict, final_verdict, static_verdict
 
-STYLE = {"APPROVED": "bold green", "KEEP BASELINE": "bold yellow", "REJECTED": "bold red"}
-EXIT = {"APPROVED": 0, "KEEP BASELINE": 3, "REJECTED": 4}  # 2: bad input; 1: no verdict (GuardError, a crash)
+STYLE = {Decision.APPROVED: "bold green", Decision.KEEP_BASELINE: "bold yellow", Decision.REJECTED: "bold red"}
+# 2: bad input; 1: no verdict (GuardError, a crash)
+EXIT = {Decision.APPROVED: 0, Decision.KEEP_BASELINE: 3, Decision.REJECTED: 4}
 NO_VERDICT = 1
 
 
