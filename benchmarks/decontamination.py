@@ -624,7 +624,7 @@ def measure(rule, shapes: list[str], seed: int, explain: int = 0) -> list[dict]:
                "natural_removed": sum(r is not None for r, k in pairs if k == "natural"),
                "clean": sum(k in (None, "near") for k in kinds),
                "false": sum(r is not None for r, k in pairs if k in (None, "near")),
-               "far": kinds.count(None), "rows": len(train),
+               "far": kinds.count(None), "rows": len(train), "renamed": removed.count("renamed copy"),
                "false_far": sum(r is not None for r, k in pairs if k is None)}
         for kind in KINDS:
             planted = [r is not None for r, k in pairs if k == kind]
@@ -667,11 +667,12 @@ def table(rows: list[dict]) -> str:
     no evaluation input of their own type close by), precision, natural overlaps, time."""
     kinds = KINDS
     lines = ["| shape | " + " | ".join(f"recall: {k}" for k in kinds) + " | recall, all | clean rows removed "
-             "| of them with no same-type input near | precision | natural overlaps removed | seconds (per 10k rows) |",
-             "|---|" + "---|" * (len(kinds) + 6)]
+             "| of them with no same-type input near | precision | natural overlaps removed "
+             "| removed as renamed copies | seconds (per 10k rows) |",
+             "|---|" + "---|" * (len(kinds) + 7)]
     total = {k: (sum(r[k][0] for r in rows), sum(r[k][1] for r in rows)) for k in kinds}
     total |= {k: sum(r[k] for r in rows) for k in ("false", "clean", "far", "false_far", "natural_removed",
-                                                    "natural", "seconds", "rows")}
+                                                    "natural", "seconds", "rows", "renamed")}
     for r in [*rows, {"shape": "**all**", **total}] if len(rows) > 1 else rows:
         got = sum(r[k][0] for k in kinds)
         planted = sum(r[k][1] for k in kinds)
@@ -680,7 +681,7 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['shape']} | " + " | ".join(cells) + f" | {got / planted:.1%} | {r['false']}/{r['clean']} "
                      f"({r['false'] / max(1, r['clean']):.2%}) | {r['false_far']}/{r['far']} "
                      f"({r['false_far'] / max(1, r['far']):.2%}) "
-                     f"| {precision:.1%} | {r['natural_removed']}/{r['natural']} "
+                     f"| {precision:.1%} | {r['natural_removed']}/{r['natural']} | {r['renamed']} "
                      f"| {r['seconds']:.1f} ({r['seconds'] / r['rows'] * 1e4:.1f}) |")
     return "\n".join(lines)
 

@@ -42,9 +42,10 @@ def problems_index(**kw) -> tuple[ContaminationIndex, list[str]]:
 
 
 def test_one_token_changed_in_a_medium_input_is_a_copy():
-    """A 24-token problem with one name, or one number, changed: before issue 46 only inputs under
-    2 x ngram (16) tokens were aligned, and one changed token cost the 8-gram rule 8 of the input's 17
-    n-grams (under min_overlap); a problem of the same type with two values changed is another problem."""
+    """A problem with one name, or one number, changed: before issue 46 only inputs under 2 x ngram
+    (16) varying tokens were aligned, and names only; one changed token costs the 8-gram rule up to 8
+    of an input's v - 7 n-grams (under min_overlap up to v = 22). A problem of the same type with two
+    values changed is another problem."""
     index, evals = problems_index(near_threshold=1.0)
     e = evals[0]  # "... buys ...", a validation row
     name = e.split()[0]

@@ -103,7 +103,7 @@ class FilterRegex(OpBase):
 class Decontaminate(OpBase):
     """Remove training rows that overlap validation or test in what varies between rows: the
     template's fixed text and phrases a large share of the evaluation rows repeat are not evidence
-    (data/text.py says how). Always on: a chain without it gets it appended with these defaults."""
+    (data/decontam.py says how). Always on: a chain without it gets it appended with these defaults."""
 
     op: Literal["decontaminate"]
     ngram: int = Field(8, ge=1, le=50, description="word n-gram length for evaluation inputs at least this long")
