@@ -175,3 +175,20 @@ def test_a_word_in_a_tenth_of_the_inputs_is_no_name_to_rename():
     a, verb, b, n = evals[0][0].split()
     assert index.hits([f"{a} sells {b} {n}"]) is None
     assert index.hits([f"{a} {verb} gustav {n}"]) == ("validation", "renamed copy")
+
+
+def test_a_value_masked_in_the_input_but_not_in_the_copy_is_still_one_change():
+    """`silva " ,` is in one in 12 evaluation records (a shared phrase: masked; under a tenth, not the
+    task's vocabulary), `okafor " ,` in none: the records' varying tokens differ by more than one
+    change, the whole field by one token. Beside it, the same with the age changed too: two changes."""
+    r = random.Random(5)
+    evals = [[f'{{"id": {r.randint(1000, 99999)}, "name": "{r.choice(NAMES).title()} '
+              f'{"Silva" if k % 12 == 0 else r.choice(NAMES).title()}", "age": {r.randint(18, 90)}}}']
+             for k in range(150)]
+    index = ContaminationIndex({"validation": evals, "test": []}, settings(near_threshold=1.0))
+    e = evals[0][0]
+    assert "Silva" in e
+    copy = e.replace("Silva", "Okafor")
+    assert index.hits([copy]) == ("validation", "renamed copy")
+    age = e.rsplit(" ", 1)[1].rstrip("}")
+    assert index.hits([copy.replace(f" {age}}}", " 101}")]) is None

@@ -105,7 +105,7 @@ class ContaminationIndex:
         near_texts, near_split = [], []
         # how many evaluation inputs use each name or number: a rare one says which input a renamed copy
         # is of; one most use is the task's structure, not a name
-        self.word_df = Counter(t for _, _, v, _, _ in varied for t in set(v) if _CONTENT.fullmatch(t))
+        self.word_df = Counter(t for _, toks, _, _, _ in varied for t in set(toks) if _CONTENT.fullmatch(t))
         self.rare_rows = max(RARE_MIN_ROWS, RARE_SHARE * len(varied)) if len(varied) >= RARE_MIN_INPUTS else 0
         self.structural_rows = (max(MIN_COMMON_ROWS, STRUCTURE_SHARE * len(varied))
                                 if len(varied) >= RARE_MIN_INPUTS else len(varied) + 1)
@@ -241,6 +241,9 @@ class ContaminationIndex:
             for j, offset in anchors[key]:
                 e = self.inputs[j]
                 spans = self._align(e, toks, v, i, offset, pos, starts, fields)
+                if spans is None and len(e.pieces) == 1:  # masked apart (a value common enough to be in a
+                    # shared phrase in one and not the other): the whole field, token for token
+                    spans = self._renamed(e, toks, [pos[i] - (e.where[offset] - e.where[0])], starts)
                 if spans is None:
                     continue
                 found, spans = spans
@@ -297,7 +300,7 @@ class ContaminationIndex:
         if found is None:
             return None
         if found == "renamed":
-            return self._renamed(e, joined, toks, [pos[at[m]] for m in range(len(e.pieces))], starts)
+            return self._renamed(e, toks, [pos[at[m]] for m in range(len(e.pieces))], starts)
         spans = []
         for m, (lo, hi) in enumerate(e.pieces):
             begin, end = pos[at[m]], pos[at[m] + hi - lo - 1] + 1
@@ -311,27 +314,30 @@ class ContaminationIndex:
             spans.append((begin, end))
         return found, spans
 
-    def _renamed(self, e: _Input, joined: list[str], toks: list[str], firsts: list[int], starts: list[int]):
+    def _renamed(self, e: _Input, toks: list[str], firsts: list[int], starts: list[int]):
         """("renamed", spans) when each of ``e``'s fields lies whole in the training row's tokens, its
         shared text included, with the one token changed (``firsts``: where each piece's first varying
         token was found), and the names and numbers left alike say which input it is; else None. The
         varying tokens alone would let a masked slot (a value common enough to be part of a shared
-        phrase, ``around 6 .``) differ unseen: a second change. Evidence: ``RENAME_MIN_WORDS`` distinct
+        phrase, ``around 6 .``) differ unseen: a second change; and a value masked in one and not in
+        the other (``silva " ,`` common, ``okafor " ,`` not) hides a one-token change from them. The
+        change is of one type (``_aligned``). Evidence: ``RENAME_MIN_WORDS`` distinct
         names and numbers left alike in those fields (their shared text counts: it matched too), of
         which ``RENAME_SHORT_WORDS`` vary (an input whose one varying value changed is another input
         of its template: block 17 is not block 7); or ``RENAME_SHORT_WORDS`` varying, one of them rare."""
-        old, new = next((a, b) for a, b in zip(e.varying, joined, strict=True) if a != b)
-        spans, field = [], set()
+        spans, field, theirs = [], [], []
         for (lo, _), (p_lo, p_hi), first in zip(e.pieces, e.parts, firsts, strict=True):
             begin = first - (e.where[lo] - p_lo)
             k = bisect_right(starts, first) - 1
             if begin < starts[k] or begin + p_hi - p_lo > starts[k + 1]:
                 return None
-            for a, b in zip(e.full[p_lo:p_hi], toks[begin : begin + p_hi - p_lo], strict=True):
-                if a != b and (a != old or b != new):
-                    return None
             spans.append((begin, begin + p_hi - p_lo))
-            field.update(e.full[p_lo:p_hi])
+            field += e.full[p_lo:p_hi]
+            theirs += toks[begin : begin + p_hi - p_lo]
+        changed = {(a, b) for a, b in zip(field, theirs, strict=True) if a != b}
+        if len(changed) != 1 or _aligned(field, theirs, 0, structural=self._structural) != "renamed":
+            return None
+        (old, _), = changed
         varying = {t for t in e.varying if t != old and _CONTENT.fullmatch(t)}
         field = {t for t in field if t != old and _CONTENT.fullmatch(t)}
         if len(varying) >= RENAME_SHORT_WORDS and (len(field) >= RENAME_MIN_WORDS or any(map(self._rare, varying))):
