@@ -13,18 +13,21 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
 - u contains v as a run of tokens (v of ``min_tokens`` or more: a prompt copied, whatever was put
   around it), or v with **one token changed** (a *renamed copy*): one name or one number replaced,
   at one place or everywhere, by another of its type (a name by a name, a number by a number: never
-  a keyword or an operator), where the changed token is no word of the task's structure (one in
-  ``STRUCTURE_SHARE`` of the evaluation inputs, such as ``select`` or ``buys``: changing it asks another
-  kind of question) and the names and numbers left alike say which input it is:
-  ``RENAME_MIN_WORDS`` distinct ones, or ``RENAME_SHORT_WORDS`` with one that few evaluation inputs
-  use. ``347+588=`` keeps one number of ``347+589=``: another sum. ``SELECT price FROM orders
-  WHERE total > 310`` keeps four of ``... > 311``: a copy. Every input is found through its two
-  rarest token pairs with no token in common (anchors), so one changed token leaves one of them
-  (issue 46: before, only inputs under 2 x ``ngram`` tokens were, and an input of 16-30 tokens with
-  one token changed lost up to ``ngram`` of its n-grams, most of them); an input of several fields
-  (a chat turn and the next) is found field by field, so text added around one of them does not hide
-  it. ``renamed`` (``remove`` | ``keep`` | ``report``) says whether renamed copies count: natural
-  inputs that differ by one name (another function with the same parameters) are reported apart;
+  a keyword or an operator), where the changed name is no word of the task's structure (one in
+  ``STRUCTURE_SHARE`` of the evaluation inputs, such as ``select`` or ``buys``: changing it asks
+  another kind of question), v's fields lie whole in u, shared text included, with that one change
+  (``ContaminationIndex._renamed``), and the names and numbers left alike say which input it is:
+  ``RENAME_MIN_WORDS`` distinct ones in those fields of which ``RENAME_SHORT_WORDS`` vary, or
+  ``RENAME_SHORT_WORDS`` varying with one that few evaluation inputs use. ``347+588=`` keeps one
+  number of ``347+589=``: another sum; ``block number 17`` keeps no varying value of ``block number
+  7``: another input of its template; ``SELECT price FROM orders WHERE total > 310`` keeps four of
+  ``... > 311``: a copy. Every input is found through its two rarest token pairs with no token in
+  common (anchors), so one changed token leaves one of them (issue 46: before, only inputs under 2 x
+  ``ngram`` tokens were, and names only; one changed token costs an input of v tokens up to ``ngram``
+  of its v - ``ngram`` + 1 n-grams); an input of several fields (a chat turn and the next) is found
+  field by field, so text added around one of them does not hide it. ``renamed`` (``remove`` |
+  ``keep`` | ``report``) says whether renamed copies count: natural inputs that differ by one name
+  (another function with the same parameters) are reported apart as ``renamed copy``;
 - v is shorter than ``min_tokens`` (an input that is almost all shared text) and u's fields hold v
   and nothing else that varies, or u contains the whole evaluation input, shared text included;
 - or their estimated Jaccard similarity reaches ``near_threshold`` (one-permutation MinHash over
@@ -56,10 +59,12 @@ from recipetune.data.text import MIN_COMMON_ROWS, Boilerplate, part_tokens, toke
 RENAMED = "renamed copy"  # the reason a one-token copy is given: counted apart, kept where the task says
 _IDENTIFIER = re.compile(r"[^\W\d]\w*")  # a word that starts with a letter or _: a name, not a number
 _CONTENT = re.compile(r"[^\W\d]\w*|\d+")  # a name or a number: what says which input a copy is of
-RENAME_MIN_WORDS = 4  # a short input with one name renamed is a copy only if 4 other words still match:
-# "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings, a sentence
-RENAME_SHORT_WORDS = 2  # ... or 2, one of them rare: `self._waiter.set_result(exc)` renamed keeps `_waiter`;
-# `len(x)` renamed keeps only `len`, and `self.x` only `self`, which much of all code has: other inputs
+RENAME_MIN_WORDS = 4  # an input with one token changed is a copy only if 4 other names or numbers still match
+# in its fields: "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings,
+# a sentence ...
+RENAME_SHORT_WORDS = 2  # ... 2 of them varying (block 17 of a template is not block 7); or 2 varying, one
+# rare: `self._waiter.set_result(exc)` renamed keeps `_waiter`; `len(x)` renamed keeps only `len`, and
+# `self.x` only `self`, which much of all code has: other inputs
 RARE_SHARE, RARE_MIN_ROWS = 0.01, 2  # rare: in at most 1% of the evaluation inputs (and at least 2 may) ...
 RARE_MIN_INPUTS = 100  # ... of 100 or more: among fewer, how common a word is cannot be told
 STRUCTURE_SHARE = 0.1  # a name or number in a tenth of the evaluation inputs is the task's own vocabulary
@@ -107,8 +112,7 @@ class ContaminationIndex:
         # is of; one most use is the task's structure, not a name
         self.word_df = Counter(t for _, toks, _, _, _ in varied for t in set(toks) if _CONTENT.fullmatch(t))
         self.rare_rows = max(RARE_MIN_ROWS, RARE_SHARE * len(varied)) if len(varied) >= RARE_MIN_INPUTS else 0
-        self.structural_rows = (max(MIN_COMMON_ROWS, STRUCTURE_SHARE * len(varied))
-                                if len(varied) >= RARE_MIN_INPUTS else len(varied) + 1)
+        self.structural_rows = max(MIN_COMMON_ROWS, STRUCTURE_SHARE * len(varied))  # (as boilerplate's)
         for split, toks, v, pos, starts in varied:
             if not v:
                 continue  # nothing varies: nothing to find a copy of
@@ -338,7 +342,8 @@ class ContaminationIndex:
         if len(changed) != 1 or _aligned(field, theirs, 0, structural=self._structural) != "renamed":
             return None
         (old, _), = changed
-        varying = {t for t in e.varying if t != old and _CONTENT.fullmatch(t)}
+        # (a word of the task's vocabulary next to a value is left unmasked by the 3-gram mask: no evidence)
+        varying = {t for t in e.varying if t != old and _CONTENT.fullmatch(t) and not self._structural(t)}
         field = {t for t in field if t != old and _CONTENT.fullmatch(t)}
         if len(varying) >= RENAME_SHORT_WORDS and (len(field) >= RENAME_MIN_WORDS or any(map(self._rare, varying))):
             return "renamed", spans
@@ -375,9 +380,10 @@ class ContaminationIndex:
         return self.word_df.get(word, 0) <= self.rare_rows
 
     def _structural(self, word: str) -> bool:
-        """A word of the task's structure (in ``STRUCTURE_SHARE`` of the evaluation inputs, and known to
-        be: 100 inputs or more): changing it asks another kind of question, it renames nothing."""
-        return self.word_df.get(word, 0) >= self.structural_rows
+        """A word of the task's structure (in ``STRUCTURE_SHARE`` of the evaluation inputs and at least
+        ``MIN_COMMON_ROWS``; never a number, a value however common): changing it asks another kind of
+        question, it renames nothing, and left alike it does not say which input a copy is of."""
+        return not word.isdigit() and self.word_df.get(word, 0) >= self.structural_rows
 
 
 def _pieces(pos: Sequence[int], starts: list[int]) -> tuple[tuple[int, int], ...]:
@@ -392,9 +398,10 @@ def _pieces(pos: Sequence[int], starts: list[int]) -> tuple[tuple[int, int], ...
 
 
 def _anchors(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...]) -> list[tuple[Any, int]]:
-    """Where a short input is looked for: its rarest token pair within one piece (part), and a second
-    one with none of the first's tokens, so a name renamed everywhere leaves one of them; an input whose
-    pieces are all one token long, its first token."""
+    """Where an input is looked for: its rarest token pair within one piece (part), and a second one
+    with none of the first's tokens, so one changed token leaves one of them; where there is none (4
+    tokens, the rarest pair in the middle), the pairs on either side of the first: a change at either
+    of its tokens leaves one of them. An input whose pieces are all one token long: its first token."""
     inside = [i for lo, hi in pieces for i in range(lo, hi - 1)]
     if not inside:
         return [(v[0], 0)]
@@ -403,9 +410,8 @@ def _anchors(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...]) -> 
     out = [((v[first], v[first + 1]), first)]
     for i in pairs[1:]:
         if not {v[i], v[i + 1]} & {v[first], v[first + 1]}:
-            out.append(((v[i], v[i + 1]), i))
-            break
-    return out
+            return [*out, ((v[i], v[i + 1]), i)]
+    return out + [((v[i], v[i + 1]), i) for i in (first - 1, first + 1) if i in inside]
 
 
 def _aligned(original: Sequence[str], u: Sequence[str], at: int,
@@ -429,7 +435,7 @@ def _aligned(original: Sequence[str], u: Sequence[str], at: int,
         return "same"
     if _kind(old) is None or _kind(old) != _kind(new) or new in original:
         return None
-    if _kind(old) == "name" and (structural(old) or structural(new)):  # (a small number is common, and a value)
+    if structural(old) or structural(new):
         return None
     return "renamed"
 
