@@ -17,8 +17,9 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   ``STRUCTURE_SHARE`` of the evaluation inputs, such as ``select`` or ``buys``: changing it asks
   another kind of question), v's fields lie whole in u, shared text included, with that one change
   (``ContaminationIndex._renamed``), and the names and numbers left alike say which input it is:
-  ``RENAME_MIN_WORDS`` distinct ones in those fields of which ``RENAME_SHORT_WORDS`` vary, or
-  ``RENAME_SHORT_WORDS`` varying with one that few evaluation inputs use. ``347+588=`` keeps one
+  ``RENAME_MIN_WORDS`` distinct ones in those fields of which ``RENAME_SHORT_WORDS`` vary and are
+  no word of the task's structure, or ``RENAME_SHORT_WORDS`` such with one that few evaluation
+  inputs use. ``347+588=`` keeps one
   number of ``347+589=``: another sum; ``block number 17`` keeps no varying value of ``block number
   7``: another input of its template; ``SELECT price FROM orders WHERE total > 310`` keeps four of
   ``... > 311``: a copy. Every input is found through its two rarest token pairs with no token in
@@ -327,8 +328,9 @@ class ContaminationIndex:
         the other (``silva " ,`` common, ``okafor " ,`` not) hides a one-token change from them. The
         change is of one type (``_aligned``). Evidence: ``RENAME_MIN_WORDS`` distinct
         names and numbers left alike in those fields (their shared text counts: it matched too), of
-        which ``RENAME_SHORT_WORDS`` vary (an input whose one varying value changed is another input
-        of its template: block 17 is not block 7); or ``RENAME_SHORT_WORDS`` varying, one of them rare."""
+        which ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure (an input whose one
+        varying value changed is another input of its template: block 17 is not block 7); or
+        ``RENAME_SHORT_WORDS`` such, one of them rare."""
         spans, field, theirs = [], [], []
         for (lo, _), (p_lo, p_hi), first in zip(e.pieces, e.parts, firsts, strict=True):
             begin = first - (e.where[lo] - p_lo)
