@@ -40,6 +40,7 @@ import argparse
 import ast
 import hashlib
 import importlib.util
+import json
 import random
 import re
 import subprocess
@@ -49,11 +50,15 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+try:
+    from recipetune.data.decontam import ContaminationIndex
+except ImportError:  # the rule before issue 46 (PYTHONPATH=<a checkout before it>/src) kept it in data/text.py
+    from recipetune.data.text import ContaminationIndex
 from recipetune.data.ops import Decontaminate
-from recipetune.data.text import ContaminationIndex, normalize
+from recipetune.data.text import normalize
 from recipetune.finetune.bench_tasks import stdlib_functions
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
@@ -75,6 +80,7 @@ class Shape:
     reword: Callable[[Parts, random.Random], Parts | None]
     embed: Callable[[Parts, random.Random], Parts | None]
     content: Callable[[Parts], str] = lambda p: " ".join(p)  # noqa: E731  what the generator varied
+    types: dict[str, str] = field(default_factory=dict)  # a row's last part -> its type (template); default one
 
 
 def ntokens(text: str) -> int:
@@ -284,7 +290,186 @@ def short_code(rng: random.Random) -> Shape:
                  change, lambda p, r: [r.choice(EXPR_REWORDED), p[1]], embed, lambda p: p[1])
 
 
-SHAPES = {"arith": arith, "docstring": docstrings, "instruction+code": code, "chat": chat, "short code": short_code}
+# --- generated shapes unlike the stdlib ones (issue 46): SQL, word problems, JSON records, dialogue ------
+
+FIRST = ("maria", "sofia", "liam", "noah", "emma", "olivia", "ava", "mia", "lucas", "ethan", "amir", "yuki",
+         "chen", "priya", "omar", "lena", "jonas", "ines", "pablo", "nadia", "tomas", "greta", "ivan", "hana",
+         "kofi", "zara", "diego", "elena", "felix", "irene", "karim", "laura", "marco", "nina", "oscar", "paula",
+         "rosa", "samir", "tariq", "vera", "wanda", "xavier", "yasmin", "aaron", "bianca", "carla", "dmitri",
+         "esther", "farah", "gustav")
+LAST = ("moreno", "tanaka", "okafor", "schmidt", "novak", "silva", "kowalski", "haddad", "larsen", "rossi",
+        "dubois", "ivanova", "nguyen", "patel", "garcia", "fischer", "mendes", "horvat", "lindqvist", "costa")
+NOUNS = ("orders", "customers", "invoices", "products", "shipments", "employees", "accounts", "payments",
+         "tickets", "sessions", "devices", "vendors", "refunds", "reviews", "courses", "students", "flights",
+         "bookings", "patients", "visits", "sensors", "readings", "branches", "loans", "assets", "contracts",
+         "drivers", "routes", "warehouses", "batches")
+COLUMNS = ("price", "quantity", "status", "created_at", "email", "region", "score", "balance", "rating",
+           "weight", "duration", "priority", "discount", "country", "level", "amount", "budget", "capacity",
+           "category", "owner", "stock", "total", "tax", "age", "city", "grade", "speed", "cost", "margin",
+           "tier", "channel", "source", "label", "rank")
+CITIES = ("lyon", "porto", "graz", "turku", "lodz", "ghent", "bergen", "cork", "split", "brno", "malmo",
+          "aarhus", "bilbao", "trieste", "utrecht", "leipzig", "tartu", "kaunas", "varna", "nantes")
+ITEMS = ("apples", "pencils", "marbles", "stickers", "cookies", "books", "stamps", "shells", "coins", "cards",
+         "balloons", "candles", "buttons", "ribbons", "tickets", "plates", "cups", "seeds", "bricks", "beads")
+
+DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+
+
+def _name_or_number_changed(text: str, rng: random.Random, fixed: frozenset[str] = frozenset()) -> str | None:
+    """One name (a person, place, table, column, item) or one number of ``text`` changed wherever it
+    is, to another of its kind (case kept); never one of ``fixed`` (a record's keys: its schema)."""
+    found = sorted({t for t in NAME_OR_NUMBER.findall(text)
+                    if t not in fixed and (t.lower() in KIND_OF or t.isdigit())})
+    if not found:
+        return None
+    old = rng.choice(found)
+    pool = [str(rng.randint(2, 999)) for _ in range(20)] if old.isdigit() else list(KIND_OF[old.lower()])
+    new = next((x for x in rng.sample(pool, len(pool))
+                if x != old.lower() and not re.search(rf"\b{x}\b", text, re.IGNORECASE)), None)
+    if new is None:
+        return None
+    return re.sub(rf"\b{re.escape(old)}\b", new.title() if old.istitle() else new, text)
+
+
+KIND_OF = {w: kind for kind in (FIRST, LAST, NOUNS, COLUMNS, CITIES, ITEMS, DAYS) for w in kind}
+
+
+def _typed(rows: list[tuple[str, Parts]]) -> tuple[list[Parts], dict[str, str]]:
+    """Unique rows (by their last part) and each one's type (the template it came from)."""
+    out, types = [], {}
+    for kind, parts in rows:
+        if parts[-1] not in types:
+            types[parts[-1]] = kind
+            out.append(parts)
+    return out, types
+
+
+SQL_INSTRUCTION = "Explain in one sentence what this SQL statement does."
+SQL_REWORDED = ["Describe briefly the effect of the following SQL.", "What does this query do? One sentence.",
+                "Summarise the SQL statement below in plain English."]
+SQL_TEMPLATES = (
+    "SELECT {c1}, {c2} FROM {t} WHERE {c3} > {n}",
+    "SELECT COUNT(*) FROM {t} WHERE {c1} = '{city}'",
+    "UPDATE {t} SET {c1} = {n} WHERE {c2} = '{city}'",
+    "INSERT INTO {t} ({c1}, {c2}) VALUES ('{first}', {n})",
+    "DELETE FROM {t} WHERE {c1} < {n} AND {c2} = '{city}'",
+    "SELECT {c1} FROM {t} ORDER BY {c2} DESC LIMIT {k}",
+    "SELECT {t}.{c1}, {t2}.{c2} FROM {t} JOIN {t2} ON {t}.id = {t2}.owner_id WHERE {t2}.{c3} >= {n}",
+)
+
+
+def alpaca(p: Parts) -> str:
+    return f"### Instruction:\n{p[0]}\n\n### Input:\n{p[1]}\n\n### Response:\n"
+
+
+def sql(rng: random.Random) -> Shape:
+    """Alpaca rows: a fixed instruction, one SQL statement from one of 7 templates (its type)."""
+    def one() -> tuple[str, Parts]:
+        k = rng.randrange(len(SQL_TEMPLATES))
+        t, t2 = rng.sample(NOUNS, 2)
+        c1, c2, c3 = rng.sample(COLUMNS, 3)
+        q = SQL_TEMPLATES[k].format(t=t, t2=t2, c1=c1, c2=c2, c3=c3, n=rng.randint(1, 9999), k=rng.randint(1, 50),
+                                    city=rng.choice(CITIES), first=rng.choice(FIRST))
+        return f"sql{k}", [SQL_INSTRUCTION, q]
+
+    rows, types = _typed([one() for _ in range(3 * (2 * EVAL + POOL))])
+    return Shape("sql", "Alpaca rows: a fixed instruction, an SQL statement (7 templates, 30 tables, 34 columns)",
+                 rows[: 2 * EVAL + POOL], alpaca,
+                 lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r)) else None,
+                 lambda p, r: [r.choice(SQL_REWORDED), p[1]], lambda p, r: [p[0], embedded(p[1], r)],
+                 lambda p: p[1], types)
+
+
+PROBLEMS = (
+    "{a} has {x} {item}. {a} buys {y} more {item} and gives {z} to {b}. How many {item} does {a} have now?",
+    "A box holds {x} {item}. {a} fills {y} boxes and sells {z} {item}. How many {item} are left?",
+    "{a} reads {x} pages a day for {y} days. The book has {z} pages. How many pages are left?",
+    "{a} and {b} share {x} {item} equally. Then {a} eats {y}. How many {item} does {a} have?",
+    "A train leaves {city} and travels {x} km in {y} hours. How far does it go in {z} hours?",
+    "{a} saves {x} euros a week. After {y} weeks {a} spends {z} euros. How much is left?",
+)
+
+
+def word_problems(rng: random.Random) -> Shape:
+    """One field, a grade-school word problem from one of 6 templates (its type): 15-30 tokens, the
+    length where one changed token costs an 8-gram rule most of its n-grams."""
+    def one() -> tuple[str, Parts]:
+        k = rng.randrange(len(PROBLEMS))
+        a, b = rng.sample(FIRST, 2)
+        text = PROBLEMS[k].format(a=a.title(), b=b.title(), item=rng.choice(ITEMS), city=rng.choice(CITIES).title(),
+                                  x=rng.randint(2, 99), y=rng.randint(2, 99), z=rng.randint(2, 99))
+        return f"problem{k}", [text]
+
+    rows, types = _typed([one() for _ in range(3 * (2 * EVAL + POOL))])
+    lead = ["Solve: ", "Homework question: ", "Please work this out: ", "Q: "]
+    return Shape("word problem", "one field, a word problem (6 templates, 50 names, 20 items, numbers 2-99)",
+                 rows[: 2 * EVAL + POOL], lambda p: f"Problem: {p[0]}\nAnswer: ",
+                 lambda p, r: [x] if (x := _name_or_number_changed(p[0], r)) else None,
+                 lambda p, r: [r.choice(lead) + p[0]], lambda p, r: [embedded(p[0], r)], lambda p: p[0], types)
+
+
+RECORD_KEYS = (("id", "name", "city", "age"), ("order", "customer", "item", "quantity", "price"),
+               ("sensor", "site", "reading", "unit"), ("employee", "team", "manager", "level", "salary"))
+RECORD_FIELDS = frozenset(k for keys in RECORD_KEYS for k in keys)
+RECORD_QUESTIONS = {0: "city", 1: "customer", 2: "site", 3: "manager"}
+
+
+def _record_value(key: str, rng: random.Random) -> str | int:
+    if key in ("name", "customer", "manager", "employee"):
+        return f"{rng.choice(FIRST).title()} {rng.choice(LAST).title()}"
+    if key in ("city", "site"):
+        return rng.choice(CITIES).title()
+    if key in ("item", "team", "unit"):
+        return rng.choice(ITEMS if key == "item" else COLUMNS)
+    return rng.randint(1, 99999 if key in ("id", "order", "sensor", "salary") else 99)
+
+
+def json_records(rng: random.Random) -> Shape:
+    """Chat-free extraction: a fixed instruction field and a one-line JSON record of one of 4 schemas
+    (its type); mostly punctuation and key names every record of its schema repeats."""
+    def one() -> tuple[str, Parts]:
+        k = rng.randrange(len(RECORD_KEYS))
+        record = {key: _record_value(key, rng) for key in RECORD_KEYS[k]}
+        return f"record{k}", [f"Return the {RECORD_QUESTIONS[k]} field of the record.", json.dumps(record)]
+
+    rows, types = _typed([one() for _ in range(3 * (2 * EVAL + POOL))])
+    return Shape("json record", "a per-schema instruction field, a one-line JSON record (4 schemas)",
+                 rows[: 2 * EVAL + POOL], lambda p: f"{p[0]}\n{p[1]}\n",
+                 lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r, RECORD_FIELDS)) else None,
+                 lambda p, r: ["Which value does this record hold for that field? " + p[0], p[1]],
+                 lambda p, r: [p[0], embedded(p[1], r)], lambda p: p[1], types)
+
+
+BOOKING = (
+    "Hi, I would like to book a table for {x} at {place} on {day} at {h} pm.",
+    "Can you move my {day} booking at {place} to {h} pm? It is under {a}.",
+    "Please cancel the reservation for {x} people under the name {a} {b}.",
+    "Is {place} open on {day}? We are {x} and would arrive around {h}.",
+)
+PLACES = ("Bistro", "Grill", "Kitchen", "Trattoria", "House", "Garden", "Table", "Cafe", "Tavern", "Deli")
+DIALOGUE_SYSTEM = "You are the booking assistant of a restaurant group. Reply with the intent only."
+
+
+def dialogue(rng: random.Random) -> Shape:
+    """Short chat turns: a fixed system prompt and one user turn from one of 4 intents (its type)."""
+    def one() -> tuple[str, Parts]:
+        k = rng.randrange(len(BOOKING))
+        place = f"{rng.choice(LAST).title()} {rng.choice(PLACES)}"
+        day = f"{rng.choice(DAYS).title()} the {rng.randint(1, 28)}th"
+        text = BOOKING[k].format(x=rng.randint(2, 12), place=place, day=day, h=rng.randint(5, 10),
+                                 a=rng.choice(FIRST).title(), b=rng.choice(LAST).title())
+        return f"intent{k}", [DIALOGUE_SYSTEM, text]
+
+    rows, types = _typed([one() for _ in range(3 * (2 * EVAL + POOL))])
+    return Shape("dialogue", "chat: a fixed system prompt and one short user turn (4 intents, 12-20 tokens)",
+                 rows[: 2 * EVAL + POOL], lambda p: f"System: {p[0]}\nUser: {p[1]}\nAssistant: ",
+                 lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r)) else None,
+                 lambda p, r: [p[0], "Quick question. " + p[1]], lambda p, r: [p[0], embedded(p[1], r)],
+                 lambda p: p[1], types)
+
+
+SHAPES = {"arith": arith, "docstring": docstrings, "instruction+code": code, "chat": chat, "short code": short_code,
+          "sql": sql, "word problem": word_problems, "json record": json_records, "dialogue": dialogue}
 
 
 # --- leaks --------------------------------------------------------------------------------------------
@@ -333,7 +518,8 @@ def natural_overlaps(shape: Shape, pool: list[Parts], evals: list[Parts]) -> set
                 shared[j] = shared.get(j, 0) + 1
         u = TOKEN.findall(shape.content(p).lower())
         run = f" {' '.join(u)} "
-        if (any(c / (len(s) + len(ev[j]) - c) >= 0.5 for j, c in shared.items())
+        # (templated shapes share most characters by construction: there only the token kinds decide)
+        if (not shape.types and any(c / (len(s) + len(ev[j]) - c) >= 0.5 for j, c in shared.items())
                 or any(len(t) >= 3 and len(u) <= 2 * len(t) and r in run for t, r in zip(ev_tokens, ev_runs,
                                                                                           strict=True))
                 or any(one_token_apart(u, t, shape.name != "arith") for t in by_len.get(len(u), ()))):
@@ -356,10 +542,12 @@ def plant(shape: Shape, rng: random.Random) -> tuple[dict[str, list[Parts]], lis
     val, test, pool = shape.rows[:EVAL], shape.rows[EVAL : 2 * EVAL], shape.rows[2 * EVAL :]
     natural = natural_overlaps(shape, pool, val + test)
     clean = [p for i, p in enumerate(pool) if i not in natural]
+    near = near_same_type(shape, clean, val + test)
     kinds: dict[str, Callable[[Parts, random.Random], Parts | None]] = {
         "exact": lambda p, r: list(p), "case+space": case_space, "re-instructed": shape.reword,
         "embedded": shape.embed, "one token changed": shape.change}
-    train = [(p, None) for p in clean] + [(p, "natural") for i, p in enumerate(pool) if i in natural]
+    train = [(p, "near" if i in near else None) for i, p in enumerate(clean)]
+    train += [(p, "natural") for i, p in enumerate(pool) if i in natural]
     for kind, leak in kinds.items():
         for rows in (val, test):  # half from each split, from rows the kind applies to
             planted = 0
@@ -369,6 +557,28 @@ def plant(shape: Shape, rng: random.Random) -> tuple[dict[str, list[Parts]], lis
                     planted += 1
     rng.shuffle(train)
     return {"validation": val, "test": test}, [p for p, _ in train], [k for _, k in train]
+
+
+def near_same_type(shape: Shape, rows: list[Parts], evals: list[Parts]) -> set[int]:
+    """The rows with an evaluation input of their own type (template; one type for the stdlib shapes)
+    close by: at most two tokens changed, and at most a quarter of the row's (counted as half the
+    difference of their bags of tokens: a token put in or left out counts half). A rule may take
+    these for copies without removing rows that are plainly not."""
+    def bag(p: Parts) -> Counter:
+        return Counter(TOKEN.findall(shape.content(p).lower()))
+
+    by_type: dict[str, list[Counter]] = {}
+    for p in evals:
+        by_type.setdefault(shape.types.get(p[-1], ""), []).append(bag(p))
+    out = set()
+    for i, p in enumerate(rows):
+        b = bag(p)
+        most = 2 * min(2, b.total() // 4)  # the bags' difference of two tokens changed
+        for e in by_type.get(shape.types.get(p[-1], ""), ()):
+            if abs(e.total() - b.total()) <= most and ((b - e) + (e - b)).total() <= most:
+                out.add(i)
+                break
+    return out
 
 
 # --- rules ----------------------------------------------------------------------------------------------
@@ -412,7 +622,10 @@ def measure(rule, shapes: list[str], seed: int, explain: int = 0) -> list[dict]:
         pairs = list(zip(removed, kinds, strict=True))
         row = {"shape": name, "what": shape.what, "natural": kinds.count("natural"), "seconds": seconds,
                "natural_removed": sum(r is not None for r, k in pairs if k == "natural"),
-               "clean": sum(k is None for k in kinds), "false": sum(r is not None for r, k in pairs if k is None)}
+               "clean": sum(k in (None, "near") for k in kinds),
+               "false": sum(r is not None for r, k in pairs if k in (None, "near")),
+               "far": kinds.count(None), "rows": len(train), "renamed": removed.count("renamed copy"),
+               "false_far": sum(r is not None for r, k in pairs if k is None)}
         for kind in KINDS:
             planted = [r is not None for r, k in pairs if k == kind]
             row[kind] = (sum(planted), len(planted))
@@ -438,7 +651,7 @@ def explained(shape: Shape, evals: dict, train: list[Parts], removed: list, kind
         best = min((r for r in runs if r[0] <= 1), default=None)
         return "" if best is None else f"  ({'holds' if best[0] == 0 else 'one token off'} {best[2]!r})"
 
-    false = [(r, p) for r, k, p in zip(removed, kinds, train, strict=True) if k is None and r is not None]
+    false = [(r, p) for r, k, p in zip(removed, kinds, train, strict=True) if k in (None, "near") and r is not None]
     print(f"\n{shape.name}: {len(false)} clean rows removed, by reason: "
           f"{dict(Counter(r for r, _ in false).most_common())}")
     for r, p in false[:n]:
@@ -450,18 +663,26 @@ def explained(shape: Shape, evals: dict, train: list[Parts], removed: list, kind
 
 
 def table(rows: list[dict]) -> str:
+    """One line per shape and a total over them: recall per kind, clean rows removed (and those with
+    no evaluation input of their own type close by), precision, natural overlaps, time."""
     kinds = KINDS
     lines = ["| shape | " + " | ".join(f"recall: {k}" for k in kinds) + " | recall, all | clean rows removed "
-             "| precision | natural overlaps removed | seconds |",
-             "|---|" + "---|" * (len(kinds) + 5)]
-    for r in rows:
+             "| of them with no same-type input near | precision | natural overlaps removed "
+             "| removed as renamed copies | seconds (per 10k rows) |",
+             "|---|" + "---|" * (len(kinds) + 7)]
+    total = {k: (sum(r[k][0] for r in rows), sum(r[k][1] for r in rows)) for k in kinds}
+    total |= {k: sum(r[k] for r in rows) for k in ("false", "clean", "far", "false_far", "natural_removed",
+                                                    "natural", "seconds", "rows", "renamed")}
+    for r in [*rows, {"shape": "**all**", **total}] if len(rows) > 1 else rows:
         got = sum(r[k][0] for k in kinds)
         planted = sum(r[k][1] for k in kinds)
-        cells = [f"{r[k][0]}/{r[k][1]}" if r[k][1] else "n/a" for k in kinds]
+        cells = [f"{r[k][0]}/{r[k][1]} ({r[k][0] / r[k][1]:.0%})" if r[k][1] else "n/a" for k in kinds]
         precision = got / (got + r["false"]) if got + r["false"] else 1.0
         lines.append(f"| {r['shape']} | " + " | ".join(cells) + f" | {got / planted:.1%} | {r['false']}/{r['clean']} "
-                     f"({r['false'] / r['clean']:.2%}) | {precision:.1%} | {r['natural_removed']}/{r['natural']} "
-                     f"| {r['seconds']:.1f} |")
+                     f"({r['false'] / max(1, r['clean']):.2%}) | {r['false_far']}/{r['far']} "
+                     f"({r['false_far'] / max(1, r['far']):.2%}) "
+                     f"| {precision:.1%} | {r['natural_removed']}/{r['natural']} | {r['renamed']} "
+                     f"| {r['seconds']:.1f} ({r['seconds'] / r['rows'] * 1e4:.1f}) |")
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from recipetune.data import operators, ops, runtime
 from recipetune.data.chain import ChainError, run_chain, with_decontamination
-from recipetune.data.text import ContaminationIndex
+from recipetune.data.decontam import ContaminationIndex
 from recipetune.finetune.task import Splits, TaskConfig
 
 OP = TypeAdapter(ops.Operator)

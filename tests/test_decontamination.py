@@ -1,5 +1,5 @@
 """Decontamination's rule, each mode beside the case it must not reject: copies found in what varies
-between rows, never in a template or an instruction every row repeats (data/text.py)."""
+between rows, never in a template or an instruction every row repeats (data/decontam.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 from ft_fixtures import write_jsonl
 
 from recipetune.data.chain import run_chain
+from recipetune.data.decontam import ContaminationIndex
 from recipetune.data.ops import Decontaminate
-from recipetune.data.text import Boilerplate, ContaminationIndex, tokens
+from recipetune.data.text import Boilerplate, tokens
 from recipetune.finetune.task import Splits, TaskConfig
 
 INSTRUCTION = "Read the function below and count its parameters. Answer with a number only."
@@ -92,11 +93,17 @@ def test_a_rename_needs_enough_words_left_alike():
     assert index.hits(["def get_entry(self, key, default):"])[1] == "renamed copy"  # 4 words left alike
 
 
-def test_a_renamed_number_is_another_problem():
+def test_one_number_changed_is_a_copy_where_the_rest_says_which_input_it_is():
+    """Issue 46 (this verdict was None before): a word problem with one quantity changed keeps its
+    wording and its other values, as a name renamed does; a sum with one number changed keeps one
+    number (another sum), an input whose only varying value changed is another input of its template
+    (test_an_input_that_is_almost_all_template_counts_whole)."""
     index = ContaminationIndex({"validation": [], "test": [["Add 12 apples to 35 pears and count them"]]},
                                settings())
-    assert index.hits(["Add 12 apples to 36 pears and count them"]) is None
+    assert index.hits(["Add 12 apples to 36 pears and count them"])[1] == "renamed copy"
     assert index.hits(["Add 12 plums to 35 pears and count them"])[1] == "renamed copy"
+    assert index.hits(["Add 12 apples to 36 plums and count them"]) is None  # two changed: another problem
+    assert index.hits(["Add 12 apples to pears pears and count them"]) is None  # a number for a word: no type
 
 
 def test_an_input_that_is_almost_all_template_counts_whole():

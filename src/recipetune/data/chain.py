@@ -55,6 +55,8 @@ class OperatorStats(BaseModel):
     rows_out: int
     added: int = 0
     removed: dict[str, int] = Field(default_factory=dict, description="reason -> rows")
+    kept: dict[str, int] = Field(default_factory=dict, description=(
+        "reason -> rows found but kept as the step was told (decontaminate's renamed: report)"))
     examples: list[dict[str, Any]] = Field(default_factory=list, description="a few removed training rows")
     fingerprint_in: str
     fingerprint_out: str
@@ -86,10 +88,10 @@ def code_fingerprint() -> str:
     """The operators' code (their configs, functions and runtime, and the text and MinHash rules they
     apply): a change to it is a
     change to every step's output."""
-    from recipetune.data import minhash, text
+    from recipetune.data import decontam, minhash, text
 
     h = hashlib.sha256()
-    for mod in (ops, operators, runtime, text, minhash):
+    for mod in (ops, operators, runtime, text, decontam, minhash):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()[:16]
 
@@ -192,7 +194,8 @@ def run_chain(
                     sub = getattr(e, "field", "")
                     raise ChainError(f"{field}.{sub}" if sub else f"{field}.op", f"{op.op}: {e}") from None
                 out = outcome.rows
-                meta = {"removed": dict(outcome.removed), "examples": outcome.examples, "added": outcome.added,
+                meta = {"removed": dict(outcome.removed), "kept": dict(outcome.kept), "examples": outcome.examples,
+                        "added": outcome.added,
                         "rows": len(out)}
             if len(out) == 0:
                 raise ChainError(f"{field}.op", f"step {i} ({op.op}) leaves no training rows "
@@ -201,7 +204,8 @@ def run_chain(
                 out = _cache_put(folder, out, meta, work)
             stats.append(OperatorStats(
                 index=i, op=op.op, config=op.model_dump(exclude={"op"}), rows_in=len(ds), rows_out=len(out),
-                added=meta["added"], removed=meta["removed"], examples=meta["examples"], fingerprint_in=fp_in,
+                added=meta["added"], removed=meta["removed"], kept=meta.get("kept", {}), examples=meta["examples"],
+                fingerprint_in=fp_in,
                 fingerprint_out=fp_out, cached=hit is not None, seconds=round(time.perf_counter() - t0, 4),
                 implicit=i == implicit_at,
             ))

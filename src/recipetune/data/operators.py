@@ -13,6 +13,7 @@ from xxhash import xxh3_64_intdigest
 
 from recipetune.core.expr import ExprError
 from recipetune.core.expr import evaluate as eval_expr
+from recipetune.data.decontam import RENAMED
 from recipetune.data.minhash import near_duplicates, signatures
 from recipetune.data.ops import (
     Augment,
@@ -32,6 +33,7 @@ from recipetune.data.ops import (
     Synthesize,
 )
 from recipetune.data.runtime import (
+    KEPT,
     Context,
     OpError,
     Outcome,
@@ -201,9 +203,14 @@ def _decontaminate(op: Decontaminate, ds, ctx: Context) -> Outcome:
     index = ctx.contamination_index(op)  # once, in the parent: forked workers share it
     parts = ctx.parts or (lambda row: [ctx.render(row)])
 
+    def reason(hit: tuple[str, str] | None) -> str | None:
+        if hit is None or hit[1] == RENAMED and op.renamed == "keep":
+            return None  # (the index ranks a renamed copy last: a row that is also another copy is that)
+        why = f"overlaps {hit[0]} ({hit[1]})"
+        return KEPT + why if hit[1] == RENAMED and op.renamed == "report" else why
+
     def reasons(batch: dict[str, list], n: int) -> list[str | None]:
-        hits = index.hits_batch([parts(row) for row in rows_of(batch, n)])
-        return [None if hit is None else f"overlaps {hit[0]} ({hit[1]})" for hit in hits]
+        return [reason(hit) for hit in index.hits_batch([parts(row) for row in rows_of(batch, n)])]
 
     return removal_by_reason(ds, reasons, ctx.prompt_fields, ctx, "decontaminate")
 

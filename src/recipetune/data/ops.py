@@ -103,7 +103,7 @@ class FilterRegex(OpBase):
 class Decontaminate(OpBase):
     """Remove training rows that overlap validation or test in what varies between rows: the
     template's fixed text and phrases a large share of the evaluation rows repeat are not evidence
-    (data/text.py says how). Always on: a chain without it gets it appended with these defaults."""
+    (data/decontam.py says how). Always on: a chain without it gets it appended with these defaults."""
 
     op: Literal["decontaminate"]
     ngram: int = Field(8, ge=1, le=50, description="word n-gram length for evaluation inputs at least this long")
@@ -117,6 +117,11 @@ class Decontaminate(OpBase):
         "a phrase in at least this share of the evaluation rows is boilerplate, not evidence; 1 = none is"))
     near_threshold: float = Field(0.8, gt=0.0, le=1.0, description="MinHash similarity; 1 = n-grams only")
     num_perm: int = Field(64, ge=16, le=1024)
+    renamed: Literal["remove", "keep", "report"] = Field("remove", description=(
+        "a training input that is an evaluation input with one name or number changed (a renamed copy): "
+        "remove it (counted apart as 'renamed copy'), keep it, or keep it and count it in the data version "
+        "('kept'); where natural inputs differ by one name (another function with the same parameters), "
+        "the task's file says whether they count as copies"))
 
 
 class Sample(OpBase):

@@ -35,6 +35,7 @@ class Outcome:
     removed: Counter = field(default_factory=Counter)
     examples: list[dict] = field(default_factory=list)
     added: int = 0
+    kept: Counter = field(default_factory=Counter)  # rows an operator found but was told to keep (counted)
 
     def example(self, row: Row, reason: str) -> None:
         # a training row that overlaps test is (nearly) test text: the search must not read it
@@ -195,8 +196,12 @@ def columns_of(fld: str | None, ctx: Context) -> list[str]:
     return list(ctx.prompt_fields) if fld is None else [fld]
 
 
+KEPT = "kept: "  # a reason that starts so counts the row in ``Outcome.kept`` and keeps it
+
+
 def removal_by_reason(ds, reason_of, columns: list[str], ctx: Context, name: str) -> Outcome:
-    """Keep the rows ``reason_of(batch, n) -> [reason or None]`` gives no reason to remove."""
+    """Keep the rows ``reason_of(batch, n) -> [reason or None]`` gives no reason to remove (or a reason
+    that starts with ``KEPT``: counted, kept)."""
     import datasets
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -206,13 +211,17 @@ def removal_by_reason(ds, reason_of, columns: list[str], ctx: Context, name: str
     out = batch_map(ds, lambda batch, n: {"reason": reason_of(batch, n)}, columns, ctx, name,
                     features=datasets.Features({"reason": datasets.Value("string")}))
     col = out.data.column("reason").combine_chunks()
-    drop = col.is_valid().to_numpy(zero_copy_only=False)
+    flagged = pc.fill_null(pc.starts_with(col, KEPT), False).to_numpy(zero_copy_only=False)
+    kept = Counter(r.removeprefix(KEPT) for r in pc.filter(col, flagged).to_pylist()) if flagged.any() else Counter()
+    drop = col.is_valid().to_numpy(zero_copy_only=False) & ~flagged
     dropped = np.flatnonzero(drop)
     if not len(dropped):
-        return Outcome(ds)
+        return Outcome(ds, kept=kept)
     encoded = pc.take(col, pa.array(dropped)).dictionary_encode()
-    return removal(ds, ~drop, dropped, encoded.indices.to_numpy(zero_copy_only=False),
-                    encoded.dictionary.to_pylist(), ctx)
+    outcome = removal(ds, ~drop, dropped, encoded.indices.to_numpy(zero_copy_only=False),
+                      encoded.dictionary.to_pylist(), ctx)
+    outcome.kept = kept
+    return outcome
 
 
 def removal(ds, keep: np.ndarray, dropped: np.ndarray, codes: np.ndarray, reasons: list[str],

@@ -29,8 +29,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from recipetune.data.decontam import ContaminationIndex
 from recipetune.data.files import file_fingerprint, read_rows, row_position, split_path
-from recipetune.data.text import ContaminationIndex, normalize, template_fields
+from recipetune.data.text import normalize, template_fields
 from recipetune.finetune.formats import (
     Message,
     RowProblem,

@@ -1,0 +1,447 @@
+"""Decontamination's rule: the contamination index of the evaluation inputs, and what counts as a
+copy of one (tokens and boilerplate are ``data/text.py``'s).
+
+**What counts as evidence of a copy.** Decontamination compares what varies between rows, not what
+every row shares. It reads a row's ``input_parts`` (the values the prompt template reads, never the
+template's fixed text), and it masks *boilerplate*: every token covered by a word ``COMMON_N``-gram
+that at least ``common_share`` of the evaluation rows contain (an instruction every prompt repeats,
+a fixed preamble inside a field). What is left of an evaluation row is its *varying text* v. A
+training row (its varying text u, masked alike) overlaps an evaluation row when:
+
+- v has ``ngram`` tokens or more and u holds at least ``min_overlap`` of v's distinct word n-grams
+  (a copy, renamed or re-prefixed, keeps most of them; an idiom two functions share, a few);
+- u contains v as a run of tokens (v of ``min_tokens`` or more: a prompt copied, whatever was put
+  around it), or v with **one token changed** (a *renamed copy*): one name or one number replaced,
+  at one place or everywhere, by another of its type (a name by a name, a number by a number: never
+  a keyword or an operator), where the changed name is no word of the task's structure (one in
+  ``STRUCTURE_SHARE`` of the evaluation inputs, such as ``select`` or ``buys``: changing it asks
+  another kind of question), v's fields lie whole in u, shared text included, with that one change
+  (``ContaminationIndex._renamed``), and the names and numbers left alike say which input it is:
+  ``RENAME_MIN_WORDS`` distinct ones in those fields of which ``RENAME_SHORT_WORDS`` vary and are
+  no word of the task's structure, or ``RENAME_SHORT_WORDS`` such with one that few evaluation
+  inputs use. ``347+588=`` keeps one
+  number of ``347+589=``: another sum; ``block number 17`` keeps no varying value of ``block number
+  7``: another input of its template; ``SELECT price FROM orders WHERE total > 310`` keeps four of
+  ``... > 311``: a copy. Every input is found through its two rarest token pairs with no token in
+  common (anchors), so one changed token leaves one of them (issue 46: before, only inputs under 2 x
+  ``ngram`` tokens were, and names only; one changed token costs an input of v tokens up to ``ngram``
+  of its v - ``ngram`` + 1 n-grams); an input of several fields (a chat turn and the next) is found
+  field by field, so text added around one of them does not hide it. ``renamed`` (``remove`` |
+  ``keep`` | ``report``) says whether renamed copies count: natural inputs that differ by one name
+  (another function with the same parameters) are reported apart as ``renamed copy``;
+- v is shorter than ``min_tokens`` (an input that is almost all shared text) and u's fields hold v
+  and nothing else that varies, or u contains the whole evaluation input, shared text included;
+- or their estimated Jaccard similarity reaches ``near_threshold`` (one-permutation MinHash over
+  character 5-grams, ``data/minhash.py``), both of ``NEAR_MIN_CHARS`` or more.
+
+**Where the copy carries the question.** A short v found inside u counts only where it is at least
+``contain_share`` (half) of what each field it lies in says, the field's shared text (boilerplate)
+outside it not counted and the input's own shared text around it counted with it: ``x[1:]`` in
+``print(x[1:])`` is a copy, a literal ``"u"`` in ``self.write("u")`` or ``select`` in
+``select.POLLOUT`` asks another question. The same holds for the n-grams a short v shares with u.
+Inputs of 2 x ``ngram`` tokens or more carry their question wherever they are.
+
+The index lives in memory, is never written, and answers which split a text overlaps and how, never
+the evaluation text itself.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left, bisect_right
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from recipetune.data import minhash
+from recipetune.data.text import MIN_COMMON_ROWS, Boilerplate, part_tokens, tokens
+
+RENAMED = "renamed copy"  # the reason a one-token copy is given: counted apart, kept where the task says
+_IDENTIFIER = re.compile(r"[^\W\d]\w*")  # a word that starts with a letter or _: a name, not a number
+_CONTENT = re.compile(r"[^\W\d]\w*|\d+")  # a name or a number: what says which input a copy is of
+RENAME_MIN_WORDS = 4  # an input with one token changed is a copy only if 4 other names or numbers still match
+# in its fields: "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings,
+# a sentence ...
+RENAME_SHORT_WORDS = 2  # ... 2 of them varying (block 17 of a template is not block 7); or 2 varying, one
+# rare: `self._waiter.set_result(exc)` renamed keeps `_waiter`; `len(x)` renamed keeps only `len`, and
+# `self.x` only `self`, which much of all code has: other inputs
+RARE_SHARE, RARE_MIN_ROWS = 0.01, 2  # rare: in at most 1% of the evaluation inputs (and at least 2 may) ...
+RARE_MIN_INPUTS = 100  # ... of 100 or more: among fewer, how common a word is cannot be told
+STRUCTURE_SHARE = 0.1  # a name or number in a tenth of the evaluation inputs is the task's own vocabulary
+# (a keyword, a template's verb: `select`, `buys`), not a name: each type of input of a task with a few types
+# repeats its words in a large share; a name, a value is each in a few percent
+NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates similarity too roughly
+# (two 8-character sums share half their shingles by chance): shorter texts have the token rules
+
+
+@dataclass(frozen=True)
+class _Input:
+    """An evaluation input, checked by alignment at its anchors (whole, or with one token changed)."""
+
+    split: str
+    varying: tuple[str, ...]
+    full: tuple[str, ...]  # all its tokens, shared text included
+    start: int  # where ``varying`` begins in ``full``
+    pieces: tuple[tuple[int, int], ...]  # ``varying[lo:hi]`` of each part that has some: found part by part
+    where: tuple[int, ...]  # each varying token's position in ``full``
+    parts: tuple[tuple[int, int], ...]  # the part (field) of ``full`` each piece lies in
+
+
+class ContaminationIndex:
+    """Evaluation rows (their input parts, by split) indexed as the module docstring says.
+    ``settings`` has ``ngram``, ``min_overlap``, ``min_tokens``, ``common_share``, ``near_threshold``,
+    ``num_perm``. It lives in memory and is never written anywhere."""
+
+    def __init__(self, evals: dict[str, list[list[str]]], settings: Any):
+        self.n, self.min_overlap, self.min_tokens = settings.ngram, settings.min_overlap, settings.min_tokens
+        self.num_perm, self.share = settings.num_perm, settings.contain_share
+        self.renamed = getattr(settings, "renamed", "remove")
+        labelled = [(split, part_tokens(parts)) for split, rows in evals.items() for parts in rows]
+        self.boilerplate = Boilerplate([toks for _, toks in labelled], settings.common_share)
+        self.grams: dict[tuple[str, ...], list[int]] = {}  # varying n-gram -> the long inputs holding it
+        self.long: list[tuple[str, int, int]] = []  # input of n tokens or more -> (split, its distinct n-grams,
+        # its varying tokens)
+        self.inputs: list[_Input] = []
+        # a token pair (or, for a one-token input, the token) -> (input, the pair's offset there)
+        self.anchors: dict[Any, list[tuple[int, int]]] = {}
+        self._parts: dict[str, tuple[list[str], list[str], Sequence[int]]] = {}
+        varied = [(split, *self._split(parts)) for split, rows in evals.items() for parts in rows]
+        df = Counter(p for _, _, v, _, _ in varied for p in set(zip(v, v[1:], strict=False)))
+        near_texts, near_split = [], []
+        # how many evaluation inputs use each name or number: a rare one says which input a renamed copy
+        # is of; one most use is the task's structure, not a name
+        self.word_df = Counter(t for _, toks, _, _, _ in varied for t in set(toks) if _CONTENT.fullmatch(t))
+        self.rare_rows = max(RARE_MIN_ROWS, RARE_SHARE * len(varied)) if len(varied) >= RARE_MIN_INPUTS else 0
+        self.structural_rows = max(MIN_COMMON_ROWS, STRUCTURE_SHARE * len(varied))  # (as boilerplate's)
+        for split, toks, v, pos, starts in varied:
+            if not v:
+                continue  # nothing varies: nothing to find a copy of
+            if len(v) >= self.n:
+                grams = {tuple(v[i : i + self.n]) for i in range(len(v) - self.n + 1)}
+                for g in grams:
+                    self.grams.setdefault(g, []).append(len(self.long))
+                self.long.append((split, len(grams), len(v)))
+            pieces = _pieces(pos, starts)  # every input, however long: one changed token costs an n-gram rule
+            for key, offset in _anchors(v, df, pieces):  # up to n of its n-grams, the alignment nothing
+                self.anchors.setdefault(key, []).append((len(self.inputs), offset))
+            parts = tuple((starts[k], starts[k + 1]) for k in (bisect_right(starts, pos[lo]) - 1 for lo, _ in pieces))
+            self.inputs.append(_Input(split, tuple(v), tuple(toks), pos[0], pieces, tuple(pos), parts))
+            if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
+                near_texts.append(text)
+                near_split.append(split)
+        self.gram_starts = {g[:2] for g in self.grams}  # the token pairs an n-gram can start with
+        self.single = any(isinstance(key, str) for key in self.anchors)
+        self.near: dict[str, minhash.BucketIndex] = {}  # split -> its inputs' LSH buckets, test first
+        if settings.near_threshold < 1 and near_texts:
+            sig = minhash.signatures(near_texts, self.num_perm)
+            for split in sorted(set(near_split), key=lambda s: s != "test"):
+                rows = [i for i, s in enumerate(near_split) if s == split]
+                self.near[split] = minhash.BucketIndex(sig[rows], settings.near_threshold)
+
+    def hits(self, parts: Sequence[str]) -> tuple[str, str] | None:
+        return self.hits_batch([parts])[0]
+
+    def hits_batch(self, rows: Sequence[Sequence[str]]) -> list[tuple[str, str] | None]:
+        """For each training row's input parts: (split, how) of an overlap, else None. ``how`` is
+        ``<n>-grams``, ``same input``, ``contains a whole input``, ``renamed copy`` or
+        ``near-duplicate``."""
+        split = [self._split(parts) for parts in rows]
+        varying = [(v, pos) for _, v, pos, _ in split]
+        out = [self._token_hit(*row) for row in split]
+        if self.near:  # rows with no overlap yet, or one with validation only: test may still be near
+            texts = {i: " ".join(varying[i][0]) for i, hit in enumerate(out)
+                     if hit is None or hit[0] != "test" or self._weak(hit)}
+            todo = [i for i, text in texts.items() if len(text) >= NEAR_MIN_CHARS]
+            sig = minhash.signatures([texts[i] for i in todo], self.num_perm) if todo else None
+            for split, index in self.near.items():
+                if not todo:
+                    break
+                match = index.query(sig)
+                for i in [i for i, j in zip(todo, match.tolist(), strict=True) if j >= 0]:
+                    if out[i] is None or split == "test" or self._weak(out[i]):
+                        out[i] = (split, "near-duplicate")
+                # test rows found: done with them
+                keep = [k for k, i in enumerate(todo) if out[i] is None or self._weak(out[i])]
+                todo, sig = [todo[k] for k in keep], sig[keep]
+        return out
+
+    def _split(self, parts: Sequence[str]) -> tuple[list[str], list[str], Sequence[int], list[int]]:
+        """A row's tokens, varying tokens, their positions, and where each part starts in the tokens (a
+        last entry at the end), part by part: a part every row repeats (an instruction field, a system
+        prompt) is tokenised and masked once."""
+        if len(parts) == 1:
+            toks, v, pos = self._part(parts[0])  # (shared with the cache: callers read, never change them)
+            return toks, v, pos, [0, len(toks)]
+        toks: list[str] = []
+        v: list[str] = []
+        pos: list[int] = []
+        starts = [0]
+        for part in parts:
+            t, pv, pp = self._part(part)
+            pos += [p + len(toks) for p in pp]
+            toks += t
+            v += pv
+            starts.append(len(toks))
+        return toks, v, pos, starts
+
+    def _part(self, part: str) -> tuple[list[str], list[str], Sequence[int]]:
+        hit = self._parts.get(part)
+        if hit is None:
+            toks = tokens(part)
+            hit = (toks, *self.boilerplate.varying(toks))
+            if len(part) < 2000:  # short parts repeat; long ones rarely do
+                if len(self._parts) >= 20_000:
+                    self._parts.clear()
+                self._parts[part] = hit
+        return hit
+
+    def _token_hit(self, toks: list[str], v: list[str], pos: Sequence[int],
+                   starts: list[int]) -> tuple[str, str] | None:
+        """The first overlap with test, else with validation, else None: a training row that overlaps
+        both must be reported as test text (its example is withheld); ``_rank`` orders the rest."""
+        found: tuple[str, str] | None = None
+        for hit in self._token_hits(toks, v, pos, starts):
+            if hit[0] == "test" and hit[1] != RENAMED:
+                return hit
+            if found is None or self._rank(hit) < self._rank(found):
+                found = hit
+        return found
+
+    def _rank(self, hit: tuple[str, str]) -> tuple[bool, bool]:
+        """Which of a row's overlaps it is reported as (smallest first): test before validation, and a
+        copy before a renamed copy (a row that holds one input whole is that input's copy); where
+        renamed copies are kept, any other overlap before a renamed copy, whichever the split."""
+        weak, val = hit[1] == RENAMED, hit[0] != "test"
+        return (weak, val) if self.renamed != "remove" else (val, weak)
+
+    def _weak(self, hit: tuple[str, str] | None) -> bool:
+        """A renamed copy where renamed copies are kept: any other overlap (a near-duplicate) replaces it."""
+        return hit is not None and hit[1] == RENAMED and self.renamed != "remove"
+
+    def _token_hits(self, toks: list[str], v: list[str], pos: Sequence[int], starts: list[int]):
+        if not v:
+            return
+        n = self.n
+        pairs = list(zip(v, v[1:], strict=False))
+        if len(v) >= n and self.grams:
+            grams, gram_starts = self.grams, self.gram_starts
+            at: dict[int, list[int]] = {}  # input -> where its n-grams start in v
+            for i in [i for i, p in enumerate(pairs[: len(v) - n + 1]) if p in gram_starts]:
+                for j in grams.get(tuple(v[i : i + n]), ()):
+                    at.setdefault(j, []).append(i)
+            for j, found in at.items():  # (a gram repeated in u counts once per repeat: rare, harmless)
+                split, total, size = self.long[j]
+                if len(found) < self.min_overlap * total:
+                    continue
+                # a short input's n-grams, like its whole run of tokens, count where they carry the question
+                if size >= 2 * n or self._covers({k for i in found for k in range(i, i + n)}, pos, starts):
+                    yield split, f"{n}-grams"
+        anchors = self.anchors
+        fields = _pieces(pos, starts)  # the row's varying tokens, field by field (those that have some)
+        keys = list(enumerate(pairs))
+        if self.single:  # some inputs are one token: their anchor is that token
+            keys += enumerate(v)
+        for i, key in [(i, key) for i, key in keys if key in anchors]:
+            for j, offset in anchors[key]:
+                e = self.inputs[j]
+                spans = self._align(e, toks, v, i, offset, pos, starts, fields)
+                if spans is None and len(e.pieces) == 1:  # masked apart (a value common enough to be in a
+                    # shared phrase in one and not the other): the whole field, token for token
+                    spans = self._renamed(e, toks, [pos[i] - (e.where[offset] - e.where[0])], starts)
+                if spans is None:
+                    continue
+                found, spans = spans
+                size = len(e.varying)
+                anywhere = size >= 2 * self.n  # a long input carries its question wherever it is
+                if found == "renamed":
+                    if anywhere or all(self._carries(*span, pos, starts) for span in spans):
+                        yield e.split, RENAMED
+                elif size == len(v):
+                    yield e.split, "same input"
+                elif size >= self.min_tokens:
+                    if anywhere or all(self._carries(*span, pos, starts) for span in spans):
+                        yield e.split, "contains a whole input"
+                elif all(self._carries(*span, pos, starts, share=1.0) for span in spans):
+                    yield e.split, "contains a whole input"  # the fields hold it and nothing else that varies
+                elif (len(e.pieces) == 1 and spans[0][1] - spans[0][0] == len(e.full)
+                      and self._carries(*spans[0], pos, starts)):
+                    # (almost) nothing of it varies: the whole input, shared text and all, found where it
+                    # carries the question
+                    yield e.split, "contains a whole input"
+
+    def _align(self, e: _Input, toks: list[str], v: list[str], i: int, offset: int, pos: Sequence[int],
+               starts: list[int], fields: tuple[tuple[int, int], ...]):
+        """Where the evaluation input ``e`` lies in a training row's varying tokens ``v``, given that its
+        anchor at ``offset`` sits at ``v[i]``: ("same" | "renamed", the span in the row's tokens of each of
+        its pieces, widened over the input's own shared text around it: a docstring's masked "Return"
+        is part of the copy), else None. The anchor's piece lies where the anchor says; an input of several fields
+        (a chat turn and the next) has each other piece in the field before or after, anywhere in it, so
+        that text added around one piece (a lead-in, a closing remark) does not hide the copy."""
+        k = next(k for k, (lo, hi) in enumerate(e.pieces) if lo <= offset < hi)
+        lo, hi = e.pieces[k]
+        at = {k: i - (offset - lo)}
+        if at[k] < 0 or at[k] + hi - lo > len(v):
+            return None
+        if len(e.pieces) > 1:
+            field_of = [bisect_right(fields, (x, len(v))) - 1 for x in (at[k],)]  # the field the anchor is in
+            for step, order in ((1, range(k + 1, len(e.pieces))), (-1, range(k - 1, -1, -1))):
+                f = field_of[0]
+                for m in order:
+                    f += step  # the next (or previous) field: each other piece lies in it, anywhere
+                    if not 0 <= f < len(fields):
+                        return None
+                    lo_f, hi_f = fields[f]
+                    piece, within = e.varying[e.pieces[m][0] : e.pieces[m][1]], v[:hi_f]
+                    spots = range(lo_f, hi_f - len(piece) + 1)  # the piece itself first, else renamed
+                    hit = next((x for x in spots if _aligned(piece, within, x) == "same"),
+                               next((x for x in spots if _aligned(piece, within, x)), None))
+                    if hit is None:
+                        return None
+                    at[m] = hit
+        # the input's pieces, side by side, against the row's tokens where they were found
+        joined = [v[at[m] + x] for m in range(len(e.pieces)) for x in range(e.pieces[m][1] - e.pieces[m][0])]
+        found = _aligned(e.varying, joined, 0, structural=self._structural)
+        if found is None:
+            return None
+        if found == "renamed":
+            return self._renamed(e, toks, [pos[at[m]] for m in range(len(e.pieces))], starts)
+        spans = []
+        for m, (lo, hi) in enumerate(e.pieces):
+            begin, end = pos[at[m]], pos[at[m] + hi - lo - 1] + 1
+            part = bisect_right(starts, begin) - 1
+            a, b = e.where[lo] - 1, begin - 1
+            while a >= 0 and b >= starts[part] and e.full[a] == toks[b]:
+                a, b, begin = a - 1, b - 1, begin - 1
+            a, b = e.where[hi - 1] + 1, end
+            while a < len(e.full) and b < starts[part + 1] and e.full[a] == toks[b]:
+                a, b, end = a + 1, b + 1, end + 1
+            spans.append((begin, end))
+        return found, spans
+
+    def _renamed(self, e: _Input, toks: list[str], firsts: list[int], starts: list[int]):
+        """("renamed", spans) when each of ``e``'s fields lies whole in the training row's tokens, its
+        shared text included, with the one token changed (``firsts``: where each piece's first varying
+        token was found), and the names and numbers left alike say which input it is; else None. The
+        varying tokens alone would let a masked slot (a value common enough to be part of a shared
+        phrase, ``around 6 .``) differ unseen: a second change; and a value masked in one and not in
+        the other (``silva " ,`` common, ``okafor " ,`` not) hides a one-token change from them. The
+        change is of one type (``_aligned``). Evidence: ``RENAME_MIN_WORDS`` distinct
+        names and numbers left alike in those fields (their shared text counts: it matched too), of
+        which ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure (an input whose one
+        varying value changed is another input of its template: block 17 is not block 7); or
+        ``RENAME_SHORT_WORDS`` such, one of them rare."""
+        spans, field, theirs = [], [], []
+        for (lo, _), (p_lo, p_hi), first in zip(e.pieces, e.parts, firsts, strict=True):
+            begin = first - (e.where[lo] - p_lo)
+            k = bisect_right(starts, first) - 1
+            if begin < starts[k] or begin + p_hi - p_lo > starts[k + 1]:
+                return None
+            spans.append((begin, begin + p_hi - p_lo))
+            field += e.full[p_lo:p_hi]
+            theirs += toks[begin : begin + p_hi - p_lo]
+        changed = {(a, b) for a, b in zip(field, theirs, strict=True) if a != b}
+        if len(changed) != 1 or _aligned(field, theirs, 0, structural=self._structural) != "renamed":
+            return None
+        (old, _), = changed
+        # (a word of the task's vocabulary next to a value is left unmasked by the 3-gram mask: no evidence)
+        varying = {t for t in e.varying if t != old and _CONTENT.fullmatch(t) and not self._structural(t)}
+        field = {t for t in field if t != old and _CONTENT.fullmatch(t)}
+        if len(varying) >= RENAME_SHORT_WORDS and (len(field) >= RENAME_MIN_WORDS or any(map(self._rare, varying))):
+            return "renamed", spans
+        return None
+
+    def _carries(self, begin: int, end: int, pos: Sequence[int], starts: list[int], share: float | None = None) -> bool:
+        """Whether the tokens ``begin:end`` of a training row, where an evaluation input was found, carry
+        the question: in each field (part) they lie in, they make up at least ``contain_share`` of what
+        that field says, its tokens every row shares (boilerplate) outside them not counted. A short
+        literal inside a longer expression does not: ``"u"`` in ``self.write("u")``."""
+        share = self.share if share is None else share
+        k = bisect_right(starts, begin) - 1
+        while starts[k] < end:
+            lo, hi = starts[k], starts[k + 1]
+            inside = min(end, hi) - max(begin, lo)
+            varying = bisect_left(pos, hi) - bisect_left(pos, lo)
+            varying_inside = bisect_left(pos, min(end, hi)) - bisect_left(pos, max(begin, lo))
+            if inside < share * (inside + varying - varying_inside):
+                return False
+            k += 1
+        return True
+
+    def _covers(self, found: set[int], pos: Sequence[int], starts: list[int]) -> bool:
+        """``_carries`` for tokens found apart (the n-grams a short input shares with a row): in each field
+        they lie in, they are at least ``contain_share`` of its varying tokens."""
+        ends = [bisect_left(pos, s) for s in starts[1:]]  # where each part's varying tokens end
+        for lo, hi in zip([0, *ends[:-1]], ends, strict=True):
+            inside = sum(1 for i in found if lo <= i < hi)
+            if inside and inside < self.share * (hi - lo):
+                return False
+        return True
+
+    def _rare(self, word: str) -> bool:
+        return self.word_df.get(word, 0) <= self.rare_rows
+
+    def _structural(self, word: str) -> bool:
+        """A word of the task's structure (in ``STRUCTURE_SHARE`` of the evaluation inputs and at least
+        ``MIN_COMMON_ROWS``; never a number, a value however common): changing it asks another kind of
+        question, it renames nothing, and left alike it does not say which input a copy is of."""
+        return not word.isdigit() and self.word_df.get(word, 0) >= self.structural_rows
+
+
+def _pieces(pos: Sequence[int], starts: list[int]) -> tuple[tuple[int, int], ...]:
+    """The runs of varying tokens (by their index in the varying tokens) that lie in one part each."""
+    out, lo = [], 0
+    for end in starts[1:]:
+        hi = bisect_left(pos, end)
+        if hi > lo:
+            out.append((lo, hi))
+        lo = hi
+    return tuple(out)
+
+
+def _anchors(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...]) -> list[tuple[Any, int]]:
+    """Where an input is looked for: its rarest token pair within one piece (part), and a second one
+    with none of the first's tokens, so one changed token leaves one of them; where there is none (4
+    tokens, the rarest pair in the middle), the pairs on either side of the first: a change at either
+    of its tokens leaves one of them. An input whose pieces are all one token long: its first token."""
+    inside = [i for lo, hi in pieces for i in range(lo, hi - 1)]
+    if not inside:
+        return [(v[0], 0)]
+    pairs = sorted(inside, key=lambda i: (df[(v[i], v[i + 1])], i))
+    first = pairs[0]
+    out = [((v[first], v[first + 1]), first)]
+    for i in pairs[1:]:
+        if not {v[i], v[i + 1]} & {v[first], v[first + 1]}:
+            return [*out, ((v[i], v[i + 1]), i)]
+    return out + [((v[i], v[i + 1]), i) for i in (first - 1, first + 1) if i in inside]
+
+
+def _aligned(original: Sequence[str], u: Sequence[str], at: int,
+             structural=lambda word: False) -> str | None:
+    """``same`` when ``u[at:]`` starts with ``original``; ``renamed`` when it does with one token
+    changed (at one place or everywhere) and nothing else: a name for a name or a number for a number,
+    neither of them a word of the task's structure (``structural``: names only; numbers are values,
+    however common the small ones are); else None (most candidates fail at
+    once). Whether what is left alike says which input it is, ``ContaminationIndex._renamed`` decides."""
+    if at + len(original) > len(u):
+        return None
+    old = new = None
+    for k, a in enumerate(original):
+        b = u[at + k]
+        if a != b:
+            if old is None:
+                old, new = a, b
+            elif a != old or b != new:
+                return None
+    if old is None:
+        return "same"
+    if _kind(old) is None or _kind(old) != _kind(new) or new in original:
+        return None
+    if structural(old) or structural(new):
+        return None
+    return "renamed"
+
+
+def _kind(token: str) -> str | None:
+    """A token's type for a one-token change: ``name``, ``number``, else None (punctuation, an operator)."""
+    return "name" if _IDENTIFIER.fullmatch(token) else "number" if token.isdigit() else None
