@@ -30,6 +30,7 @@ from scipy.optimize import brentq
 from recipetune.core.stats import norm_cdf, norm_isf, norm_pdf, norm_sf, quantile
 
 SPENDING = ("obf", "pocock")
+NEVER = 100_000  # "seeds needed" where no number of seeds is likely to show it
 _GRID = 161  # points of the integration grid below a boundary: 1e-4 accuracy on the boundaries
 
 
@@ -154,3 +155,118 @@ def predictive_power(mean: float, spread: float, margin: float, two_sided: bool 
     spread = max(spread, 1e-12)
     below = float(norm_cdf((margin - mean) / spread))
     return below - float(norm_cdf((-margin - mean) / spread)) if two_sided else below
+
+
+# ---------------------------------------------------------------------------- a gain over a threshold
+
+
+@dataclass
+class GainLook:
+    """What ``GainDesign`` says at one look: the paired gain so far, its one-sided bound at the
+    look's level, and the outcome."""
+
+    look: int  # 1, 2, ...
+    n: int  # seeds (pairs) compared
+    level: float  # the look's nominal one-sided level
+    mean: float  # mean paired gain (candidate - baseline)
+    se: float  # its standard error (the pairs' scatter / sqrt(n))
+    low: float  # mean - t(level, n - 1) se: the gain is shown above the threshold when this is
+    high: float  # mean + t(level, n - 1) se (the interval's other end, for the record)
+    outcome: str  # shown | continue | futility | budget | plan
+    planned: int  # seeds the plan counts on now (at most the cap)
+    needed: int  # seeds that would show the gain seen so far at ``power``, whatever the cap
+    next: int  # seeds of the next look ("continue")
+    chance: float | None = None  # predictive power that the planned seeds show the gain
+
+
+class GainDesign:
+    """A one-sided group-sequential test that a paired gain lies above ``threshold`` (the quality
+    job's decision: the best node against the baseline on the test split, over seeds;
+    docs/finetune.md, "The decision"). The caller trains the seeds a look asks for and feeds the
+    paired gains; the design says the look's level and outcome and the seeds of the next look.
+
+    - the first look compares the first seeds at a level fixed in advance (``first`` x alpha);
+    - its gain and scatter plan the rest: the fewest seeds whose bound would clear the threshold at
+      ``power`` if the gain seen is the true one, at most ``cap``; a look halfway there (when that
+      adds at least two seeds) may raise the plan, never lower it; the last look is at the plan;
+    - the looks after the first test at the levels of ``Spending`` (the rest of alpha, O'Brien-Fleming
+      or Pocock over the fraction of the plan), the last one spending all that is left;
+    - futility: at a look that does not decide, the predictive power that the planned last look shows
+      the gain; below ``futility`` the test stops (``budget`` where the gain seen would need more seeds
+      than ``cap``, ``futility`` otherwise). Futility never approves.
+    The null (a true gain at the threshold) is approved at most alpha, measured on simulated decisions
+    (tests/test_finetune_decision.py), the plan being drawn from the data as it is here."""
+
+    def __init__(self, alpha: float, power: float, futility: float, threshold: float, cap: int,
+                 kind: str = "obf", first: float = 0.5):
+        self.spending = Spending(alpha, kind, first)
+        self.power, self.futility, self.threshold, self.cap = power, futility, threshold, cap
+        self.looks: list[GainLook] = []
+        self.planned = self.needed = 0
+
+    def decide(self, gains: Sequence[float]) -> GainLook:
+        n = len(gains)
+        d = np.asarray(gains, dtype=float)
+        mean = float(d.mean())
+        sd = float(np.std(d, ddof=1)) if n > 1 else math.inf
+        first = not self.looks
+        if len(self.looks) < 2:  # the plan: drawn at the first look, raised (never lowered) at the second
+            self.needed = self._needed(mean, sd, n + 1 if first else n)
+            self.planned = min(self.cap, max(self.planned, self.needed))
+        final = n >= self.cap or (not first and n >= self.planned)
+        level = self.spending.look(n, n / max(self.planned, n), final)
+        q = quantile(level, n - 1) * sd / math.sqrt(n) if math.isfinite(sd) else math.inf
+        look = GainLook(len(self.looks) + 1, n, level, mean, sd / math.sqrt(n), mean - q, mean + q, "continue",
+                        self.planned, self.needed, self.planned)
+        self.looks.append(look)
+        if look.low > self.threshold:
+            look.outcome = "shown"
+        elif final:
+            look.outcome = "budget" if n < self.needed < NEVER else "plan"
+        else:
+            look.chance = self._chance(mean, sd, n)
+            if look.chance < self.futility:
+                look.outcome = "budget" if self.cap < self.needed < NEVER else "futility"
+            elif first and self.planned - n >= 4:  # a look halfway, where the plan is long
+                look.next = n + math.ceil((self.planned - n) / 2)
+        return look
+
+    @property
+    def rest(self) -> float:
+        """What the looks after the first may spend (the plan is sized for the last of them)."""
+        return self.spending.alpha * (1.0 - self.spending.first)
+
+    def resolves(self, sd: float, n: int) -> float:
+        """The gain ``n`` seeds show at ``power`` (at the last look's level) when a pair's gain scatters at
+        ``sd``: what a plan of n seeds is sized to show."""
+        return (quantile(self.rest, n - 1) + float(norm_isf(1.0 - self.power))) * sd / math.sqrt(n)
+
+    def _needed(self, mean: float, sd: float, start: int) -> int:
+        """Seeds whose bound clears the threshold at ``power`` if ``mean`` is the true gain."""
+        gap = mean - self.threshold
+        if gap <= 0.0 or not math.isfinite(sd):
+            return NEVER
+        return seeds_needed(sd, gap, self.rest, self.power, start, NEVER, two_sided=False)
+
+    def _chance(self, mean: float, sd: float, n: int) -> float:
+        """Predictive power (flat prior): the final mean at the planned seeds is normal around the mean
+        so far, variance sd^2 (1/n - 1/planned), and must land above the threshold plus the last look's
+        critical value times its error."""
+        last = self.planned
+        bar = self.threshold + quantile(self.rest, last - 1) * sd / math.sqrt(last)
+        spread = max(sd * math.sqrt(max(1.0 / n - 1.0 / last, 0.0)), 1e-12)
+        return float(norm_sf((bar - mean) / spread))
+
+    def run(self, draw: Callable[[int], Sequence[float] | None], first: int,
+            seen: Callable[[GainLook], None] = lambda look: None) -> GainLook | None:
+        """Look until decided: ``draw(n)`` returns the paired gains of the first n seeds (training those
+        not yet trained), or None where the caller stops the looks (its time budget); ``seen`` is told
+        each look. The last look, None if there was none."""
+        n = first
+        while (gains := draw(n)) is not None:
+            look = self.decide(gains)
+            seen(look)
+            if look.outcome != "continue":
+                return look
+            n = look.next
+        return self.looks[-1] if self.looks else None
