@@ -378,6 +378,8 @@ def test_final_evaluation_reuses_the_seeds_already_evaluated(tiny_ft):
     ({"data": {"bad": {"op": "dedup_near", "threshold": 2}}}, "search.data.bad.threshold"),
     ({"data": {"out": {"op": "export"}}}, "search.data.out"),
     ({"seeds": [1]}, "search.seeds"),
+    ({"seeds": [1, 2, 3], "max_test_seeds": 2}, "search.max_test_seeds"),  # fewer than the first look's
+    ({"min_gain": -0.1}, "search.min_gain"),
     ({"selection": "beam"}, "search.selection"),
 ])
 def test_bad_search_section_exits_2_and_writes_nothing(tiny_ft, search, field):

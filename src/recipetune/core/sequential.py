@@ -20,6 +20,7 @@ Methods", 2000), written here because no maintained Python package offers them:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,12 @@ def boundaries(fractions: Sequence[float], increments: Sequence[float]) -> list[
     return cs
 
 
+@functools.lru_cache(maxsize=4096)
+def _boundaries(fractions: tuple[float, ...], increments: tuple[float, ...]) -> tuple[float, ...]:
+    """``boundaries``, kept: a design's looks are at whole seeds, so the same few come back (simulations)."""
+    return tuple(boundaries(fractions, increments))
+
+
 def _solve(cross: Callable[[float], float], a: float) -> float:
     """The critical value whose chance to be crossed first is ``a`` (inf: nothing to spend)."""
     if a <= 0:
@@ -113,7 +120,7 @@ class Spending:
             cum = self.alpha * self.first + spent(self.kind, min(fraction, 1.0), self.alpha * (1.0 - self.first))
         self.increments.append(max(cum - sum(self.increments), 0.0))
         self.sizes.append(size)
-        c = boundaries([n / size for n in self.sizes], self.increments)[-1]
+        c = _boundaries(tuple(n / size for n in self.sizes), tuple(self.increments))[-1]
         return float(norm_sf(c)) if math.isfinite(c) else 0.0
 
     @property
@@ -130,7 +137,11 @@ def seeds_needed(sigma: float, tolerance: float, level: float, power: float, sta
     so each is given half the shortfall (z at (1 + power) / 2); one-sided: z at ``power``. The error
     is estimated on df = n - pilot - 1 (stats.paired)."""
     z = float(norm_isf((1.0 - power) / 2.0 if two_sided else 1.0 - power))
-    for n in range(max(start, pilot + 2, 2), cap + 1):
+    # Student's t is above the normal quantile: no n below the known-sigma answer can do (a tiny T asks for
+    # tens of thousands, each a quantile to compute)
+    known = 0.0 if sigma == 0 else ((quantile(level, None) + z) * sigma / tolerance) ** 2 if tolerance > 0 else math.inf
+    first = max(start, pilot + 2, 2, min(math.floor(known), cap) if math.isfinite(known) else cap)
+    for n in range(first, cap + 1):
         if (quantile(level, n - pilot - 1) + z) * sigma / math.sqrt(n) <= tolerance:
             return n
     return cap
@@ -209,13 +220,16 @@ class GainDesign:
         d = np.asarray(gains, dtype=float)
         mean = float(d.mean())
         sd = float(np.std(d, ddof=1)) if n > 1 else math.inf
+        sd = 0.0 if sd <= 1e-9 * max(1.0, abs(mean)) else sd  # equal gains (float noise aside)
         first = not self.looks
         if len(self.looks) < 2:  # the plan: drawn at the first look, raised (never lowered) at the second
             self.needed = self._needed(mean, sd, n + 1 if first else n)
             self.planned = min(self.cap, max(self.planned, self.needed))
         final = n >= self.cap or (not first and n >= self.planned)
         level = self.spending.look(n, n / max(self.planned, n), final)
-        q = quantile(level, n - 1) * sd / math.sqrt(n) if math.isfinite(sd) else math.inf
+        # Seeds whose gains are all equal show no scatter, not no noise (a metric on a few hundred rows moves
+        # in steps): such a look shows nothing, and the next adds a seed.
+        q = quantile(level, n - 1) * sd / math.sqrt(n) if math.isfinite(sd) and sd > 0 else math.inf
         look = GainLook(len(self.looks) + 1, n, level, mean, sd / math.sqrt(n), mean - q, mean + q, "continue",
                         self.planned, self.needed, self.planned)
         self.looks.append(look)
@@ -252,6 +266,8 @@ class GainDesign:
         """Predictive power (flat prior): the final mean at the planned seeds is normal around the mean
         so far, variance sd^2 (1/n - 1/planned), and must land above the threshold plus the last look's
         critical value times its error."""
+        if sd == 0.0:  # (equal gains: the plan is one more seed; no gain seen, none to expect)
+            return 1.0 if mean > self.threshold else 0.0
         last = self.planned
         bar = self.threshold + quantile(self.rest, last - 1) * sd / math.sqrt(last)
         spread = max(sd * math.sqrt(max(1.0 / n - 1.0 / last, 0.0)), 1e-12)
