@@ -161,3 +161,46 @@ def test_the_seed_budget_keeps_the_baseline_and_says_how_many_seeds_would_do():
     d = design(cap=3)
     look = d.decide(gains_of("chat-recall"))
     assert look.outcome == "budget" and look.needed == 5  # KEEP BASELINE; about 5 seeds would show it
+
+
+# -- the evidence: verdict.json, the terminal, the report ----------------------------------------------------
+
+
+def verdict_of(**update):
+    from recipetune.finetune.decide import QualityVerdict
+    from recipetune.finetune.looks import LookRecord
+
+    looks = [LookRecord(look=1, seeds=[1, 2, 3], level=0.0125, gain=0.047, low=-0.021, high=0.114, outcome="continue",
+                        planned=5, next=5, needed=5, chance=0.99, trained=6, seconds=400.0),
+             LookRecord(look=2, seeds=[1, 2, 3, 4, 5], level=0.018, gain=0.05, low=0.02, high=0.08, outcome="shown",
+                        planned=5, next=5, needed=5, chance=None, trained=4, seconds=350.0)]
+    fields = dict(decision="APPROVED", reasons=["r"], metric="exact_match", seeds=[1, 2, 3, 4, 5],
+                  baseline=[0.0, 0.01, 0.02, 0.01, 0.0], candidate=[0.025, 0.07, 0.075, 0.06, 0.05],
+                  baseline_mean=0.008, candidate_mean=0.056, gain=0.05, ci_low=0.02, ci_high=0.08, confidence=0.964,
+                  normalised_gain=0.05,
+                  validation_baseline=0.005, validation_candidate=0.05, competed=5, looks=looks, decided_at=2,
+                  stop="shown", runs_trained=10, runs_reused=0, minutes=12.5, max_seeds=8)
+    return QualityVerdict(**{**fields, **update})
+
+
+def test_the_report_and_the_terminal_say_the_looks_the_runs_and_the_minutes(tmp_path):
+    from rich.console import Console
+
+    from recipetune.core.recipe import Recipe
+    from recipetune.engine.job import Outcome
+    from recipetune.engine.tree import Tree
+    from recipetune.report.quality import looks_sentence
+    from recipetune.view.campaign import quality_panel
+
+    v = verdict_of()
+    said = looks_sentence(v.model_dump(mode="json"))
+    assert said == (" Decided at look 2 of 2: 5 of at most 8 seeds, 10 runs (10 trained now), 12.5 min; the best of "
+                    "5 node(s) on validation, decided on test seeds the search never used.")
+    assert looks_sentence({"seeds": [1, 2, 3]}) == ""  # a verdict from before the looks: the report as it was
+    base = Recipe({"lr": 0.003})
+    panel = quality_panel(Outcome("APPROVED", ["r"], Tree(base), verdict=v), tmp_path, str)
+    console = Console(width=200, record=True)
+    console.print(panel)
+    text = console.export_text()
+    assert "decided at look 2 of 2: 5 of at most 8 seeds, 10 runs (10 trained now, 0 kept), 12.5 min; the best of 5" \
+        in text and "96.4% CI [+0.0200, +0.0800] (threshold 0)" in text
