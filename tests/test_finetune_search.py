@@ -350,9 +350,9 @@ def test_a_baseline_just_below_the_ceiling_searches_and_is_told_the_time_ahead(t
     p.store.create(p.meta)
     root = job.start(Services(p.store, LocalExecutor(), reporter))
     assert root.stop == "" and root.score == 0.96
-    # 1.5 min an experiment: 4 search runs ~6 min, then at most 2 x 2 seeds of final runs ~6 min
-    assert "(1.5 min an experiment): 4 search runs ~6 min, then at most 4 final runs on the test split ~6 min" in \
-        reporter.phases[-1]
+    # 1.5 min an experiment: 4 search runs ~6 min, then the decision's 2 x 2 seeds, at most 2 x 8 ~6-24 min
+    assert ("(1.5 min an experiment): 4 search runs ~6 min, then the decision's 4 to at most 16 runs on the test "
+            "split ~6-24 min") in reporter.phases[-1]
 
 
 def test_final_evaluation_reuses_the_seeds_already_evaluated(tiny_ft):
