@@ -204,3 +204,74 @@ def test_the_report_and_the_terminal_say_the_looks_the_runs_and_the_minutes(tmp_
     text = console.export_text()
     assert "decided at look 2 of 2: 5 of at most 8 seeds, 10 runs (10 trained now, 0 kept), 12.5 min; the best of 5" \
         in text and "96.4% CI [+0.0200, +0.0800] (threshold 0)" in text
+
+
+# -- the budgets, in a campaign's decision ------------------------------------------------------------------
+
+
+def decided(tiny_ft, tmp_path, monkeypatch, clock: list[float] | None = None, noisy: bool = False, **search):
+    """A campaign's decision (finetune/decide.py) with a faked test split (test_finetune_search's: a steady gain
+    of +0.11 to +0.13 a seed; ``noisy``: +0.12, +0.02, +0.10, ...) and known paces: 90 s a baseline seed, 170 s
+    a best-node seed. ``clock``: a fake time each final evaluation advances by 300 s."""
+    from types import SimpleNamespace
+
+    import test_finetune_search as tfs
+    from test_finetune_search import campaign_file, fake_final_of
+
+    from recipetune.engine.job import Finished, Reporter, Services
+    from recipetune.engine.tree import Tree
+    from recipetune.execute.executor import LocalExecutor
+    from recipetune.finetune import job as ft
+    from recipetune.finetune import looks as looks_mod
+    from recipetune.finetune import plan as ftp
+
+    c = ftp.load_finetune_campaign(campaign_file(tiny_ft, **search))
+    p = ftp.plan(c, tmp_path / "camp")
+    job = ft.QualityJob(p)
+    job.services = Services(p.store, LocalExecutor(), Reporter())
+    p.store.create(p.meta)
+    tree = Tree(c.baseline, score=0.5, result=SimpleNamespace(timings_s={"total": 80.0, "eval": 10.0}))
+    tree.add(c.baseline.with_(lr=0.01), tree.root, "passed", 0.8, score=0.7, trial=3,
+             result=SimpleNamespace(timings_s={"total": 160.0, "eval": 10.0}))
+    if noisy:
+        monkeypatch.setitem(tfs.GAIN, 2, 0.02)
+    fake = fake_final_of([])
+    if clock is not None:
+        monkeypatch.setattr(looks_mod.time, "monotonic", lambda: clock[0])
+
+        def fake(exp, seeds, out_dir, log=None, inner=fake):
+            clock[0] += 300.0
+            return inner(exp, seeds, out_dir, log)
+
+    monkeypatch.setattr(looks_mod, "final_evaluation", fake)
+    outcome = job.decide(Finished(tree, 1))
+    return outcome, json.loads((p.store.folder / "verdict.json").read_text())
+
+
+def test_the_seed_budget_ends_the_decision_with_what_more_would_be_needed(tiny_ft, tmp_path, monkeypatch):
+    # seeds [1, 2] and at most 2: +0.12, +0.02 on 1 degree of freedom (the last look: all of the level) cannot
+    # be shown; 13 would, if the gain seen is the true one (11 more seeds x (90 + 170 s) = 48 min)
+    outcome, verdict = decided(tiny_ft, tmp_path, monkeypatch, noisy=True, max_test_seeds=2)
+    assert outcome.decision == "KEEP BASELINE" and outcome.winner is None
+    assert verdict["verdict"]["stop"] == "budget" and verdict["verdict"]["decided_at"] == 1
+    reason = " ".join(verdict["reasons"])
+    assert "not shown above 0 within search.max_test_seeds (2); about 13 seeds (22 more runs, ~48 min at their " \
+           "pace) would show the gain seen at 80%" in reason, reason
+
+
+def test_the_time_budget_allows_no_look_that_would_end_past_it(tiny_ft, tmp_path, monkeypatch):
+    # the first look: 2 seeds x (90 + 170 s) = 520 s > 300 s: nothing runs, and the decision says why
+    outcome, verdict = decided(tiny_ft, tmp_path, monkeypatch, max_test_s=300)
+    assert outcome.decision == "KEEP BASELINE" and verdict["verdict"] is None
+    assert verdict["reasons"][0].startswith("search.max_test_s (300 s) allows no look: the first look's runs take "
+                                            "~9 min")
+    assert not (tmp_path / "camp" / "final").exists()
+
+
+def test_the_time_budget_ends_the_looks_before_one_that_would_end_past_it(tiny_ft, tmp_path, monkeypatch):
+    # the first look took 600 s (fake clock); the second (seed 3: 260 s more) would end at 860 s > 700 s
+    outcome, verdict = decided(tiny_ft, tmp_path, monkeypatch, clock=[0.0], max_test_s=700)
+    v = verdict["verdict"]
+    assert outcome.decision == "KEEP BASELINE" and v["stop"] == "time" and v["decided_at"] is None
+    assert [x["outcome"] for x in v["looks"]] == ["continue"] and v["runs_trained"] == 4
+    assert "search.max_test_s (700 s) ends the looks at 2 seeds; about 3 seeds (2 more runs" in verdict["reasons"][0]

@@ -100,10 +100,10 @@ class TestLooks:
     trained: int = 0  # runs the looks trained (the others compared were kept by an earlier session)
     stop: str = ""  # "time" where the budget ended the looks
     _drawn: tuple[list[int], int, float] = ([], 0, 0.0)  # the last draw: seeds, runs trained, seconds
-    _started: float = field(default_factory=time.monotonic)
+    _started: float = 0.0
 
     def __post_init__(self) -> None:
-        self.seeds = seed_list(self.c.cfg)
+        self.seeds, self._started = seed_list(self.c.cfg), time.monotonic()
 
     def folder(self, who: Contender):
         return self.services.store.folder / "final" / who.recipe.id
