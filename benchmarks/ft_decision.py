@@ -9,7 +9,7 @@ its best node (docs/finetune.md). A simulated decision draws each seed's paired 
 baseline) from a case below and runs the design's looks as ``recipetune finetune`` does (the first look at
 3 seeds, at most ``search.max_test_seeds``, the campaign defaults); a replay feeds the stored seeds in
 their order and stops where the design asks for a seed no campaign stored (``--extra TASK=FOLDER`` adds
-seeds run since: FOLDER/baseline/final.json and FOLDER/candidate/final.json, benchmarks/ft_decision_run.py).
+seeds run since: FOLDER/baseline*/final.json and FOLDER/candidate*/final.json, benchmarks/ft_decision_run.py).
 """
 
 from __future__ import annotations
@@ -129,7 +129,16 @@ def replay(task: dict, extra: dict[str, list[float]] | None = None) -> dict:
 
 
 def extra_seeds(folder: Path) -> dict[str, list[float]]:
-    return {who: json.loads((folder / who / "final.json").read_text())["values"] for who in ("baseline", "candidate")}
+    """The per-seed test values run since, by recipe, in seed order: FOLDER/baseline*/final.json and
+    FOLDER/candidate*/final.json (one folder, or one a seed run side by side)."""
+    out = {}
+    for who in ("baseline", "candidate"):
+        by_seed = {}
+        for f in sorted(folder.glob(f"{who}*/final.json")):
+            got = json.loads(f.read_text())
+            by_seed.update(zip(got["seeds"], got["values"], strict=True))
+        out[who] = [by_seed[k] for k in sorted(by_seed)]
+    return out
 
 
 def main() -> None:
