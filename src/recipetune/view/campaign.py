@@ -143,7 +143,7 @@ def finetune(
     **options: Any,
 ) -> None:
     """Search fine-tuning experiments (data chain + training recipe) from the file's baseline; approve
-    one only on the test split, over seeds, with the gain's confidence interval above zero."""
+    one only on the test split, over seeds in planned looks, with the gain shown above search.min_gain."""
     # Imported here: the data chain and the trainers load only for a command that needs them.
     from recipetune.finetune import job as ft_job
     from recipetune.finetune.cli import ensure_base
