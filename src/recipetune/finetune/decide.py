@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from recipetune.core.recipe import Recipe
 from recipetune.core.sequential import GainDesign
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
-from recipetune.finetune.looks import Contender, LookRecord, TestLooks, design_of, look_line, pace
+from recipetune.finetune.looks import Contender, LookRecord, SplitLooks, design_of, look_line, pace
 from recipetune.finetune.plan import FinetuneCampaign
 
 
@@ -89,7 +89,7 @@ def final_eta(reports: Sequence[Any], seeds: int) -> float | None:
     return None if any(p is None for p in paces) else seeds * sum(p or 0.0 for p in paces)
 
 
-def plan_text(c: FinetuneCampaign, design: GainDesign, competed: int, looks: TestLooks) -> str:
+def plan_text(c: FinetuneCampaign, design: GainDesign, competed: int, looks: SplitLooks) -> str:
     """The plan, said before the first seed: the threshold, the first look, the most seeds, the cost."""
     cfg, n1 = c.cfg, len(c.cfg.seeds)
     first, most = looks.pending(n1), looks.pending(cfg.max_test_seeds)
@@ -109,7 +109,7 @@ def plan_text(c: FinetuneCampaign, design: GainDesign, competed: int, looks: Tes
             f"the gain is at least {cfg.futility:.0%}")
 
 
-def more_needed(c: FinetuneCampaign, looks: TestLooks, last: LookRecord) -> str:
+def more_needed(c: FinetuneCampaign, looks: SplitLooks, last: LookRecord) -> str:
     """What more would settle a gain not shown: the seeds that would show the gain seen, and their cost."""
     if last.needed is None:
         return f"; the gain seen is not above {c.cfg.min_gain:g}: more seeds are unlikely to show it"
@@ -120,7 +120,7 @@ def more_needed(c: FinetuneCampaign, looks: TestLooks, last: LookRecord) -> str:
             f"{c.cfg.power:.0%} (search.max_test_seeds, search.max_test_s)")
 
 
-def reasons_for(c: FinetuneCampaign, looks: TestLooks, last: LookRecord, competed: int) -> list[str]:
+def reasons_for(c: FinetuneCampaign, looks: SplitLooks, last: LookRecord, competed: int) -> list[str]:
     """The decision's reasons: the gain and why it is (not) shown; the looks; their cost."""
     cfg, (base, cand) = c.cfg, (who.result for who in looks.pair)
     assert base is not None and cand is not None
@@ -147,7 +147,7 @@ def reasons_for(c: FinetuneCampaign, looks: TestLooks, last: LookRecord, compete
     return [head + why, selection, cost, *(look_line(r, cfg.min_gain) for r in looks.records)]
 
 
-def judge(c: FinetuneCampaign, looks: TestLooks, competed: int, plan: str, val_base: float,
+def judge(c: FinetuneCampaign, looks: SplitLooks, competed: int, plan: str, val_base: float,
           val_cand: float) -> QualityVerdict:
     """The verdict of the looks run: APPROVED where the last look showed the gain above the threshold."""
     last = looks.records[-1]
@@ -189,7 +189,7 @@ def decide(c: FinetuneCampaign, services: Services, finished: Finished) -> Outco
         return conclude_(Outcome("KEEP BASELINE", [f"no experiment beat the baseline's validation {metric} "
                                                    f"({root:.4f}){found}"], tree, runs=runs))
     competed = len(tree.ranked())  # every node that finished on validation competed to be the one tested
-    looks = TestLooks(c, services, (Contender(baseline, "baseline", tree.root.result),
+    looks = SplitLooks(c, services, (Contender(baseline, "baseline", tree.root.result),
                                     Contender(best.recipe, f"best node ({describe(best.recipe)})", best.result)))
     design = design_of(c.cfg)
     plan = plan_text(c, design, competed, looks)

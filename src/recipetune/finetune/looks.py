@@ -88,7 +88,7 @@ class Contender:
 
 
 @dataclass
-class TestLooks:
+class SplitLooks:
     """One decision's looks: each trains (or reuses) both recipes' seeds and hands their paired gains
     to the design (``GainDesign.run``: ``draw`` and ``seen``)."""
 
