@@ -36,11 +36,11 @@ import yaml
 from recipetune.config import load_campaign
 from recipetune.core import stats
 from recipetune.core.measure import RunResult
+from recipetune.core.sequential import seeds_needed
 from recipetune.execute.executor import LocalExecutor
 from recipetune.guard.baseline import with_seed
 from recipetune.guard.loss import tail, tokens
 from recipetune.guard.runs import Runs, wait_all
-from recipetune.guard.sequential import seeds_needed
 
 
 def edits(text: str) -> dict:

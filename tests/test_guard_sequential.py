@@ -21,8 +21,9 @@ import math
 import numpy as np
 import pytest
 
+from recipetune.core.sequential import Spending, boundaries, seeds_needed, spent
 from recipetune.core.stats import proportion_ci
-from recipetune.guard.sequential import Pairs, SeedDesign, Spending, boundaries, seeds_needed, spent
+from recipetune.guard.sequential import Pairs, SeedDesign
 
 ALPHA, POWER, FUTILITY = 0.05, 0.8, 0.1
 CAP = 25  # the default budget of 48 runs: 3 profile seeds + 22 more pairs

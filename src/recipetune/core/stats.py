@@ -181,7 +181,7 @@ def equivalence(diffs: Sequence[float], ses: Sequence[float] | None, tolerance: 
                 independent: bool = True, two_sided: bool = True, pilot: int = 0) -> Equivalence:
     """Two one-sided tests of |candidate - baseline| < T (``two_sided``), or of candidate - baseline < T,
     at the nominal one-sided ``level`` of this look (alpha for a single look; a group-sequential
-    design gives each look its own, guard/sequential.py). The standard error: ``paired``.
+    design gives each look its own, core/sequential.py). The standard error: ``paired``.
 
     equivalent: the one-sided bounds lie inside (-T, T) (above -T only matters for a speed change)
       and the runs resolve T: detectable <= T;

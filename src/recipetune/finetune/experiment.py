@@ -13,6 +13,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -186,6 +187,93 @@ def class_labels(task: TaskConfig, train_rows: Rows) -> set[str] | None:
     return None
 
 
+def _load(exp: Experiment) -> Route:
+    """The model route the experiment trains (its threads set first); a bad model is bad input."""
+    spec = exp.spec
+    if spec.recipe.threads:
+        torch.set_num_threads(spec.recipe.threads)
+    try:
+        return load_route(spec.model, exp.base_dir, spec.recipe)
+    except ModelError as e:
+        raise ConfigError(exp.path, e.field, str(e)) from None
+
+
+def _record_inputs(exp: Experiment, route: Route, version: DataVersion, out_dir: Path) -> dict[str, Any]:
+    """Write the resolved experiment and its data version; the report's fields that say what ran."""
+    from recipetune.core.measure import environment_fingerprint
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resolved = exp.spec.model_dump(mode="json")
+    resolved["model"]["resolved"] = getattr(route, "checkpoint", resolved["model"]["path"])
+    (out_dir / "recipe.json").write_text(json.dumps(resolved, indent=2))
+    (out_dir / "data_version.json").write_text(version.model_dump_json(indent=2))
+    return dict(id=exp.id, task=exp.spec.task.name, route=route.name, data=version, experiment=resolved,
+                environment=environment_fingerprint(), run_dir=str(out_dir))
+
+
+def _checkpoint_reporter(exp: Experiment, route: Route, rows: Rows, out_dir: Path, checkpoints: int,
+                         checkpoint_examples: int, t0: float) -> Callable[[int, int], None] | None:
+    """With ``checkpoints``: score the first ``checkpoint_examples`` validation rows at each, one line of
+    ``progress.jsonl`` each, as it is measured (what a search's pruner reads while the experiment runs)."""
+    if not checkpoints:
+        return None
+    task = exp.spec.task
+    early = list(exp.splits.validation)[: min(task.max_eval_examples, checkpoint_examples)]
+    labels = class_labels(task, rows)
+    progress = out_dir / "progress.jsonl"
+    progress.unlink(missing_ok=True)
+
+    def on_checkpoint(k: int, step: int) -> None:
+        t = time.perf_counter()
+        value = evaluate(route, task, early, "validation", labels)[0].value
+        # when it was reached and what the report cost: what a stop here saves, and what
+        # reporting adds to a run that goes on
+        with progress.open("a") as f:  # one line at a time: the driver reads it while this runs
+            f.write(json.dumps({"checkpoint": k, "of": checkpoints, "step": step, "value": value,
+                                "examples": len(early), "time_s": round(time.perf_counter() - t0, 2),
+                                "eval_s": round(time.perf_counter() - t, 2)}) + "\n")
+    return on_checkpoint
+
+
+def _step_writer(out_dir: Path) -> Callable[[int, int], None]:
+    """The live view's progress (``steps.json``), rewritten at most twice a second."""
+    steps_file, last_write = out_dir / "steps.json", [0.0]
+
+    def on_step(step: int, total: int) -> None:
+        if step == total or time.perf_counter() - last_write[0] >= 0.5:
+            write_atomic(steps_file, json.dumps({"step": step, "total": total}))
+            last_write[0] = time.perf_counter()
+    return on_step
+
+
+def _train(route: Route, pairs: list[tuple[str, str]], exp: Experiment, out_dir: Path, checkpoints: int,
+           on_checkpoint: Callable[[int, int], None] | None) -> tuple[str, str, TrainLog]:
+    """Train; a failure is recorded with its cause (a failed experiment is a result, not a crash):
+    (status, cause, the training log)."""
+    status, cause, train_log = "ok", "", TrainLog()
+    try:
+        train_log = route.train(pairs, exp.spec.recipe, out_dir, checkpoints, on_checkpoint, _step_writer(out_dir))
+    except torch.OutOfMemoryError as e:
+        status, cause = "oom", str(e).splitlines()[0]
+    except FloatingPointError as e:
+        status, cause = "nan", str(e)
+    except Exception as e:
+        status, cause = "crash", f"{type(e).__name__}: {e}".splitlines()[0][:500]
+    return status, cause, train_log
+
+
+def _validate(exp: Experiment, route: Route, rows: Rows, out_dir: Path, log: Callable[[str], None]) -> Evaluation:
+    """Score the validation split (at most ``task.max_eval_examples`` rows); its predictions to a file."""
+    task = exp.spec.task
+    val_rows = list(exp.splits.validation)[: task.max_eval_examples]
+    log(f"evaluating on {len(val_rows)} validation examples ...")
+    validation, predictions = evaluate(route, task, val_rows, "validation", class_labels(task, rows))
+    with (out_dir / "predictions.jsonl").open("w") as f:
+        for p in predictions:
+            f.write(p.model_dump_json() + "\n")
+    return validation
+
+
 def train_and_validate(
     exp: Experiment, out_dir: Path, rows: Rows | None = None, version: DataVersion | None = None,
     log=lambda text: None, checkpoints: int = 0, checkpoint_examples: int = 64,
@@ -194,83 +282,32 @@ def train_and_validate(
     ``checkpoints``, the validation metric on the first ``checkpoint_examples`` validation rows at
     that many points of the training, each a line of ``progress.jsonl`` as it is measured: what a
     search's pruner reads while the experiment runs."""
-    from recipetune.core.measure import environment_fingerprint
     from recipetune.trainer.loop import peak_memory_bytes
 
     t0 = time.perf_counter()
     spec, task = exp.spec, exp.spec.task
     if rows is None or version is None:
         rows, version = prepare_data(exp, out_dir)
-        t_data = time.perf_counter()
     else:  # prepared by the caller: count the chain's own time
         t0 -= sum(s.seconds for s in version.operators)
-        t_data = time.perf_counter()
-    if spec.recipe.threads:
-        torch.set_num_threads(spec.recipe.threads)
-    try:
-        route = load_route(spec.model, exp.base_dir, spec.recipe)
-    except ModelError as e:
-        raise ConfigError(exp.path, e.field, str(e)) from None
+    t_data = time.perf_counter()
+    route = _load(exp)
     t_load = time.perf_counter()
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    resolved = spec.model_dump(mode="json")
-    resolved["model"]["resolved"] = getattr(route, "checkpoint", resolved["model"]["path"])
-    (out_dir / "recipe.json").write_text(json.dumps(resolved, indent=2))
-    (out_dir / "data_version.json").write_text(version.model_dump_json(indent=2))
-    base = dict(id=exp.id, task=task.name, route=route.name, data=version, experiment=resolved,
-                environment=environment_fingerprint(), run_dir=str(out_dir))
+    base = _record_inputs(exp, route, version, out_dir)
 
     # the answer is followed by the stop string, so the model learns where to stop (and the HF route
     # also gets its end token from TRL)
     pairs = [(route.prompt(task, r), task.answer(r) + task.generation.stop) for r in rows]
     log(f"training on {len(pairs)} examples ({route.name} route, {spec.recipe.method}) ...")
-    status, cause, train_log = "ok", "", TrainLog()
-    on_checkpoint = None
-    if checkpoints:
-        early = list(exp.splits.validation)[: min(task.max_eval_examples, checkpoint_examples)]
-        labels = class_labels(task, rows)
-        progress = out_dir / "progress.jsonl"
-        progress.unlink(missing_ok=True)
-
-        def on_checkpoint(k: int, step: int) -> None:
-            t = time.perf_counter()
-            value = evaluate(route, task, early, "validation", labels)[0].value
-            # when it was reached and what the report cost: what a stop here saves, and what
-            # reporting adds to a run that goes on
-            with progress.open("a") as f:  # one line at a time: the driver reads it while this runs
-                f.write(json.dumps({"checkpoint": k, "of": checkpoints, "step": step, "value": value,
-                                    "examples": len(early), "time_s": round(time.perf_counter() - t0, 2),
-                                    "eval_s": round(time.perf_counter() - t, 2)}) + "\n")
-    steps_file, last_write = out_dir / "steps.json", [0.0]
-
-    def on_step(step: int, total: int) -> None:  # the live view's progress, at most twice a second
-        if step == total or time.perf_counter() - last_write[0] >= 0.5:
-            write_atomic(steps_file, json.dumps({"step": step, "total": total}))
-            last_write[0] = time.perf_counter()
-
-    try:
-        train_log = route.train(pairs, spec.recipe, out_dir, checkpoints, on_checkpoint, on_step)
-    except torch.OutOfMemoryError as e:
-        status, cause = "oom", str(e).splitlines()[0]
-    except FloatingPointError as e:
-        status, cause = "nan", str(e)
-    except Exception as e:  # recorded with its cause: a failed experiment is a result, not a crash
-        status, cause = "crash", f"{type(e).__name__}: {e}".splitlines()[0][:500]
+    on_checkpoint = _checkpoint_reporter(exp, route, rows, out_dir, checkpoints, checkpoint_examples, t0)
+    status, cause, train_log = _train(route, pairs, exp, out_dir, checkpoints, on_checkpoint)
     t_train = time.perf_counter()
     with (out_dir / "train_log.jsonl").open("w") as f:
         for step, loss in train_log.losses:
             f.write(json.dumps({"step": step, "loss": loss}) + "\n")
-
-    validation = None
-    if status == "ok":
-        val_rows = list(exp.splits.validation)[: task.max_eval_examples]
-        log(f"evaluating on {len(val_rows)} validation examples ...")
-        validation, predictions = evaluate(route, task, val_rows, "validation", class_labels(task, rows))
-        with (out_dir / "predictions.jsonl").open("w") as f:
-            for p in predictions:
-                f.write(p.model_dump_json() + "\n")
+    validation = _validate(exp, route, rows, out_dir, log) if status == "ok" else None
     t_eval = time.perf_counter()
+
     report = ExperimentReport(
         **base, status=status, cause=cause, validation=validation, params=route.params(),
         loss=loss_curve(train_log.losses),

@@ -25,6 +25,11 @@ def _finished(run_dir: Path, experiment_id: str) -> tuple[ExperimentReport, Eval
     return (report, test) if report.id == experiment_id and report.validation is not None else None
 
 
+def evaluated(exp: Experiment, seeds: list[int], out_dir: Path) -> list[int]:
+    """The seeds among ``seeds`` whose test evaluation of ``exp`` is already in ``out_dir`` (reused, not run)."""
+    return [s for s in seeds if _finished(out_dir / f"seed-{s}", exp.derive(recipe={"seed": s}).id) is not None]
+
+
 def final_evaluation(exp: Experiment, seeds: list[int], out_dir: Path, log=lambda text: None) -> FinalResult:
     rows, version = prepare_data(exp)
     test_rows = list(exp.splits.open_test(TEST_KEY))

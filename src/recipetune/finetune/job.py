@@ -12,8 +12,9 @@ Integrity, the quality job's control system:
 - contamination is removed in every child (decontamination is always on) and reported per node;
 - a child that would change the task, the metric, the model or the evaluation data, or whose data
   steps read the evaluation files, is refused before it runs;
-- the decision (finetune/decide.py) is taken on the test split over several seeds, paired by seed:
-  APPROVED needs the whole confidence interval of the gain above zero.
+- the decision (finetune/decide.py) is taken on the test split over seeds, paired by seed, in looks
+  planned by the speed guard's sequential machinery: APPROVED needs the gain's bound above
+  ``search.min_gain`` at the look's level.
 """
 
 from __future__ import annotations
@@ -239,7 +240,8 @@ class QualityJob:
         self.root_curve = {int(x["checkpoint"]): float(x["value"]) for x in progress_lines(folder)}
         stop = ceiling(self.metric, self.root_value, report.validation.n_examples, self.cfg.headroom_z)  # type: ignore[union-attr]
         if not stop:
-            reporter.phase(eta(report, self.cfg.budget.trials, len(self.cfg.seeds), services.executor.parallel))
+            reporter.phase(eta(report, self.cfg.budget.trials, len(self.cfg.seeds), services.executor.parallel,
+                               self.cfg.max_test_seeds))
         return Root(report, self.root_value, curve=self.root_curve, stop=stop)
 
     def check(self, recipe: Recipe) -> Checked:
@@ -299,13 +301,16 @@ class QualityJob:
         return decide.decide(self.c, self.services, finished)
 
 
-def eta(baseline: ExperimentReport, trials: int, seeds: int, parallel: int) -> str:
-    """The campaign's time ahead at the baseline's pace: its budget of trials, then at most the final
-    evaluation (baseline and best, one run per seed on the test split; only when a trial beat the baseline)."""
+def eta(baseline: ExperimentReport, trials: int, seeds: int, parallel: int, most: int | None = None) -> str:
+    """The campaign's time ahead at the baseline's pace: its budget of trials, then the decision on the test
+    split (baseline and best, one run each per seed: ``seeds`` at its first look, at most ``most``; only
+    when a trial beat the baseline)."""
     each = baseline.timings_s.get("total") or 0.0
-    search, final = each * math.ceil(trials / max(parallel, 1)), each * 2 * seeds
+    most = max(most or seeds, seeds)
+    search, first, last = each * math.ceil(trials / max(parallel, 1)), each * 2 * seeds, each * 2 * most
     return (f"time ahead at the baseline's pace ({each / 60:.1f} min an experiment): {trials} search runs "
-            f"~{search / 60:.0f} min, then at most {2 * seeds} final runs on the test split ~{final / 60:.0f} min")
+            f"~{search / 60:.0f} min, then the decision's {2 * seeds} to at most {2 * most} runs on the test split "
+            f"~{first / 60:.0f}-{last / 60:.0f} min")
 
 
 def experiment_figures(report: ExperimentReport, baseline_value: float) -> QualityFigures:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from recipetune.core.errors import ConfigError, require_extra, validation_error
 from recipetune.core.recipe import INVARIANT, KnobError, Recipe, SearchSpace
@@ -36,9 +36,25 @@ class FinetuneSearchConfig(TreeSearchConfig):
 
     data: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="optional data steps, by name: each one becomes a knob data_<name> (on/off)")
-    seeds: list[int] = Field([1, 2, 3], min_length=2, description="seeds of the final evaluation on the test split; "
-                             "by default not the search's own (recipe.seed 0), whose luck the selection used")
-    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="of the gain's interval over the seeds")
+    seeds: list[int] = Field([1, 2, 3], min_length=2, description="seeds of the decision's first look on the test "
+                             "split (later looks add the next integers); by default not the search's own "
+                             "(recipe.seed 0), whose luck the selection used")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="of the gain's interval: the decision's one-sided "
+                              "level in all its looks is (1 - confidence) / 2")
+    # The decision's sequential design (finetune/looks.py, core/sequential.py: GainDesign; docs/finetune.md).
+    min_gain: float = Field(0.0, ge=0.0, description="the smallest test gain that matters: APPROVED needs the gain "
+                            "shown above it (the metric's own units; 0: any gain)")
+    max_test_seeds: int = Field(8, ge=2, le=100, description="the most seeds the decision trains each recipe with on "
+                                "the test split (2 runs a seed)")
+    max_test_s: float | None = Field(None, gt=0, description="the decision's time budget: no look starts that would "
+                                     "end past it (at the two recipes' measured pace); None: no limit")
+    power: float = Field(0.8, gt=0.5, lt=1.0, description="the chance the planned seeds show the gain they are "
+                         "planned for")
+    futility: float = Field(0.1, ge=0.0, lt=0.5, description="stop when the chance that the planned seeds show the "
+                            "gain is below this")
+    first_look: float = Field(0.5, gt=0.0, lt=1.0, description="share of the level the first look spends, fixed "
+                              "before any seed runs")
+    spending: Literal["obf", "pocock"] = Field("obf", description="how the later looks spend the rest of the level")
     headroom_z: float = Field(2.0, ge=0, description="start no experiment when the baseline's validation metric is "
                               "within this many standard errors of the metric's maximum (1.0): no gain there could "
                               "be told from noise (finetune/job.py: ceiling); 0: only a perfect baseline stops")
@@ -51,6 +67,14 @@ class FinetuneSearchConfig(TreeSearchConfig):
         "model", description="the analyst where no specific rule fires: model (TPE fitted to the tree's results so "
                              "far; the default here) or random (one other value of a searched knob, seeded)")
     pruning: QualityPruning = QualityPruning()
+
+    @field_validator("max_test_seeds")
+    @classmethod
+    def _room_for_the_first_look(cls, v: int, info: ValidationInfo) -> int:
+        first = len(info.data.get("seeds") or [])
+        if v < first:
+            raise ValueError(f"{v} is fewer than the {first} seeds of the first look (search.seeds); at least {first}")
+        return v
 
 
 class FinetuneSettings(BaseModel):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -101,65 +102,22 @@ class ReferenceRoute:
     def train(self, pairs: list[tuple[str, str]], recipe: TrainRecipe, out_dir: Path, checkpoints: int = 0,
               on_checkpoint: Checkpoint | None = None, on_step: Checkpoint | None = None) -> TrainLog:
         log = TrainLog()
-        seqs = []
-        for prompt, completion in pairs:
-            ids, labels, cut = self.encode(prompt, completion, recipe.max_seq_len, recipe.completion_only)
-            seqs.append((ids, labels))
-            log.truncated += cut
-        if recipe.packing:  # one stream cut into full windows: no padding, examples may span windows
-            ids = [t for s in seqs for t in s[0]]
-            labels = [t for s in seqs for t in s[1]]
-            w = recipe.max_seq_len + 1
-            seqs = [(ids[i : i + w], labels[i : i + w]) for i in range(0, len(ids) - 1, w)]
-        micro_per_epoch = math.ceil(len(seqs) / recipe.batch_size)
-        total = recipe.total_steps(micro_per_epoch)
+        seqs = self._sequences(pairs, recipe, log)
+        total = recipe.total_steps(math.ceil(len(seqs) / recipe.batch_size))
         warmup = round(recipe.warmup_ratio * total)
         at = checkpoint_steps(total, checkpoints) if on_checkpoint is not None else {}
 
-        def lr_at(step: int) -> float:
-            if step < warmup:
-                return recipe.lr * (step + 1) / warmup
-            progress = (step - warmup) / max(1, total - warmup)
-            if recipe.scheduler == "linear":
-                return recipe.lr * (1 - progress)
-            if recipe.scheduler == "cosine":
-                return recipe.lr * 0.5 * (1 + math.cos(math.pi * progress))
-            return recipe.lr
-
-        def micro_batches():  # an endless stream of micro-batches, reshuffled every epoch by seed
-            epoch = 0
-            while True:
-                order = list(range(len(seqs)))
-                random.Random(recipe.seed * 100_003 + epoch).shuffle(order)
-                for i in range(0, len(order), recipe.batch_size):
-                    yield [seqs[j] for j in order[i : i + recipe.batch_size]]
-                epoch += 1
-
         torch.manual_seed(recipe.seed)
-        if recipe.gradient_checkpointing:
-            from recipetune.trainer.parallel import apply_activation_checkpointing
-
-            apply_activation_checkpointing(self.model, "full")
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]  # no weight decay on norms, as in the reference trainer
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                                 {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                                lr=recipe.lr, betas=(0.9, 0.999))
+        self._checkpointing(recipe, "full")
+        params, opt = self._optimizer(recipe)
         self.model.train()
-        stream = micro_batches()
+        stream = micro_batches(seqs, recipe)
         for step in range(total):
             batch = [self._pad(next(stream)) for _ in range(recipe.grad_accum)]
             n_tok = sum(int((y != IGNORE).sum()) for _, y in batch)
-            loss_sum = 0.0
-            for x, y in batch:  # normalised over the whole step's answer tokens: exact accumulation
-                with torch.autocast(self.device.type, torch.bfloat16, enabled=recipe.precision == "bf16"):
-                    logits, _ = self.model(x)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE,
-                                       reduction="sum") / max(1, n_tok)
-                loss.backward()
-                loss_sum += loss.item()
+            loss_sum = self._step(batch, n_tok, recipe)
             for g in opt.param_groups:
-                g["lr"] = lr_at(step)
+                g["lr"] = lr_at(recipe, step, warmup, total)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -173,12 +131,54 @@ class ReferenceRoute:
                 self.model.eval()
                 on_checkpoint(at[step + 1], step + 1)  # type: ignore[misc]
                 self.model.train()
+        self._checkpointing(recipe, "none")  # generation keeps no activations anyway
+        self.model.eval()
+        return log
+
+    def _sequences(self, pairs: list[tuple[str, str]], recipe: TrainRecipe,
+                   log: TrainLog) -> list[tuple[list[int], list[int]]]:
+        """The training sequences (ids, labels): one per pair, or with ``packing`` one stream cut into full
+        windows (no padding, examples may span windows). Truncated examples are counted in ``log``."""
+        seqs = []
+        for prompt, completion in pairs:
+            ids, labels, cut = self.encode(prompt, completion, recipe.max_seq_len, recipe.completion_only)
+            seqs.append((ids, labels))
+            log.truncated += cut
+        if recipe.packing:
+            ids = [t for s in seqs for t in s[0]]
+            labels = [t for s in seqs for t in s[1]]
+            w = recipe.max_seq_len + 1
+            seqs = [(ids[i : i + w], labels[i : i + w]) for i in range(0, len(ids) - 1, w)]
+        return seqs
+
+    def _checkpointing(self, recipe: TrainRecipe, mode: str) -> None:
+        """Activation checkpointing on ("full") for training, off ("none") after, where the recipe asks."""
         if recipe.gradient_checkpointing:
             from recipetune.trainer.parallel import apply_activation_checkpointing
 
-            apply_activation_checkpointing(self.model, "none")  # generation keeps no activations anyway
-        self.model.eval()
-        return log
+            apply_activation_checkpointing(self.model, mode)
+
+    def _optimizer(self, recipe: TrainRecipe) -> tuple[list[torch.nn.Parameter], torch.optim.Optimizer]:
+        """AdamW over the trainable parameters; no weight decay on norms, as in the reference trainer."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                                 {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                lr=recipe.lr, betas=(0.9, 0.999))
+        return params, opt
+
+    def _step(self, batch: list[tuple[torch.Tensor, torch.Tensor]], n_tok: int, recipe: TrainRecipe) -> float:
+        """Forward and backward over one step's micro-batches; the loss is normalised over the whole step's
+        answer tokens (exact accumulation). The step's loss."""
+        loss_sum = 0.0
+        for x, y in batch:
+            with torch.autocast(self.device.type, torch.bfloat16, enabled=recipe.precision == "bf16"):
+                logits, _ = self.model(x)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE,
+                                   reduction="sum") / max(1, n_tok)
+            loss.backward()
+            loss_sum += loss.item()
+        return loss_sum
 
     def _pad(self, rows: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
         T = max(len(ids) for ids, _ in rows) - 1
@@ -213,6 +213,29 @@ class ReferenceRoute:
                     at = _find(row, stop) if stop else -1
                     out[i] = Generation(self.tok.decode(row[:at] if at >= 0 else row), truncated=bool(stop) and at < 0)
         return out  # type: ignore[return-value]
+
+
+def lr_at(recipe: TrainRecipe, step: int, warmup: int, total: int) -> float:
+    """The learning rate at ``step``: linear warm-up, then the recipe's scheduler (linear, cosine or constant)."""
+    if step < warmup:
+        return recipe.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    if recipe.scheduler == "linear":
+        return recipe.lr * (1 - progress)
+    if recipe.scheduler == "cosine":
+        return recipe.lr * 0.5 * (1 + math.cos(math.pi * progress))
+    return recipe.lr
+
+
+def micro_batches(seqs: list, recipe: TrainRecipe) -> Iterator[list]:
+    """An endless stream of micro-batches, reshuffled every epoch by the recipe's seed."""
+    epoch = 0
+    while True:
+        order = list(range(len(seqs)))
+        random.Random(recipe.seed * 100_003 + epoch).shuffle(order)
+        for i in range(0, len(order), recipe.batch_size):
+            yield [seqs[j] for j in order[i : i + recipe.batch_size]]
+        epoch += 1
 
 
 def _find(row: list[int], stop: list[int]) -> int:

@@ -37,13 +37,14 @@ from recipetune.core.console import Note
 from recipetune.core.fmt import fmt_duration
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
+from recipetune.core.sequential import factor_needed, seeds_needed
 from recipetune.core.stats import paired
 from recipetune.guard.baseline import BaselineProfile, GuardError, with_seed
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.loss import MIN_TAIL
 from recipetune.guard.parity import Measurements, ParityEvidence, Sample, judge, measure, seed_note
 from recipetune.guard.runs import Runs, wait_all
-from recipetune.guard.sequential import Pairs, SeedDesign, factor_needed, seeds_needed
+from recipetune.guard.sequential import Pairs, SeedDesign
 from recipetune.workloads.base import Workload
 
 Progress = Callable[[str], None]

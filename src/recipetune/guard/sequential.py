@@ -1,8 +1,8 @@
 """The parity test's group-sequential design: how much evidence, when to look, when to stop.
 
-docs/guard.md ("A planned design") states the maths; this module only computes it (numpy + scipy,
-no runs, no files). The ingredients, all standard in clinical-trial statistics (Jennison & Turnbull,
-"Group Sequential Methods", 2000), written here because no maintained Python package offers them:
+docs/guard.md ("A planned design") states the maths; this module only computes it, with the pieces
+both jobs share (core/sequential.py), no runs, no files. The ingredients, all standard in clinical-trial
+statistics (Jennison & Turnbull, "Group Sequential Methods", 2000):
 
 - **alpha spending** (Lan & DeMets 1983): a look at information fraction t (the evidence so far
   over the evidence the plan needs) may have spent at most alpha(t) of the test's level in all;
@@ -20,140 +20,11 @@ no runs, no files). The ingredients, all standard in clinical-trial statistics (
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-from scipy.optimize import brentq
-
-from recipetune.core.stats import Equivalence, equivalence, norm_cdf, norm_isf, norm_pdf, norm_sf, paired, quantile
-
-SPENDING = ("obf", "pocock")
-_GRID = 161  # points of the integration grid below a boundary: 1e-4 accuracy on the boundaries
-
-
-def spent(kind: str, t: float, alpha: float) -> float:
-    """Cumulative one-sided level spent by information fraction ``t`` (0..1)."""
-    t = min(max(t, 0.0), 1.0)
-    if t == 0.0:
-        return 0.0
-    if kind == "obf":  # Lan-DeMets O'Brien-Fleming: 2 (1 - Phi(z_{1 - alpha/2} / sqrt(t)))
-        return float(2.0 * norm_sf(norm_isf(alpha / 2.0) / math.sqrt(t)))
-    if kind == "pocock":  # Lan-DeMets Pocock: alpha ln(1 + (e - 1) t)
-        return float(alpha * math.log1p((math.e - 1.0) * t))
-    raise ValueError(f"unknown spending function {kind!r}; one of {SPENDING}")
-
-
-def boundaries(fractions: Sequence[float], increments: Sequence[float]) -> list[float]:
-    """Critical values c_1..c_k (standard normal scale) of a one-sided test looked at at the increasing
-    information ``fractions``, such that under the null the chance to cross first at look j is
-    ``increments[j]``. The statistic at fraction t is W(t) / sqrt(t) for a Brownian motion W; the
-    density of the paths still below every boundary is carried on a grid from look to look."""
-    cs: list[float] = []
-    u = g = np.empty(0)
-    prev = 0.0
-    for t, a in zip(fractions, increments, strict=True):
-        if t <= prev:
-            raise ValueError(f"information fractions must increase: {list(fractions)}")
-        if not cs:
-            c = float(norm_isf(a)) if a > 0 else math.inf
-            top = c if math.isfinite(c) else 8.0
-            u = np.linspace(-10.0, top, _GRID)
-            g = norm_pdf(u)
-        else:
-            r, s = math.sqrt(prev / (t - prev)), math.sqrt(t / (t - prev))
-
-            def cross(c: float, u: np.ndarray = u, g: np.ndarray = g, r: float = r, s: float = s) -> float:
-                return float(np.trapezoid(g * norm_sf(c * s - u * r), u))
-
-            c = _solve(cross, a)
-            top = c if math.isfinite(c) else 8.0
-            new = np.linspace(-10.0, top, _GRID)
-            kernel = s * norm_pdf(new[:, None] * s - u[None, :] * r)
-            u, g = new, np.trapezoid(kernel * g[None, :], u, axis=1)
-        cs.append(c)
-        prev = t
-    return cs
-
-
-def _solve(cross: Callable[[float], float], a: float) -> float:
-    """The critical value whose chance to be crossed first is ``a`` (inf: nothing to spend)."""
-    if a <= 0:
-        return math.inf
-    return float(brentq(lambda c: cross(c) - a, -8.0, 40.0)) if cross(-8.0) > a else -8.0
-
-
-@dataclass
-class Spending:
-    """The level a sequence of looks has spent. The first look spends ``first`` of alpha whatever
-    the evidence turns out to be (it is fixed before any candidate runs: a level that depended on the
-    first look's own scatter would favour the looks whose scatter was small by chance); the later
-    looks spend the rest by ``kind`` over their fraction of the planned evidence; a final look spends
-    all that is left. The statistics of two looks are correlated as sqrt(n_i / n_j), n the pairs
-    each compares: that, not the fractions of a plan that may have grown since, shapes the boundaries."""
-
-    alpha: float
-    kind: str = "obf"
-    first: float = 0.2
-    sizes: list[float] = field(default_factory=list)  # the evidence of each look (pairs compared)
-    increments: list[float] = field(default_factory=list)
-
-    def look(self, size: float, fraction: float, final: bool) -> float:
-        """Record a look comparing ``size`` pairs, ``fraction`` of the planned evidence; the nominal
-        one-sided level it may test at."""
-        if self.sizes and size <= self.sizes[-1]:
-            raise ValueError(f"a look must add evidence: {size} after {self.sizes[-1]}")
-        if final:
-            cum = self.alpha
-        elif not self.increments:
-            cum = self.alpha * self.first
-        else:
-            cum = self.alpha * self.first + spent(self.kind, min(fraction, 1.0), self.alpha * (1.0 - self.first))
-        self.increments.append(max(cum - sum(self.increments), 0.0))
-        self.sizes.append(size)
-        c = boundaries([n / size for n in self.sizes], self.increments)[-1]
-        return float(norm_sf(c)) if math.isfinite(c) else 0.0
-
-    @property
-    def rest(self) -> float:
-        """What the looks after the first may spend in all."""
-        return self.alpha * (1.0 - self.first) if self.increments else self.alpha
-
-
-def seeds_needed(sigma: float, tolerance: float, level: float, power: float, start: int, cap: int,
-                 two_sided: bool = True, pilot: int = 0) -> int:
-    """The fewest pairs n (at least ``start``, at most ``cap``) whose mean difference, with per-pair
-    standard deviation ``sigma``, shows equivalence within +-T at ``power`` when the true difference
-    is 0: ``(t_(level, df) + z_power') sigma / sqrt(n) <= T``, where both one-sided tests must pass,
-    so each is given half the shortfall (z at (1 + power) / 2); one-sided: z at ``power``. The error
-    is estimated on df = n - pilot - 1 (stats.paired)."""
-    z = float(norm_isf((1.0 - power) / 2.0 if two_sided else 1.0 - power))
-    for n in range(max(start, pilot + 2, 2), cap + 1):
-        if (quantile(level, n - pilot - 1) + z) * sigma / math.sqrt(n) <= tolerance:
-            return n
-    return cap
-
-
-def factor_needed(se: float, tolerance: float, level: float, power: float, two_sided: bool = True) -> float:
-    """For a trainer whose repeats are identical (one pair per look, its within-run error z-based):
-    by how much the compared tail must grow for its error to resolve T at ``power``; the error
-    shrinks as 1 / sqrt(tokens)."""
-    z = float(norm_isf((1.0 - power) / 2.0 if two_sided else 1.0 - power))
-    target = tolerance / (quantile(level, None) + z)
-    return max(1.0, (se / target) ** 2) if target > 0 and math.isfinite(se) else math.inf
-
-
-def predictive_power(mean: float, spread: float, margin: float, two_sided: bool = True) -> float:
-    """The chance that the final look's mean difference lies within +-``margin`` (below ``margin``,
-    one-sided): the band in which it shows equivalence, T less its critical value times its error.
-    ``spread``: the standard deviation of that final mean given what is known now (flat prior:
-    sqrt(se_now^2 - se_final^2) when the final look adds to these pairs)."""
-    if margin <= 0.0:
-        return 0.0
-    spread = max(spread, 1e-12)
-    below = float(norm_cdf((margin - mean) / spread))
-    return below - float(norm_cdf((-margin - mean) / spread)) if two_sided else below
-
+from recipetune.core.sequential import Spending, predictive_power, seeds_needed
+from recipetune.core.stats import Equivalence, equivalence, paired, quantile
 
 # ---------------------------------------------------------------------------- the seeds design
 

@@ -26,9 +26,9 @@ from recipetune.core import stats
 from recipetune.core.console import Note
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
+from recipetune.core.sequential import Spending, spent
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.config import GuardConfig
-from recipetune.guard.sequential import Spending, spent
 from recipetune.workloads.base import Workload
 
 

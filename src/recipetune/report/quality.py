@@ -100,6 +100,21 @@ def headline(decision: str, ev: QualityEvidence | None, n_trials: int, reasons: 
             f"(gain {_num(ev.gain, '+.3f')}{ci}) over seeds [{', '.join(str(s) for s in ev.seeds)}]")
 
 
+def looks_sentence(verdict: dict[str, Any]) -> str:
+    """The decision's looks and cost, as the speed guard's verdict says its own (verdict.json's ``looks``):
+    `` Decided at look 2 of 2: 5 of at most 8 seeds, 10 runs (4 trained now), 12.4 min; the best of 5 nodes
+    on validation, decided on test seeds the search never used.`` Empty for a decision before looks existed."""
+    looks = verdict.get("looks")
+    if not isinstance(looks, list) or not looks:
+        return ""
+    seeds = [s for s in verdict.get("seeds") or [] if _int(s) is not None]
+    at = f"Decided at look {verdict['decided_at']}" if _int(verdict.get("decided_at")) else "Undecided (time budget)"
+    most, trained = verdict.get("max_seeds", "?"), verdict.get("runs_trained", "?")
+    return (f" {at} of {len(looks)}: {len(seeds)} of at most {most} seeds, {2 * len(seeds)} runs ({trained} trained "
+            f"now), {_num(number(verdict.get('minutes')), '.1f')} min; the best of {verdict.get('competed', '?')} "
+            "node(s) on validation, decided on test seeds the search never used.")
+
+
 def commands(files: CampaignFiles) -> dict[str, list[str]]:
     """The baseline experiment as the campaign ran it, and the approved one (decide.py wrote its launch lines)."""
     file = files.meta.get("file")
@@ -139,8 +154,9 @@ def build_quality(files: CampaignFiles) -> Report:
     env = (files.baseline_report or {}).get("environment")
     return Report(
         folder=str(files.folder), job=src.QUALITY, generated_at=time.strftime("%Y-%m-%d %H:%M:%S"),
-        campaign=campaign_settings(files), decision=decision, headline=headline(decision, evidence, len(trials),
-                                                                                reasons),
+        campaign=campaign_settings(files), decision=decision,
+        headline=headline(decision, evidence, len(trials), reasons) + looks_sentence(
+            vfile["verdict"] if evidence is not None else {}),
         reasons=reasons, evidence=None, finalists=[], baseline=base, winner=winner, trials=trials,
         counts=count(trials, files), curves=[], smoothing_window=0,
         rejected_proposals=[{k: r.get(k) for k in ("source", "reason", "raw")} for r in files.rejected],

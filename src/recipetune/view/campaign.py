@@ -124,8 +124,12 @@ def quality_panel(outcome: Outcome, folder: Path, describe: Callable[[Recipe], s
         lines.append(Text(f"test {v.metric}: {v.candidate_mean:.4f} vs baseline {v.baseline_mean:.4f} "
                           f"(seeds {v.seeds}: {', '.join(f'{x:.3f}' for x in v.candidate)} vs "
                           f"{', '.join(f'{x:.3f}' for x in v.baseline)})"))
-        lines.append(Text(f"gain {v.gain:+.4f}, {v.confidence:.0%} CI [{v.ci_low:+.4f}, {v.ci_high:+.4f}]; "
-                          f"normalised gain {v.normalised_gain:+.3f}"))
+        lines.append(Text(f"gain {v.gain:+.4f}, {v.confidence:.1%} CI [{v.ci_low:+.4f}, {v.ci_high:+.4f}] "
+                          f"(threshold {v.threshold:g}); normalised gain {v.normalised_gain:+.3f}"))
+        at = f"decided at look {v.decided_at}" if v.decided_at else "undecided"
+        lines.append(Text(f"{at} of {len(v.looks)}: {len(v.seeds)} of at most {v.max_seeds} seeds, {2 * len(v.seeds)} "
+                          f"runs ({v.runs_trained} trained now, {v.runs_reused} kept), {v.minutes:.1f} min; the best "
+                          f"of {v.competed} node(s) on validation"))
     return decision_panel(outcome, lines, folder, store, approved="approved experiment", launch="run")
 
 
@@ -139,7 +143,7 @@ def finetune(
     **options: Any,
 ) -> None:
     """Search fine-tuning experiments (data chain + training recipe) from the file's baseline; approve
-    one only on the test split, over seeds, with the gain's confidence interval above zero."""
+    one only on the test split, over seeds in planned looks, with the gain shown above search.min_gain."""
     # Imported here: the data chain and the trainers load only for a command that needs them.
     from recipetune.finetune import job as ft_job
     from recipetune.finetune.cli import ensure_base
