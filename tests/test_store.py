@@ -167,3 +167,14 @@ def test_an_interrupted_grid_point_goes_back_to_the_grid(tmp_path):
     assert not again.study.sampler.is_exhausted(again.study)  # its point was handed back
     retried = again.ask(dists)
     assert retried.params["mbs"] == first.params["mbs"]  # and it is the one drawn next
+
+
+def test_a_resumed_grid_keeps_the_campaigns_order_of_points():
+    # The study keeps a grid trial's id only: a resume seeded afresh must read the ids as the same points.
+    from recipetune.engine.samplers import make_sampler
+
+    first = make_sampler("grid", SPACE, BASE, seed=7, order_seed=7)
+    resumed = make_sampler("grid", SPACE, BASE, seed=7 + 3, order_seed=7)
+    assert resumed._all_grids == first._all_grids  # type: ignore[attr-defined]
+    reseeded = make_sampler("grid", SPACE, BASE, seed=7 + 3)  # what a resume built before
+    assert reseeded._all_grids != first._all_grids  # type: ignore[attr-defined]

@@ -121,7 +121,8 @@ def open_campaign(cfg: TreeSearchConfig, execute: ExecuteConfig, file: Path, fol
     proposer = build_proposer(cfg, file, builtin=playbook)
     n_done = check_folder(folder, cfg, meta, resume, keys, file)
     # A resumed campaign draws afresh: a sampler re-seeded identically would replay its first picks.
-    sampler = make_sampler(cfg.strategy, space, baseline, cfg.seed + n_done, relations, execute.parallel)
+    sampler = make_sampler(cfg.strategy, space, baseline, cfg.seed + n_done, relations, execute.parallel,
+                           order_seed=cfg.seed)
     store = CampaignStore(folder, cfg.storage, sampler, execute.heartbeat_s, db_retry_s=execute.db_retry_s,
                           pruner=make_pruner(cfg.pruning))
     return proposer, store

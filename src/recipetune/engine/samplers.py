@@ -116,8 +116,14 @@ class FeasibleSampler(_Wrapper):
 
 
 def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
-                 relations: Relations | None = None, parallel: int = 1) -> optuna.samplers.BaseSampler:
+                 relations: Relations | None = None, parallel: int = 1,
+                 order_seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The sampler of ``strategy``; ``seed`` should differ per session so a resume draws afresh.
+    ``order_seed``: the campaign's own seed, the same in every session (default ``seed``). Optuna's
+    GridSampler shuffles its points by its seed and the study keeps only each trial's grid id, so the
+    order must not change on a resume: a session seeded afresh read the ids of points already measured
+    as other points, drew measured points again and counted unmeasured ones as visited (a grid campaign
+    killed 6 times ended KEEP BASELINE where the uninterrupted one approved; benchmarks/kill_resume.py).
     With ``relations``, it draws only points that keep them. With trials in flight at once, TPE uses
     its constant liar: a running trial counts as a poor result, so the next draw looks elsewhere
     (Optuna's own batch mechanism)."""
@@ -129,7 +135,10 @@ def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
     elif strategy == "gp":  # a Gaussian process over the categorical knobs (Optuna's GPSampler, torch)
         sampler = optuna.samplers.GPSampler(seed=seed)
     elif strategy == "grid":
-        grid = AskTellGridSampler({n: list(d.choices) for n, d in dists.items()}, seed=seed)  # type: ignore[attr-defined]
+        order = seed if order_seed is None else order_seed
+        grid = AskTellGridSampler({n: list(d.choices) for n, d in dists.items()}, seed=order)  # type: ignore[attr-defined]
+        if seed != order:  # the points in the campaign's order; which unvisited one comes next, afresh
+            grid._rng.rng.seed(seed)
         if relations:  # the grid ids index the feasible points only
             names = grid._param_names
             grid._all_grids = [g for g in grid._all_grids
