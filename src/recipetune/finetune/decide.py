@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from recipetune.core.recipe import Recipe
 from recipetune.core.sequential import GainDesign
+from recipetune.core.words import Decision
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.finetune.looks import Contender, LookRecord, SplitLooks, design_of, look_line, pace
 from recipetune.finetune.plan import FinetuneCampaign
@@ -155,7 +156,8 @@ def judge(c: FinetuneCampaign, looks: SplitLooks, competed: int, plan: str, val_
     assert base is not None and cand is not None
     stop = looks.stop or last.outcome
     return QualityVerdict(
-        decision="APPROVED" if stop == "shown" else "KEEP BASELINE", reasons=reasons_for(c, looks, last, competed),
+        decision=Decision.APPROVED if stop == "shown" else Decision.KEEP_BASELINE,
+        reasons=reasons_for(c, looks, last, competed),
         metric=c.experiment.spec.task.metric, seeds=last.seeds, baseline=base.values, candidate=cand.values,
         baseline_mean=base.mean, candidate_mean=cand.mean, gain=last.gain, ci_low=last.low, ci_high=last.high,
         confidence=1.0 - 2.0 * last.level,
@@ -186,7 +188,7 @@ def decide(c: FinetuneCampaign, services: Services, finished: Finished) -> Outco
 
     if best is None or (best.score or 0.0) <= root:
         found = f"; the best was {best.score:.4f} ({describe(best.recipe)})" if best else ""
-        return conclude_(Outcome("KEEP BASELINE", [f"no experiment beat the baseline's validation {metric} "
+        return conclude_(Outcome(Decision.KEEP_BASELINE, [f"no experiment beat the baseline's validation {metric} "
                                                    f"({root:.4f}){found}"], tree, runs=runs))
     competed = len(tree.ranked())  # every node that finished on validation competed to be the one tested
     looks = SplitLooks(c, services, (Contender(baseline, "baseline", tree.root.result),
@@ -197,15 +199,15 @@ def decide(c: FinetuneCampaign, services: Services, finished: Finished) -> Outco
     try:
         design.run(looks.draw, len(c.cfg.seeds), looks.seen)
     except RuntimeError as e:  # a seed failed to train: no claim can be made
-        return conclude_(Outcome("KEEP BASELINE", [f"final evaluation failed: {e}"], tree, verdicts=[(best, None)],
-                                 runs=runs))
+        return conclude_(Outcome(Decision.KEEP_BASELINE, [f"final evaluation failed: {e}"], tree,
+                                 verdicts=[(best, None)], runs=runs))
     if not looks.records:  # the time budget allowed not even the first look
         ahead = looks.eta(looks.pending(len(c.cfg.seeds)))
-        return conclude_(Outcome("KEEP BASELINE", [
+        return conclude_(Outcome(Decision.KEEP_BASELINE, [
             f"search.max_test_s ({c.cfg.max_test_s:g} s) allows no look: the first look's runs take "
             f"~{(ahead or 0.0) / 60:.0f} min at the two recipes' pace"], tree, verdicts=[(best, None)], runs=runs))
     verdict = judge(c, looks, competed, plan, root, best.score or 0.0)
-    if verdict.decision != "APPROVED":
+    if verdict.decision != Decision.APPROVED:
         return conclude_(Outcome(verdict.decision, verdict.reasons, tree, None, verdict, [(best, verdict)], runs=runs))
     launch = [f"recipetune ft run {APPROVED_FILE}", f"recipetune ft run {APPROVED_FILE} --final"]
     return conclude_(Outcome(verdict.decision, verdict.reasons, tree, best, verdict, [(best, verdict)], runs=runs,

@@ -36,6 +36,7 @@ from recipetune.core.stats import proportion_ci
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services, watch
 from recipetune.engine.loop import run_search
 from recipetune.engine.record import Figures, Trial
+from recipetune.engine.status import Status
 from recipetune.execute.executor import Executor
 from recipetune.execute.factory import make_executor
 from recipetune.finetune import decide
@@ -273,17 +274,17 @@ class QualityJob:
             # kept pace with it would earn the reward of one that lost most of it, and UCT would shun its
             # branch. (A baseline that reported no checkpoints leaves only its final value to compare.)
             reference = self.root_curve.get(result.checkpoint, self.root_value)
-            return Landing("pruned", None, metric_reward(result.value, reference, True, penalty), cause,
+            return Landing(Status.PRUNED, None, metric_reward(result.value, reference, True, penalty), cause,
                            QualityFigures(run_status="pruned", pruned_at=result.checkpoint,
                                           value_at_prune=result.value, baseline_at_prune=reference))
         if isinstance(result, Failed):
-            return Landing("failed", None, penalty, f"{result.status}: {result.cause}",
+            return Landing(Status.FAILED, None, penalty, f"{result.status}: {result.cause}",
                            QualityFigures(run_status=result.status))
         figures = experiment_figures(result, self.root_value)
         if result.status != "ok" or result.value is None:
-            return Landing("failed", None, penalty, f"{result.status}: {result.cause}", figures, result)
+            return Landing(Status.FAILED, None, penalty, f"{result.status}: {result.cause}", figures, result)
         value = float(result.value)
-        return Landing("passed", value, metric_reward(value, self.root_value, True, penalty), "", figures, result)
+        return Landing(Status.PASSED, value, metric_reward(value, self.root_value, True, penalty), "", figures, result)
 
     def load(self, run_dir: Path) -> ExperimentReport | None:
         try:

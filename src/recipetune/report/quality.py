@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from recipetune.core.recipe import Recipe
+from recipetune.core.words import Decision
 from recipetune.finetune.job import QualityFigures
 from recipetune.finetune.recipe import describe_change, knob_text
 from recipetune.report import sources as src
@@ -95,7 +96,7 @@ def headline(decision: str, ev: QualityEvidence | None, n_trials: int, reasons: 
         return f"{decision}: {reasons[0] if reasons else 'no experiment beat the baseline'}."
     ci = "" if ev.ci_low is None or ev.ci_high is None else (
         f", {100 * ev.confidence:.0f}% CI [{ev.ci_low:+.2f}, {ev.ci_high:+.2f}]")
-    lead = ev.change if decision == "APPROVED" else f"best candidate {ev.change}"
+    lead = ev.change if decision == Decision.APPROVED else f"best candidate {ev.change}"
     return (f"{decision}: {lead}: test {ev.metric} {ev.candidate_mean:.3f} vs {ev.baseline_mean:.3f} "
             f"(gain {_num(ev.gain, '+.3f')}{ci}) over seeds [{', '.join(str(s) for s in ev.seeds)}]")
 
@@ -140,9 +141,9 @@ def build_quality(files: CampaignFiles) -> Report:
     trials = [_trial(r, base.recipe) for r in sorted(files.records, key=lambda r: r.number) if src.A_RECIPE in r.attrs]
     by_number, by_id = link(trials, knob_text)
     # The candidate taken to the test split: the winner, or (the baseline kept) the best node, if it got that far.
-    ref = vfile if decision == "APPROVED" else vfile.get("best") if isinstance(vfile.get("best"), dict) else {}
+    ref = vfile if decision == Decision.APPROVED else vfile.get("best") if isinstance(vfile.get("best"), dict) else {}
     compared = by_number.get(ref.get("trial")) or by_id.get(str(ref.get("recipe_id")))  # type: ignore[arg-type]
-    winner = compared if decision == "APPROVED" else None
+    winner = compared if decision == Decision.APPROVED else None
     evidence = None
     if isinstance(vfile.get("verdict"), dict):
         evidence = _evidence(vfile["verdict"], metric, str(ref.get("recipe_id") or ""), ref.get("trial"),

@@ -224,8 +224,8 @@ class SpeedJob:
             cause = (f"pruned at window {at['checkpoint']}/{at['of']}: {at['value']:.2f}x the baseline's tokens/s "
                      f"({self.cfg.pruning.pruner} pruner)")
             value = reward(at["value"], True, self.cfg.reward_span, self.cfg.failure_penalty)
-            return Landing("pruned", None, value, cause, SpeedFigures(run_status="pruned", pruned_at=at["checkpoint"],
-                                                                      speedup_at_prune=at["value"]), result)
+            figures = SpeedFigures(run_status="pruned", pruned_at=at["checkpoint"], speedup_at_prune=at["value"])
+            return Landing(Status.PRUNED, None, value, cause, figures, result)
         screening = None
         if result.ok:
             assert self.profile is not None
