@@ -290,10 +290,7 @@ def _by_steps(v: _Verdict) -> Gathered:
     p = v.settings.parity
     first, rest = p.alpha * p.first_look, p.alpha * (1.0 - p.first_look)
     name = "repeat-0" if v.seed(0) is None else f"seed-{v.seed(0)}"
-    v.say(f"parity plan: T {v.profile.loss_tolerance:.4f} nats; the baseline's repeats are identical, so only longer "
-          f"runs add evidence: one candidate run at {v.cand_steps} steps, then, if it cannot tell, pairs up to the "
-          f"length that resolves T (at most {p.max_steps_factor}x); at most {v.settings.max_parity_runs} run(s) of "
-          f"{v.profile.steps} steps (guard.max_parity_runs)")
+    _say_steps_plan(v)
     got = v.gather([Wanted("candidate", 0, v.candidate, v.cand_steps, v.out_dir / "parity" / name)], 1)
     if isinstance(got, str):
         return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, 1, "failed")
@@ -302,26 +299,10 @@ def _by_steps(v: _Verdict) -> Gathered:
     line = _look_line(1, "1x the steps", first, ev)
     factor, look, planned, plan = 1.0, 1, 1, 0.0
     while True:
-        if ev.outcome != "inconclusive" or m.problems:
-            v.say(line)
-            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "decided",
-                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
-        if any(x.fades for x in ev.measures) or _grows(ev):  # the fade rule and the trend end the verdict
-            why = ("a gap shown growing over the window blocks approval" if _grows(ev) else
-                   f"a difference shown beyond noise at {factor:g}x blocks approval at any longer look")
-            v.say(f"{line}; {why}: stopped")
-            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "trend" if _grows(ev) else
-                            "decided", {"pairs": 1, "factor": factor, "at_once": v.at_once})
-        # How long the runs must be: as long as T needs at this look's error (it shrinks as 1 / sqrt(tokens));
-        # or, when the runs logged too few losses to have an error, long enough to have one.
-        if m.samples:
-            x = m.samples[0]
-            se = paired([c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)], x.ses, False).se
-            need = factor * factor_needed(se, x.tolerance, rest / 2, p.power, m.two_sided)
-            what = f"runs of about {math.ceil(need * v.profile.steps)} steps would resolve T"
-        else:
-            need = factor * MIN_TAIL / max(1, m.tail_records)
-            what = f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
+        ended = _steps_ended(v, m, ev, line, factor, planned)
+        if ended is not None:
+            return ended
+        need, what = _steps_need(v, m, factor, rest)
         # The plan never shrinks (as the seeds' plan): the first look's error sized it, and a middle look
         # that reads smaller by chance would otherwise end the looks short of it (nanoGPT's 32 x 1: planned at
         # 9x by its first look, re-planned at 7x by its 3x pair; issue 45 saw such a last look fall short of T).
@@ -331,20 +312,13 @@ def _by_steps(v: _Verdict) -> Gathered:
         if look == 3 or target <= factor:
             v.say(line)
             ev.reasons.append(f"after {look} look(s): {what} (guard.parity.max_steps_factor {p.max_steps_factor})")
-            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "plan" if look == 3 else "budget",
-                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+            return _steps_gathered(v, ev, planned, "plan" if look == 3 else "budget", factor)
         # From the profile's length, a pair between when the plan is 4x or more (geometric middle).
         nxt = float(math.ceil(math.sqrt(target))) if look == 1 and target >= 4 else target
         cost = v.cost(v.baseline, round(v.profile.steps * nxt)) + v.cost(v.candidate, round(v.cand_steps * nxt))
         planned = round(planned + 2 * nxt)
-        late = v.settings.max_parity_s is not None and \
-            time.monotonic() - v.started + v.seconds(cost) > v.settings.max_parity_s
-        if cost > v.settings.max_parity_runs - v.spent() + 1e-9 or late:
-            cap = "guard.max_parity_s" if late else f"guard.max_parity_runs ({v.settings.max_parity_runs})"
-            v.say(f"{line}; runs {nxt:g}x as long would exceed {cap}: stopped")
-            ev.reasons = [_not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}")]
-            return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, "budget",
-                            {"pairs": 1, "factor": factor, "at_once": v.at_once})
+        if _steps_over_budget(v, ev, line, nxt, cost, what):
+            return _steps_gathered(v, ev, planned, "budget", factor)
         kept = f" (kept: this look alone says {own:g}x)" if own < target else ""
         v.say(f"{line}; plan: {target:g}x the steps{kept}, the next pair at {nxt:g}x "
               f"({round(v.cand_steps * nxt)} steps, ~{fmt_duration(v.seconds(cost))})")
@@ -357,6 +331,60 @@ def _by_steps(v: _Verdict) -> Gathered:
         m = measure(v.profile, [got["candidate", 0]], p, v.equal_tokens, [got["baseline", 0]])
         ev = judge(m, p, rest / 2, longer=factor)
         line = _look_line(look, f"{factor:g}x the steps", rest / 2, ev)
+
+
+def _say_steps_plan(v: _Verdict) -> None:
+    """Say before the candidate runs what the steps' looks may spend: only longer runs add evidence."""
+    p = v.settings.parity
+    v.say(f"parity plan: T {v.profile.loss_tolerance:.4f} nats; the baseline's repeats are identical, so only longer "
+          f"runs add evidence: one candidate run at {v.cand_steps} steps, then, if it cannot tell, pairs up to the "
+          f"length that resolves T (at most {p.max_steps_factor}x); at most {v.settings.max_parity_runs} run(s) of "
+          f"{v.profile.steps} steps (guard.max_parity_runs)")
+
+
+def _steps_gathered(v: _Verdict, ev: ParityEvidence, planned: int, stop: str, factor: float) -> Gathered:
+    """What the steps' looks gathered, ended by ``stop`` at runs ``factor`` times the profile's length."""
+    return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, stop,
+                    {"pairs": 1, "factor": factor, "at_once": v.at_once})
+
+
+def _steps_ended(v: _Verdict, m: Measurements, ev: ParityEvidence, line: str, factor: float,
+                 planned: int) -> Gathered | None:
+    """The look decided, or the fade rule or the trend ends the verdict: longer runs cannot change it."""
+    if ev.outcome != "inconclusive" or m.problems:
+        v.say(line)
+        return _steps_gathered(v, ev, planned, "decided", factor)
+    if any(x.fades for x in ev.measures) or _grows(ev):
+        why = ("a gap shown growing over the window blocks approval" if _grows(ev) else
+               f"a difference shown beyond noise at {factor:g}x blocks approval at any longer look")
+        v.say(f"{line}; {why}: stopped")
+        return _steps_gathered(v, ev, planned, "trend" if _grows(ev) else "decided", factor)
+    return None
+
+
+def _steps_need(v: _Verdict, m: Measurements, factor: float, rest: float) -> tuple[float, str]:
+    """How long the runs must be: as long as T needs at this look's error (it shrinks as 1 / sqrt(tokens));
+    or, when the runs logged too few losses to have an error, long enough to have one."""
+    p = v.settings.parity
+    if m.samples:
+        x = m.samples[0]
+        se = paired([c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)], x.ses, False).se
+        need = factor * factor_needed(se, x.tolerance, rest / 2, p.power, m.two_sided)
+        return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would resolve T"
+    need = factor * MIN_TAIL / max(1, m.tail_records)
+    return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
+
+
+def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, cost: float, what: str) -> bool:
+    """The next pair would pass guard.max_parity_runs or guard.max_parity_s: say so and stop."""
+    late = v.settings.max_parity_s is not None and \
+        time.monotonic() - v.started + v.seconds(cost) > v.settings.max_parity_s
+    if cost > v.settings.max_parity_runs - v.spent() + 1e-9 or late:
+        cap = "guard.max_parity_s" if late else f"guard.max_parity_runs ({v.settings.max_parity_runs})"
+        v.say(f"{line}; runs {nxt:g}x as long would exceed {cap}: stopped")
+        ev.reasons = [_not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}")]
+        return True
+    return False
 
 
 def _grows(ev: ParityEvidence) -> bool:
