@@ -44,7 +44,7 @@ from recipetune.guard.config import GuardConfig
 from recipetune.guard.loss import MIN_TAIL
 from recipetune.guard.parity import Measurements, ParityEvidence, Sample, judge, measure, seed_note
 from recipetune.guard.runs import Runs, wait_all
-from recipetune.guard.sequential import Pairs, SeedDesign
+from recipetune.guard.sequential import Decision, Pairs, SeedDesign
 from recipetune.workloads.base import Workload
 
 Progress = Callable[[str], None]
@@ -188,31 +188,16 @@ def _pairs(m: Measurements, x: Sample, profile: BaselineProfile) -> Pairs:
 
 
 def _by_seeds(v: _Verdict) -> Gathered:
+    """Independent repeats: the first look at the profile's seeds, then looks at more seeds as the plan says,
+    until the design decides, futility or the budget stops it."""
     p = v.settings.parity
     n = min(p.seeds, len(v.profile.runs))
     base: dict[int, RunResult] = dict(enumerate(v.profile.runs[:n]))
     cand: dict[int, RunResult] = {}
     design = SeedDesign(p.alpha, p.power, p.futility, p.spending, p.first_look, not v.equal_tokens)
-    # Before the candidate runs: the first look, and what T takes if the candidate's batches differ.
-    T, sigma = v.profile.loss_tolerance, v.profile.loss_reference
-    other = seeds_needed(math.sqrt(2.0) * sigma, T, design.spending.rest, p.power, n + 1, 10_000, not v.equal_tokens)
-    planned = n * v.cand_steps / v.profile.steps + _seeds_runs(v, n, other - n)
-    v.say(f"parity plan: T {T:.4f} nats; the first look compares {n} seed(s) ({n} candidate run(s), "
-          f"~{fmt_duration(v.seconds(n))}): it decides if the candidate replays the baseline's batches; if they "
-          f"differ, resolving T takes about {other} seeds ({planned:.0f} runs, ~{fmt_duration(v.seconds(planned))} "
-          f"at {v.at_once} at a time); at most {v.settings.max_parity_runs} runs (guard.max_parity_runs)")
+    planned = _say_seeds_plan(v, n, design)
     while True:
-        wanted = []
-        for k in range(n):
-            seed = v.seed(k)
-            name = f"seed-{seed}" if seed is not None else f"repeat-{k}"
-            if k not in base:
-                wanted.append(Wanted("baseline", k, with_seed(v.baseline, seed), v.profile.steps,
-                                     v.out_dir / "baseline" / name))
-            if k not in cand:
-                wanted.append(Wanted("candidate", k, with_seed(v.candidate, seed), v.cand_steps,
-                                     v.out_dir / "parity" / name))
-        got = v.gather(wanted, design.looks + 1)
+        got = v.gather(_seeds_wanted(v, n, base, cand), design.looks + 1)
         if isinstance(got, str):
             return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, round(planned), "failed")
         for (side, k), result in got.items():
@@ -229,19 +214,7 @@ def _by_seeds(v: _Verdict) -> Gathered:
                           pooled=m.mode != "same batches")
         ev = judge(m, p, d.level, pilot=d.pilot)
         line = _look_line(design.looks, f"{n} seed(s)", d.level, ev)
-        if d.outcome in ("holds", "fails"):
-            v.say(f"{line}; the gap grows over the window: stopped" if _grows(ev) else line)
-            break
-        if d.outcome in ("plan", "budget"):
-            why = _what_more(v, n, d.planned, d.needed, d.outcome)
-            v.say(f"{line}; {why}: stopped")
-            ev.reasons = [_not_shown(ev, why)]
-            break
-        if d.outcome == "futility":
-            v.say(f"{line}; the chance that {d.planned} seeds show equivalence is {100 * (d.chance or 0):.0f}%, "
-                  f"below parity.futility {100 * p.futility:.0f}%: stopped")
-            ev.reasons = [_not_shown(ev, f"{d.planned} seeds would show equivalence with a chance of "
-                                         f"{100 * (d.chance or 0):.0f}% (parity.futility {100 * p.futility:.0f}%)")]
+        if _seeds_stopped(v, n, d, ev, line):
             break
         more = _seeds_runs(v, n, d.next - n)
         if v.settings.max_parity_s is not None and \
@@ -257,6 +230,55 @@ def _by_seeds(v: _Verdict) -> Gathered:
     stop = "trend" if _grows(ev) else {"holds": "decided", "fails": "decided"}.get(d.outcome, d.outcome)
     return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned), stop,
                     {"pairs": d.planned, "needed": d.needed, "factor": 1.0, "at_once": v.at_once})
+
+
+def _say_seeds_plan(v: _Verdict, n: int, design: SeedDesign) -> float:
+    """Before the candidate runs: say the first look, and what T takes if the candidate's batches differ;
+    the runs that plan expects."""
+    p = v.settings.parity
+    T, sigma = v.profile.loss_tolerance, v.profile.loss_reference
+    other = seeds_needed(math.sqrt(2.0) * sigma, T, design.spending.rest, p.power, n + 1, 10_000, not v.equal_tokens)
+    planned = n * v.cand_steps / v.profile.steps + _seeds_runs(v, n, other - n)
+    v.say(f"parity plan: T {T:.4f} nats; the first look compares {n} seed(s) ({n} candidate run(s), "
+          f"~{fmt_duration(v.seconds(n))}): it decides if the candidate replays the baseline's batches; if they "
+          f"differ, resolving T takes about {other} seeds ({planned:.0f} runs, ~{fmt_duration(v.seconds(planned))} "
+          f"at {v.at_once} at a time); at most {v.settings.max_parity_runs} runs (guard.max_parity_runs)")
+    return planned
+
+
+def _seeds_wanted(v: _Verdict, n: int, base: dict[int, RunResult], cand: dict[int, RunResult]) -> list[Wanted]:
+    """The runs a look at ``n`` seeds still needs: each seed's baseline and candidate not run yet."""
+    wanted = []
+    for k in range(n):
+        seed = v.seed(k)
+        name = f"seed-{seed}" if seed is not None else f"repeat-{k}"
+        if k not in base:
+            wanted.append(Wanted("baseline", k, with_seed(v.baseline, seed), v.profile.steps,
+                                 v.out_dir / "baseline" / name))
+        if k not in cand:
+            wanted.append(Wanted("candidate", k, with_seed(v.candidate, seed), v.cand_steps,
+                                 v.out_dir / "parity" / name))
+    return wanted
+
+
+def _seeds_stopped(v: _Verdict, n: int, d: Decision, ev: ParityEvidence, line: str) -> bool:
+    """The design decided, or its plan, the run budget or futility ends the looks: say why."""
+    p = v.settings.parity
+    if d.outcome in ("holds", "fails"):
+        v.say(f"{line}; the gap grows over the window: stopped" if _grows(ev) else line)
+        return True
+    if d.outcome in ("plan", "budget"):
+        why = _what_more(v, n, d.planned, d.needed, d.outcome)
+        v.say(f"{line}; {why}: stopped")
+        ev.reasons = [_not_shown(ev, why)]
+        return True
+    if d.outcome == "futility":
+        v.say(f"{line}; the chance that {d.planned} seeds show equivalence is {100 * (d.chance or 0):.0f}%, "
+              f"below parity.futility {100 * p.futility:.0f}%: stopped")
+        ev.reasons = [_not_shown(ev, f"{d.planned} seeds would show equivalence with a chance of "
+                                     f"{100 * (d.chance or 0):.0f}% (parity.futility {100 * p.futility:.0f}%)")]
+        return True
+    return False
 
 
 def _not_shown(ev: ParityEvidence, why: str) -> str:
