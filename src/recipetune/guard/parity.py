@@ -176,18 +176,42 @@ def measure(
     pairs = list(zip(baselines, candidates, strict=True))
     if not independent:
         pairs = pairs[:1]  # identical repeats: one more copy of the same run adds nothing
+    mode, why, problems = _comparable(profile, pairs, settings, equal_tokens)
+    train_b, train_c, ses, shortest, slopes, noise = _tails(pairs, settings)
+    compared = min(min(tokens(b)[-1], tokens(c)[-1]) for b, c in pairs)  # T over the same run length
+    share = f"the last {100 * settings.tail:.0f}% of the tokens"
+    notes = [note, f"step-to-step noise of the logged loss: baseline {np.mean(noise['baseline']):.4f}, candidate "
+                   f"{np.mean(noise['candidate']):.4f} nats"]
+    samples = _samples(profile, settings, pairs, (train_b, train_c, ses), shortest, compared, independent, share,
+                       notes)
+    return Measurements(
+        mode=mode, mode_reason=why, independent=independent, two_sided=not equal_tokens, problems=problems,
+        samples=samples, tail_records=shortest, notes=notes, share=share,
+        seeds=[b.recipe.get("seed") for b, _ in pairs] if profile.seeds[0] is not None else [None] * len(pairs),
+        steps_compared=min(len(b.steps) for b, _ in pairs), gap=_gap(pairs, settings, equal_tokens),
+        noise={k: float(np.mean(v)) for k, v in noise.items()},
+        slopes=[x for x in slopes if x is not None] if all(x is not None for x in slopes) else [],
+        tokens_compared=int(compared),
+    )
+
+
+_RunPair = tuple[RunResult, RunResult]  # (baseline, candidate), run with one seed
+
+
+def _comparable(profile: BaselineProfile, pairs: list[_RunPair], settings: ParitySettings,
+                equal_tokens: bool) -> tuple[Mode, str, list[str]]:
+    """Which batches the pairs trained on, and why their measure is not comparable (empty when it is)."""
     mode, why, violation = data_order(profile, pairs[0][0], pairs[0][1], settings, equal_tokens)
     problems = [violation] if violation else []
     for base, cand in pairs:
         problems += [p for p in incomparable(base, cand, equal_tokens) if p not in problems]
+    return mode, why, problems
 
-    # Two measures where the trainer gives both: the training loss over the tail (paired step by step: the
-    # sharpest where the batches were replayed) and the validation loss at the end of the same tokens on the
-    # same held-out data (what a loss over other examples cannot fake), measurable when repeats are
-    # independent. Parity holds only when every measure holds (an intersection-union test: no alpha to split).
-    with_val = independent and len(pairs) > 1 and all(
-        has_final_val(b) and has_final_val(c) and abs(tokens(b)[-1] - tokens(c)[-1]) < b.steps[-1].tokens
-        for b, c in pairs)
+
+def _tails(pairs: list[_RunPair], settings: ParitySettings) -> tuple[
+        list[float], list[float], list[float], int, list, dict[str, list[float]]]:
+    """Each pair's training loss over the tail of the tokens both ran: the two means, the difference's
+    within-run error, the fewest logged losses, the gap's slope and each side's step-to-step noise."""
     train_b, train_c, ses, shortest, slopes = [], [], [], MIN_TAIL, []
     noise: dict[str, list[float]] = {"baseline": [], "candidate": []}
     for base, cand in pairs:
@@ -200,14 +224,24 @@ def measure(
         slopes.append(pair_slope(base, cand, total, settings.tail))
         noise["baseline"].append(stats.step_noise([s.loss for s in tail(base, total, settings.tail)]))
         noise["candidate"].append(stats.step_noise([s.loss for s in tail(cand, total, settings.tail)]))
-    compared = min(min(tokens(b)[-1], tokens(c)[-1]) for b, c in pairs)  # T over the same run length
-    share = f"the last {100 * settings.tail:.0f}% of the tokens"
+    return train_b, train_c, ses, shortest, slopes, noise
+
+
+def _samples(profile: BaselineProfile, settings: ParitySettings, pairs: list[_RunPair],
+             train: tuple[list[float], list[float], list[float]], shortest: int, compared: float, independent: bool,
+             share: str, notes: list[str]) -> list[Sample]:
+    """Two measures where the trainer gives both: the training loss over the tail (paired step by step: the
+    sharpest where the batches were replayed) and the validation loss at the end of the same tokens on the
+    same held-out data (what a loss over other examples cannot fake), measurable when repeats are
+    independent. Parity holds only when every measure holds (an intersection-union test: no alpha to split).
+    Says in ``notes`` why a measure is left out."""
+    with_val = independent and len(pairs) > 1 and all(
+        has_final_val(b) and has_final_val(c) and abs(tokens(b)[-1] - tokens(c)[-1]) < b.steps[-1].tokens
+        for b, c in pairs)
     samples: list[Sample] = []
-    notes = [note, f"step-to-step noise of the logged loss: baseline {np.mean(noise['baseline']):.4f}, candidate "
-                   f"{np.mean(noise['candidate']):.4f} nats"]
     if shortest >= MIN_TAIL:
         T, sigma, how = tolerance(profile.runs, settings, False, compared, independent)
-        samples.append(Sample(f"training loss (mean over {share})", train_b, train_c, ses, T, sigma, how))
+        samples.append(Sample(f"training loss (mean over {share})", *train, T, sigma, how))
     elif with_val:
         notes.append(f"fewer than {MIN_TAIL} logged losses in {share}: the validation loss alone is the measure")
     if with_val:
@@ -217,21 +251,17 @@ def measure(
     elif any(b.evals for b, _ in pairs):
         notes.append("the trainer prints a validation loss, but without independent repeats one value per run has "
                      "no measurable noise: the training loss is the measure")
-    gap = None
+    return samples
+
+
+def _gap(pairs: list[_RunPair], settings: ParitySettings, equal_tokens: bool) -> float | None:
+    """The first pair's smoothed step-by-step loss gap (RMS), where the tokens per step may differ."""
     b0, c0 = pairs[0]
     bl, cl = {s.step: s.loss for s in b0.steps}, {s.step: s.loss for s in c0.steps}
     common = sorted(bl.keys() & cl.keys())
     if not equal_tokens and len(common) >= 2:
-        gap = stats.rms(stats.smooth([cl[t] - bl[t] for t in common], settings.window))
-    return Measurements(
-        mode=mode, mode_reason=why, independent=independent, two_sided=not equal_tokens, problems=problems,
-        samples=samples, tail_records=shortest, notes=notes, share=share,
-        seeds=[b.recipe.get("seed") for b, _ in pairs] if profile.seeds[0] is not None else [None] * len(pairs),
-        steps_compared=min(len(b.steps) for b, _ in pairs), gap=gap,
-        noise={k: float(np.mean(v)) for k, v in noise.items()},
-        slopes=[x for x in slopes if x is not None] if all(x is not None for x in slopes) else [],
-        tokens_compared=int(compared),
-    )
+        return stats.rms(stats.smooth([cl[t] - bl[t] for t in common], settings.window))
+    return None
 
 
 def judge(m: Measurements, settings: ParitySettings, level: float | None = None, longer: float = 1.0,
