@@ -127,18 +127,33 @@ class Printer:
 
 
 def render(verdict: Verdict) -> Panel:
+    """The verdict as one panel: the decision and its reasons, then the evidence section by section."""
     parts: list = [Text(verdict.decision, style=STYLE[verdict.decision])]
     if not verdict.violations:  # the table below says it knob by knob
         parts += [Text(f"  - {r}") for r in verdict.reasons]
-
     if verdict.violations:
-        table = Table(title="static check", title_justify="left")
-        for col in ("knob", "rule", "problem"):
-            table.add_column(col)
-        for v in verdict.violations:
-            table.add_row(v["knob"], v["rule"], escape(v["message"]))
-        parts.append(table)
+        parts.append(_static_table(verdict))
+    parts += _speed_parts(verdict)
+    if verdict.parity:
+        parts.append(_parity_table(verdict.parity))
+    parts += _closing_parts(verdict)
+    return Panel(Group(*parts), title=f"verify: {escape(verdict.change)}", title_align="left",
+                 subtitle=verdict.out_dir and f"{verdict.out_dir}/verdict.json", subtitle_align="left")
 
+
+def _static_table(verdict: Verdict) -> Table:
+    """The static checks' violations, knob by knob."""
+    table = Table(title="static check", title_justify="left")
+    for col in ("knob", "rule", "problem"):
+        table.add_column(col)
+    for v in verdict.violations:
+        table.add_row(v["knob"], v["rule"], escape(v["message"]))
+    return table
+
+
+def _speed_parts(verdict: Verdict) -> list:
+    """The speed-up against its noise margin, and the interleaved pairs it was measured on."""
+    parts: list = []
     if verdict.speedup is not None:
         ci = f"{100 * (verdict.confidence or 0):.0f}% CI [{verdict.ci_low:.3f}, {verdict.ci_high:.3f}]"
         parts.append(Text(f"\nspeed-up {verdict.speedup:.3f}x   {ci}   noise margin {fmt_pct(verdict.noise_margin)}"
@@ -155,26 +170,33 @@ def render(verdict: Verdict) -> Panel:
                           f"{p['baseline_warmup_s']:.2f} / {p['candidate_warmup_s']:.2f}",
                           f"{p.get('baseline_stalls', 0)} / {p.get('candidate_stalls', 0)}")
         parts.append(table)
+    return parts
 
-    par = verdict.parity
-    if par:
-        table = Table(title=f"loss parity ({par['mode']})", title_justify="left", show_header=False)
-        table.add_column(style="bold")
-        table.add_column()
-        table.add_row("evidence", escape(f"{par['mode']}: {par['mode_reason']}"))
-        for m in par.get("measures") or [par | {"measure": par["final_metric"]}]:
-            bounds = "" if m["low"] is None else f", bounds [{m['low']:+.4f}, {m['high']:+.4f}]"
-            det = "unbounded" if m["detectable"] is None else f"{m['detectable']:.4f}"
-            table.add_row(escape(m["measure"]),
-                          f"baseline {', '.join(f'{x:.4f}' for x in m['baseline_finals'])}; candidate "
-                          f"{', '.join(f'{x:.4f}' for x in m['candidate_finals'])}\n"
-                          f"difference {m['mean_diff']:+.4f} nats{bounds} ({escape(m['se_source'])})\n"
-                          f"T ±{m['tolerance']:.4f} ({escape(m['reference_kind'])}: {m['reference']:.4f}); "
-                          f"smallest detectable {det}: {m.get('outcome', par['outcome'])}")
-        level = par.get("level", par.get("alpha", 0.05))
-        table.add_row("seeds", f"{par['seeds']}; last look's one-sided level {level:.4g}")
-        table.add_row("verdict", par["outcome"])
-        parts.append(table)
+
+def _parity_table(par: dict) -> Table:
+    """The loss parity evidence: each measure's finals, difference, bounds and T, then the last look."""
+    table = Table(title=f"loss parity ({par['mode']})", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("evidence", escape(f"{par['mode']}: {par['mode_reason']}"))
+    for m in par.get("measures") or [par | {"measure": par["final_metric"]}]:
+        bounds = "" if m["low"] is None else f", bounds [{m['low']:+.4f}, {m['high']:+.4f}]"
+        det = "unbounded" if m["detectable"] is None else f"{m['detectable']:.4f}"
+        table.add_row(escape(m["measure"]),
+                      f"baseline {', '.join(f'{x:.4f}' for x in m['baseline_finals'])}; candidate "
+                      f"{', '.join(f'{x:.4f}' for x in m['candidate_finals'])}\n"
+                      f"difference {m['mean_diff']:+.4f} nats{bounds} ({escape(m['se_source'])})\n"
+                      f"T ±{m['tolerance']:.4f} ({escape(m['reference_kind'])}: {m['reference']:.4f}); "
+                      f"smallest detectable {det}: {m.get('outcome', par['outcome'])}")
+    level = par.get("level", par.get("alpha", 0.05))
+    table.add_row("seeds", f"{par['seeds']}; last look's one-sided level {level:.4g}")
+    table.add_row("verdict", par["outcome"])
+    return table
+
+
+def _closing_parts(verdict: Verdict) -> list:
+    """What the verdict spent, its notes, and the invariants it checked."""
+    parts: list = []
     if verdict.cost:
         c = verdict.cost
         speed = f"; speed {c['speed_runs']:.0f} runs, {fmt_duration(c.get('speed_s'))}" if "speed_runs" in c else ""
@@ -184,15 +206,13 @@ def render(verdict: Verdict) -> Panel:
     if verdict.notes:
         parts.append(Text("\nnotes", style="bold"))
         parts += [Text(f"  - {n}") for n in verdict.notes]
-
     if verdict.invariants_checked:
         parts.append(Text("\ninvariants checked", style="bold"))
         parts += [Text(f"  - {line}") for line in verdict.invariants_checked]
         if verdict.allowed_semantic:
             parts.append(Text(f"  allowed semantic change: {', '.join(verdict.allowed_semantic)} "
                               "(judged on loss at equal tokens)"))
-    return Panel(Group(*parts), title=f"verify: {escape(verdict.change)}", title_align="left",
-                 subtitle=verdict.out_dir and f"{verdict.out_dir}/verdict.json", subtitle_align="left")
+    return parts
 
 
 def verify(
