@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console, Group
@@ -234,30 +234,13 @@ def verify(
     failed to run).
     """
     console = Console(stderr=json_output)  # with --json, stdout carries the JSON alone
-    try:
-        to_candidate, to_baseline = _split_overrides(overrides or [])
-        to_baseline = opt.option_overrides(to_baseline, {"executor": executor, "ray_address": ray_address})
-        base = load_campaign(baseline_file, to_baseline)
-        cand = load_campaign(candidate_file, [])  # the file as written; the edits are the candidate's
-        _check_same_workload(base, cand)
-        candidate, refused = _candidate(cand, to_candidate)
-        runs = runs or (out.parent if out else Path("runs")) / "guard-runs"
-        check_runs_folder(runs, base.workload)  # a file, unwritable, another trainer's: exit 2, nothing ran
-    except ConfigError as e:
-        raise fail(e) from None
-
+    base, cand, candidate, refused, runs, to_candidate = _read_inputs(
+        baseline_file, candidate_file, overrides or [], out, runs, executor, ray_address)
     settings = base.config.guard
     allow = base.config.search.allow_semantic
     report = refused or static_report(base.workload, base.baseline, candidate, allow)
     if report.violations:
-        verdict = static_verdict(report, base.baseline, candidate, settings, "")
-        if json_output:
-            print(verdict.model_dump_json(indent=2))
-        else:
-            console.print(render(verdict))
-        edited = f" with {' '.join(to_candidate)}" if to_candidate else ""
-        raise fail(f"{cand.path}{edited}: the candidate breaks {len(report.violations)} rule(s); nothing was run",
-                   EXIT[verdict.decision])
+        _refuse(report, base, cand, candidate, to_candidate, json_output, console)
 
     out_dir = out or Path("runs") / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{candidate.id}"
     try:
@@ -275,8 +258,43 @@ def verify(
         raise fail(e, NO_VERDICT) from None
     finally:
         runner.close()
+    _show(verdict, json_output, console)
+    raise typer.Exit(EXIT[verdict.decision])
+
+
+def _read_inputs(
+    baseline_file: Path, candidate_file: Path, overrides: list[str], out: Path | None, runs: Path | None,
+    executor: str | None, ray_address: str | None,
+) -> tuple[Campaign, Campaign, Recipe, StaticReport | None, Path, list[str]]:
+    """Both campaign files, the candidate's recipe with its edits, and the runs folder; bad input of any
+    of them exits 2 before anything runs."""
+    try:
+        to_candidate, to_baseline = _split_overrides(overrides)
+        to_baseline = opt.option_overrides(to_baseline, {"executor": executor, "ray_address": ray_address})
+        base = load_campaign(baseline_file, to_baseline)
+        cand = load_campaign(candidate_file, [])  # the file as written; the edits are the candidate's
+        _check_same_workload(base, cand)
+        candidate, refused = _candidate(cand, to_candidate)
+        runs = runs or (out.parent if out else Path("runs")) / "guard-runs"
+        check_runs_folder(runs, base.workload)  # a file, unwritable, another trainer's: exit 2, nothing ran
+    except ConfigError as e:
+        raise fail(e) from None
+    return base, cand, candidate, refused, runs, to_candidate
+
+
+def _refuse(report: StaticReport, base: Campaign, cand: Campaign, candidate: Recipe, to_candidate: list[str],
+            json_output: bool, console: Console) -> NoReturn:
+    """The static checks refuse the candidate: show the verdict and exit REJECTED, nothing run."""
+    verdict = static_verdict(report, base.baseline, candidate, base.config.guard, "")
+    _show(verdict, json_output, console)
+    edited = f" with {' '.join(to_candidate)}" if to_candidate else ""
+    raise fail(f"{cand.path}{edited}: the candidate breaks {len(report.violations)} rule(s); nothing was run",
+               EXIT[verdict.decision])
+
+
+def _show(verdict: Verdict, json_output: bool, console: Console) -> None:
+    """The verdict as JSON on stdout (--json), else as a panel."""
     if json_output:
         print(verdict.model_dump_json(indent=2))
     else:
         console.print(render(verdict))
-    raise typer.Exit(EXIT[verdict.decision])
