@@ -67,6 +67,62 @@ def trial_key(trial: Trial, target: float | None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _reusable(point: Path, key: str) -> TrialRecord | None:
+    """The finished record in point.json, when it was measured for this very trial (same key)."""
+    if point.is_file():
+        try:
+            old = TrialRecord.model_validate_json(point.read_text())
+        except ValueError:
+            old = None
+        if old is not None and old.key == key and old.status in FINISHED:
+            old.resumed = True
+            return old
+    return None
+
+
+def _run(workload: ReferenceWorkload, trial: Trial, folder: Path, target: float | None, timeout_s: float,
+         progress: Progress | None, label: str) -> RunResult:
+    """Run the trial's recipe, stopping at the target loss, with a progress bar for as long as it runs."""
+    args = list(trial.extra_args)
+    if target is not None:
+        args += ["--stop-at-val-loss", repr(target)]
+    task = progress.add_task(label or str(trial.rel), total=trial.max_steps) if progress else None
+
+    def on_steps(done: int) -> None:
+        if progress is not None and task is not None:
+            progress.update(task, completed=min(done, trial.max_steps))
+
+    try:
+        return workload.run(trial.recipe, trial.max_steps, folder, timeout_s=timeout_s,
+                            progress=on_steps, extra_args=args)
+    finally:
+        if progress is not None and task is not None:
+            progress.remove_task(task)
+
+
+def _record(trial: Trial, key: str, target: float | None, result: RunResult, folder: Path) -> TrialRecord:
+    """What the sweep keeps of a run: steps and tokens to the target (a branch counts from its checkpoint)."""
+    vals = [e for e in result.evals if math.isfinite(e.val_loss)]
+    reached = next((e.step for e in result.evals if target is not None and e.val_loss <= target), None)
+    start = result.steps[0].step - 1 if result.steps else 0  # a branch counts from its checkpoint
+    steps_to_target = None if reached is None else reached - start
+    try:
+        params = json.loads((folder / "run.json").read_text()).get("params")
+    except (OSError, ValueError):
+        params = None
+    return TrialRecord(
+        key=key, kind=trial.kind, batch_size=trial.batch_size, lr=trial.lr, beta2=trial.beta2,
+        ewa_decay=trial.ewa_decay, seq_len=int(trial.recipe["seq_len"]), max_steps=trial.max_steps,
+        target=target, status=result.status, cause=result.cause, steps_run=len(result.steps),
+        steps_to_target=steps_to_target,
+        tokens_to_target=None if steps_to_target is None else steps_to_target * trial.batch_size * int(
+            trial.recipe["seq_len"]),
+        final_val_loss=result.evals[-1].val_loss if result.evals else None,
+        best_val_loss=min(e.val_loss for e in vals) if vals else None,
+        wall_s=result.wall_s, params=params, folder=str(folder),
+    )
+
+
 def run_trial(
     workload: ReferenceWorkload,
     trial: Trial,
@@ -80,48 +136,11 @@ def run_trial(
     folder = out_dir / trial.rel
     key = trial_key(trial, target)
     point = folder / "point.json"
-    if point.is_file():
-        try:
-            old = TrialRecord.model_validate_json(point.read_text())
-        except ValueError:
-            old = None
-        if old is not None and old.key == key and old.status in FINISHED:
-            old.resumed = True
-            return old
-    args = list(trial.extra_args)
-    if target is not None:
-        args += ["--stop-at-val-loss", repr(target)]
-    task = progress.add_task(label or str(trial.rel), total=trial.max_steps) if progress else None
-
-    def on_steps(done: int) -> None:
-        if progress is not None and task is not None:
-            progress.update(task, completed=min(done, trial.max_steps))
-
-    try:
-        result = workload.run(trial.recipe, trial.max_steps, folder, timeout_s=timeout_s,
-                              progress=on_steps, extra_args=args)
-    finally:
-        if progress is not None and task is not None:
-            progress.remove_task(task)
-    vals = [e for e in result.evals if math.isfinite(e.val_loss)]
-    reached = next((e.step for e in result.evals if target is not None and e.val_loss <= target), None)
-    start = result.steps[0].step - 1 if result.steps else 0  # a branch counts from its checkpoint
-    steps_to_target = None if reached is None else reached - start
-    try:
-        params = json.loads((folder / "run.json").read_text()).get("params")
-    except (OSError, ValueError):
-        params = None
-    record = TrialRecord(
-        key=key, kind=trial.kind, batch_size=trial.batch_size, lr=trial.lr, beta2=trial.beta2,
-        ewa_decay=trial.ewa_decay, seq_len=int(trial.recipe["seq_len"]), max_steps=trial.max_steps,
-        target=target, status=result.status, cause=result.cause, steps_run=len(result.steps),
-        steps_to_target=steps_to_target,
-        tokens_to_target=None if steps_to_target is None else steps_to_target * trial.batch_size * int(
-            trial.recipe["seq_len"]),
-        final_val_loss=result.evals[-1].val_loss if result.evals else None,
-        best_val_loss=min(e.val_loss for e in vals) if vals else None,
-        wall_s=result.wall_s, params=params, folder=str(folder),
-    )
+    old = _reusable(point, key)
+    if old is not None:
+        return old
+    result = _run(workload, trial, folder, target, timeout_s, progress, label)
+    record = _record(trial, key, target, result, folder)
     write_atomic(point, record.model_dump_json(indent=2))
     return record
 

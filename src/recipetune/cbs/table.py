@@ -227,49 +227,53 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+def _group_dict(g: GroupResult) -> dict:
+    """One group's fit as JSON: its points, a and b with their errors, B* with its interval."""
+    return {
+        "key": g.key,
+        "label": g.label,
+        "n": g.fit.n,
+        "batch_sizes": g.fit.batch_sizes.tolist(),
+        "steps": g.fit.steps.tolist(),
+        "a": g.fit.a,
+        "b": g.fit.b,
+        "a_se": _finite(g.fit.a_se),
+        "b_se": _finite(g.fit.b_se),
+        "cov": [[_finite(float(v)) for v in row] for row in g.fit.cov],
+        "r2": g.fit.r2,
+        "b_opt": g.b_opt,
+        "b_star": _finite(g.b_star),
+        "b_star_unbounded": g.unbounded,
+        "b_star_ci95": [_finite(v) for v in g.b_star_ci],
+        "note": g.note,
+    }
+
+
+def _scaling_dict(s: ScalingResult) -> dict:
+    """One scaling fit as JSON: B* against the varied quantity, beside the paper's exponent."""
+    return {
+        "variable": s.variable,
+        "fixed": s.fixed,
+        "x": s.x,
+        "b_star": s.b_star,
+        "exponent": s.fit.exponent,
+        "exponent_ci95": [_finite(v) for v in s.fit.exponent_ci],
+        "coef": s.fit.coef,
+        "coef_ci95": [_finite(v) for v in s.fit.coef_ci],
+        "r2": s.fit.r2,
+        "n": s.fit.n,
+        "paper_exponent": s.paper_exponent,
+        "note": s.fit.note,
+    }
+
+
 def to_dict(summary: Summary) -> dict:
     return {
         "source": str(summary.source),
         "model": "S(B) = a + b/B; B* = b/(5a) + 1.2 B_opt (arXiv 2410.21676)",
         "b_opt_rule": summary.b_opt_rule,
-        "groups": [
-            {
-                "key": g.key,
-                "label": g.label,
-                "n": g.fit.n,
-                "batch_sizes": g.fit.batch_sizes.tolist(),
-                "steps": g.fit.steps.tolist(),
-                "a": g.fit.a,
-                "b": g.fit.b,
-                "a_se": _finite(g.fit.a_se),
-                "b_se": _finite(g.fit.b_se),
-                "cov": [[_finite(float(v)) for v in row] for row in g.fit.cov],
-                "r2": g.fit.r2,
-                "b_opt": g.b_opt,
-                "b_star": _finite(g.b_star),
-                "b_star_unbounded": g.unbounded,
-                "b_star_ci95": [_finite(v) for v in g.b_star_ci],
-                "note": g.note,
-            }
-            for g in summary.groups
-        ],
-        "scaling": [
-            {
-                "variable": s.variable,
-                "fixed": s.fixed,
-                "x": s.x,
-                "b_star": s.b_star,
-                "exponent": s.fit.exponent,
-                "exponent_ci95": [_finite(v) for v in s.fit.exponent_ci],
-                "coef": s.fit.coef,
-                "coef_ci95": [_finite(v) for v in s.fit.coef_ci],
-                "r2": s.fit.r2,
-                "n": s.fit.n,
-                "paper_exponent": s.paper_exponent,
-                "note": s.fit.note,
-            }
-            for s in summary.scaling
-        ],
+        "groups": [_group_dict(g) for g in summary.groups],
+        "scaling": [_scaling_dict(s) for s in summary.scaling],
         "excluded_rows": [
             {"line": r.line, "batch_size": r.batch_size, **r.groups, "reason": "target loss not reached"}
             for r in summary.excluded

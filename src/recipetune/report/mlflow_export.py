@@ -19,6 +19,7 @@ from recipetune.core.measure import RunResult
 from recipetune.engine.status import Status
 from recipetune.report import sources as src
 from recipetune.report.build import build_report
+from recipetune.report.model import Report, Trial
 
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
 STATE = {Status.PASSED: "FINISHED", Status.REJECTED: "FINISHED", Status.FAILED: "FAILED", Status.PRUNED: "KILLED",
@@ -94,6 +95,48 @@ def require_mlflow() -> Any:
     return mlflow
 
 
+def _campaign_figures(report: Report) -> dict[str, Any]:
+    """The campaign run's figures: the verdict's evidence, the quality job's test split, the baseline's."""
+    ev = report.evidence
+    figures = {"speedup": ev.speedup, "ci_low": ev.ci_low, "ci_high": ev.ci_high, "noise_margin": ev.noise_margin,
+               "loss_gap": ev.loss_gap, "loss_tolerance": ev.loss_tolerance} if ev else {}
+    figures["baseline_tokens_per_s"] = report.baseline.tokens_per_s
+    q = report.comparison  # the quality job's test split; its figures, where the speed job has none
+    figures |= {"test_baseline": q.baseline_mean, "test_candidate": q.candidate_mean, "test_gain": q.gain,
+                "test_ci_low": q.ci_low, "test_ci_high": q.ci_high} if q else {}
+    figures["baseline_validation"] = report.baseline.value
+    return figures
+
+
+def _export_baselines(ex: _Exporter, files: src.CampaignFiles, done: dict[str, str], parent: str) -> None:
+    """One child run per baseline profile run not exported yet."""
+    for i, run in enumerate(files.profile_runs):
+        key = f"baseline-{i}"
+        if key not in done:
+            s = run.summary() if run.steps else None
+            ex.run(f"baseline run {i + 1}", {"recipetune.key": key, "role": "baseline"}, run.recipe,
+                   {"tokens_per_s": s.tokens_per_s_per_device if s else None, "mfu": s.mfu if s else None},
+                   run, [], "FINISHED" if run.ok else "FAILED", parent)
+
+
+def _export_trial(ex: _Exporter, folder: Path, files: src.CampaignFiles, t: Trial, parent: str) -> None:
+    """One child run for a finished trial: its verdict as tags, its figures as metrics, its files as artifacts."""
+    key = f"trial-{t.number}"
+    rec = next(r for r in files.records if r.number == t.number)
+    tags = {"recipetune.key": key, "role": "trial", "trial": str(t.number), "status": t.status,
+            "cause": t.cause[:5000], "run_status": t.run_status or "", "recipe_id": t.recipe_id,
+            "parent_recipe": t.parent or "", "proposer": t.proposer, "rationale": t.rationale[:5000],
+            "change": t.change[:5000], "final": t.final or "", "winner": str(t.winner).lower()}
+    figures = {"tokens_per_s": t.tokens_per_s, "speedup": t.speedup, "reward": t.reward, "mfu": t.mfu,
+               "peak_mem_bytes": t.peak_mem_bytes, "step_time_s": t.step_time_s, "validation": t.value,
+               "gain": t.gain, "time_s": t.time_s}
+    run_dir = src.trial_dir(folder, rec)
+    names = ("result.json", "metrics.jsonl", "recipe.json", "error.txt", src.EXPERIMENT_REPORT, "predictions.jsonl")
+    paths = [run_dir / n for n in names] if run_dir else []
+    ex.run(f"#{t.number} {t.change}", tags, rec.attrs.get(src.A_RECIPE) or {}, figures,
+           files.results.get(t.number), paths, STATE[t.status], parent)
+
+
 def export(folder: Path, tracking_uri: str, experiment: str | None = None) -> int:
     """Export the campaign in ``folder``; returns the number of trial runs newly exported."""
     mlflow = require_mlflow()
@@ -107,45 +150,18 @@ def export(folder: Path, tracking_uri: str, experiment: str | None = None) -> in
     ex = _Exporter(client, exp_id, str(folder.resolve()))
     done = ex.exported()
 
-    ev = report.evidence
     parent = done.get("campaign")
     if parent is None:
-        figures = {"speedup": ev.speedup, "ci_low": ev.ci_low, "ci_high": ev.ci_high, "noise_margin": ev.noise_margin,
-                   "loss_gap": ev.loss_gap, "loss_tolerance": ev.loss_tolerance} if ev else {}
-        figures["baseline_tokens_per_s"] = report.baseline.tokens_per_s
-        q = report.comparison  # the quality job's test split; its figures, where the speed job has none
-        figures |= {"test_baseline": q.baseline_mean, "test_candidate": q.candidate_mean, "test_gain": q.gain,
-                    "test_ci_low": q.ci_low, "test_ci_high": q.ci_high} if q else {}
-        figures["baseline_validation"] = report.baseline.value
         parent = ex.run(f"campaign {folder.resolve().name}: {report.decision}",
                         {"recipetune.key": "campaign", "decision": report.decision, "headline": report.headline[:5000]},
-                        {"baseline." + k: v for k, v in report.baseline.recipe.items()}, figures, None,
-                        [folder / n for n in (src.VERDICT, src.FINALISTS, src.PROFILE, src.CONFIG,
-                                              src.BASELINE_REPORT)], "FINISHED")
-    for i, run in enumerate(files.profile_runs):
-        key = f"baseline-{i}"
-        if key not in done:
-            s = run.summary() if run.steps else None
-            ex.run(f"baseline run {i + 1}", {"recipetune.key": key, "role": "baseline"}, run.recipe,
-                   {"tokens_per_s": s.tokens_per_s_per_device if s else None, "mfu": s.mfu if s else None},
-                   run, [], "FINISHED" if run.ok else "FAILED", parent)
+                        {"baseline." + k: v for k, v in report.baseline.recipe.items()}, _campaign_figures(report),
+                        None, [folder / n for n in (src.VERDICT, src.FINALISTS, src.PROFILE, src.CONFIG,
+                                                    src.BASELINE_REPORT)], "FINISHED")
+    _export_baselines(ex, files, done, parent)
     new = 0
     for t in report.trials:
-        key = f"trial-{t.number}"
-        if key in done or t.status not in STATE:
+        if f"trial-{t.number}" in done or t.status not in STATE:
             continue  # exported already, or still running
-        rec = next(r for r in files.records if r.number == t.number)
-        tags = {"recipetune.key": key, "role": "trial", "trial": str(t.number), "status": t.status,
-                "cause": t.cause[:5000], "run_status": t.run_status or "", "recipe_id": t.recipe_id,
-                "parent_recipe": t.parent or "", "proposer": t.proposer, "rationale": t.rationale[:5000],
-                "change": t.change[:5000], "final": t.final or "", "winner": str(t.winner).lower()}
-        figures = {"tokens_per_s": t.tokens_per_s, "speedup": t.speedup, "reward": t.reward, "mfu": t.mfu,
-                   "peak_mem_bytes": t.peak_mem_bytes, "step_time_s": t.step_time_s, "validation": t.value,
-                   "gain": t.gain, "time_s": t.time_s}
-        run_dir = src.trial_dir(folder, rec)
-        names = ("result.json", "metrics.jsonl", "recipe.json", "error.txt", src.EXPERIMENT_REPORT, "predictions.jsonl")
-        paths = [run_dir / n for n in names] if run_dir else []
-        ex.run(f"#{t.number} {t.change}", tags, rec.attrs.get(src.A_RECIPE) or {}, figures,
-               files.results.get(t.number), paths, STATE[t.status], parent)
+        _export_trial(ex, folder, files, t, parent)
         new += 1
     return new

@@ -10,6 +10,7 @@ import base64
 import io
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -255,6 +256,37 @@ def _layout(report: Report) -> tuple[dict[str, tuple[float, int]], dict[str, str
     return pos, parent, nodes
 
 
+def _tree_node(ax: Axes, t: Trial, x: float, y: float, crowded: bool, job: str) -> None:
+    """One trial's node: filled once it ran, a star for the winner, its edit and outcome beneath."""
+    color = COLORS["approved"] if t.winner else COLORS.get(t.status, "#111827")
+    size = 90 + 650 * (t.reward or 0.0)
+    radius = size**0.5 / 2  # marker radius in points
+    ax.scatter([x], [-y], s=size * (2.2 if t.winner else 1.0), zorder=3, marker="*" if t.winner else "o",
+               color="white" if not t.ran else color, edgecolors=color, linewidths=1.5)
+    ax.annotate(f"#{t.number}", (x, -y), xytext=(radius + 3, radius - 2), textcoords="offset points",
+                fontsize=8, color="#111827", zorder=4,
+                bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
+    if t.status == Status.PASSED and job == QUALITY:
+        outcome = f"{t.value:.3f}" if t.value is not None else Status.PASSED
+    elif t.status == Status.PASSED:
+        outcome = f"{t.speedup:.2f}x" if t.speedup is not None else Status.PASSED
+    else:
+        outcome = t.run_status if t.status == Status.FAILED and t.run_status else t.status
+    label = outcome if crowded and not t.on_path else f"{_short(t.edit, 24)}\n{outcome}"
+    ax.annotate(label, (x, -y), xytext=(0, -radius - 4), textcoords="offset points", ha="center", va="top",
+                fontsize=7.5, color="#374151", fontweight="bold" if t.on_path else "normal", zorder=4,
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
+
+
+def _tree_legend(ax: Axes) -> None:
+    """The key to the colours and marks, beside the tree so it hides no node."""
+    handles = [Line2D([], [], color=COLORS[s], marker="o", ls="", ms=8, label=s) for s in
+               (Status.BASELINE, Status.PASSED, Status.REJECTED, Status.FAILED)]
+    handles += [Line2D([], [], color=COLORS["approved"], marker="*", ls="-", lw=3, ms=12, label="path to the winner"),
+                Line2D([], [], color="#6b7280", marker="o", mfc="white", ls="", ms=8, label="not run (static check)")]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+
+
 def tree_plot(report: Report) -> bytes | None:
     """The search tree: nodes coloured by verdict, sized by reward; the path to the winner drawn bold."""
     pos, parent, nodes = _layout(report)
@@ -278,30 +310,8 @@ def tree_plot(report: Report) -> bytes | None:
                 fontweight="bold")
     crowded = width > 10
     for key, t in nodes.items():
-        x, y = pos[key]
-        color = COLORS["approved"] if t.winner else COLORS.get(t.status, "#111827")
-        size = 90 + 650 * (t.reward or 0.0)
-        radius = size**0.5 / 2  # marker radius in points
-        ax.scatter([x], [-y], s=size * (2.2 if t.winner else 1.0), zorder=3, marker="*" if t.winner else "o",
-                   color="white" if not t.ran else color, edgecolors=color, linewidths=1.5)
-        ax.annotate(f"#{t.number}", (x, -y), xytext=(radius + 3, radius - 2), textcoords="offset points",
-                    fontsize=8, color="#111827", zorder=4,
-                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
-        if t.status == Status.PASSED and report.job == QUALITY:
-            outcome = f"{t.value:.3f}" if t.value is not None else Status.PASSED
-        elif t.status == Status.PASSED:
-            outcome = f"{t.speedup:.2f}x" if t.speedup is not None else Status.PASSED
-        else:
-            outcome = t.run_status if t.status == Status.FAILED and t.run_status else t.status
-        label = outcome if crowded and not t.on_path else f"{_short(t.edit, 24)}\n{outcome}"
-        ax.annotate(label, (x, -y), xytext=(0, -radius - 4), textcoords="offset points", ha="center", va="top",
-                    fontsize=7.5, color="#374151", fontweight="bold" if t.on_path else "normal", zorder=4,
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
-    handles = [Line2D([], [], color=COLORS[s], marker="o", ls="", ms=8, label=s) for s in
-               (Status.BASELINE, Status.PASSED, Status.REJECTED, Status.FAILED)]
-    handles += [Line2D([], [], color=COLORS["approved"], marker="*", ls="-", lw=3, ms=12, label="path to the winner"),
-                Line2D([], [], color="#6b7280", marker="o", mfc="white", ls="", ms=8, label="not run (static check)")]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        _tree_node(ax, t, *pos[key], crowded, report.job)
+    _tree_legend(ax)
     ax.set_xlim(-0.7, width - 0.3)
     ax.set_ylim(-depth - 0.75, 0.45)
     ax.axis("off")

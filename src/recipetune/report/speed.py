@@ -208,16 +208,8 @@ def headline(decision: str, ev: Evidence | None, n_trials: int, reasons: list[st
     return f"The baseline stays. Best candidate {ev.change}: {ev.speedup:.3f}x{ci}, {speed}{loss}."
 
 
-def build_speed(files: CampaignFiles) -> Report:
-    base = _baseline(files)
-    vfile = files.verdict or {}
-    decision = str(vfile.get("decision") or NO_VERDICT)
-    reasons = [str(r) for r in vfile.get("reasons") or []]
-
-    trials = [_trial(r, files.results.get(r.number), base.recipe, base.tokens_per_s)
-              for r in sorted(files.records, key=lambda r: r.number) if src.A_RECIPE in r.attrs]
-    by_number, by_id = link(trials)
-
+def _finalists(files: CampaignFiles, by_number: dict, by_id: dict) -> list[Evidence]:
+    """The finalists' evidence, each also marked on its trial so the table shows how it ended."""
     finalists = []
     for f in files.finalists:
         v = f.get("verdict") if isinstance(f.get("verdict"), dict) else {}
@@ -227,7 +219,13 @@ def build_speed(files: CampaignFiles) -> Report:
         finalists.append(ev)
         if t is not None:
             t.final = ev.decision
+    return finalists
 
+
+def _winner_and_evidence(vfile: dict, decision: str, finalists: list[Evidence], by_number: dict,
+                         by_id: dict) -> tuple[Trial | None, Evidence | None]:
+    """The approved trial (only when approved) and the evidence the headline quotes: the verdict's, else the
+    fastest finalist's."""
     winner = None
     if decision == Decision.APPROVED:
         winner = by_number.get(vfile.get("trial")) or by_id.get(str(vfile.get("recipe_id")))  # type: ignore[arg-type]
@@ -238,8 +236,12 @@ def build_speed(files: CampaignFiles) -> Report:
                              winner.change if winner else str(vfile.get("change") or ""))
     elif finalists:
         evidence = max(finalists, key=lambda e: e.speedup or 0.0)
-    mark_path(winner, by_id)
+    return winner, evidence
 
+
+def _curves(files: CampaignFiles, trials: list[Trial], finalists: list[Evidence], winner: Trial | None,
+            by_number: dict) -> list[Curve]:
+    """The loss curves worth plotting: the baseline runs, then the finalists (or the best screened) and the winner."""
     curves = [_curve(r, f"baseline run {i + 1}", "baseline") for i, r in enumerate(files.profile_runs) if r.steps]
     shown = [e.trial for e in finalists if e.trial is not None]
     if not shown:  # nothing reached the final verdict: show the best screened candidates instead
@@ -253,7 +255,11 @@ def build_speed(files: CampaignFiles) -> Report:
             role = "approved" if winner is not None and n == winner.number else (
                 "finalist" if finalists else "candidate")
             curves.append(_curve(result, f"#{n} {by_number[n].change}" if n in by_number else f"#{n}", role, n))
+    return curves
 
+
+def _environment(files: CampaignFiles, base: Baseline) -> dict[str, str]:
+    """Where the runs ran: the first run's environment plus the baseline's device knobs."""
     runs = files.profile_runs or list(files.results.values())
     env = dict(runs[0].environment) if runs else {}
     if runs:
@@ -261,6 +267,22 @@ def build_speed(files: CampaignFiles) -> Report:
     for knob in ("device", "dtype", "nproc"):
         if knob in base.recipe:
             env[f"baseline {knob}"] = str(base.recipe[knob])
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def build_speed(files: CampaignFiles) -> Report:
+    base = _baseline(files)
+    vfile = files.verdict or {}
+    decision = str(vfile.get("decision") or NO_VERDICT)
+    reasons = [str(r) for r in vfile.get("reasons") or []]
+
+    trials = [_trial(r, files.results.get(r.number), base.recipe, base.tokens_per_s)
+              for r in sorted(files.records, key=lambda r: r.number) if src.A_RECIPE in r.attrs]
+    by_number, by_id = link(trials)
+    finalists = _finalists(files, by_number, by_id)
+    winner, evidence = _winner_and_evidence(vfile, decision, finalists, by_number, by_id)
+    mark_path(winner, by_id)
+    curves = _curves(files, trials, finalists, winner, by_number)
 
     window = (files.profile or {}).get("window") or ((files.config.get("guard") or {}).get("parity") or {}).get(
         "window") or 10
@@ -270,6 +292,6 @@ def build_speed(files: CampaignFiles) -> Report:
         evidence=evidence, finalists=finalists, baseline=base, winner=winner, trials=trials,
         counts=count(trials, files), curves=curves, smoothing_window=int(window),
         rejected_proposals=[{k: r.get(k) for k in ("source", "reason", "raw")} for r in files.rejected],
-        environment={str(k): str(v) for k, v in env.items()},
+        environment=_environment(files, base),
         commands=commands(files, vfile.get("recipe") if winner is not None else None),
     )

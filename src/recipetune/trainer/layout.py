@@ -98,22 +98,22 @@ class Layout:
         return text + (f" (experts over ep={self.ep} of the dp_shard ranks)" if self.ep > 1 else "")
 
 
-def check_layout(recipe: dict[str, Any], model: ModelConfig | None = None) -> list[str]:
-    """Problems with a recipe's parallel knobs, each naming the knobs and what is allowed."""
-    problems: list[str] = []
-    nproc, shard, tp = int(recipe["nproc"]), int(recipe.get("dp_shard", 1)), int(recipe.get("tp", 1))
-    pp, cp, ep = int(recipe.get("pp", 1)), int(recipe.get("cp", 1)), int(recipe.get("ep", 1))
-    replicate = int(recipe.get("dp_replicate", 0))
+def _check_product(nproc: int, replicate: int, shard: int, tp: int, pp: int, cp: int) -> list[str]:
+    """The degrees must multiply to nproc (or divide it when dp_replicate is left to auto)."""
     degrees = f"pp={pp} * dp_shard={shard} * cp={cp} * tp={tp}" if pp * cp > 1 else f"dp_shard={shard} * tp={tp}"
     product = pp * shard * cp * tp
     if replicate and replicate * product != nproc:
-        problems.append(f"dp_replicate={replicate} * {degrees} = {replicate * product} "
-                        f"must equal nproc={nproc} (relation: {LAYOUT_RELATION})")
-    elif not replicate and nproc % product:
-        problems.append(f"{degrees} = {product} does not divide nproc={nproc}; "
-                        f"with dp_replicate=0 (auto) nproc must be a multiple (relation: {LAYOUT_RELATION})")
-    name = recipe.get("model")
-    moe = bool(model and model.n_experts)
+        return [f"dp_replicate={replicate} * {degrees} = {replicate * product} "
+                f"must equal nproc={nproc} (relation: {LAYOUT_RELATION})"]
+    if not replicate and nproc % product:
+        return [f"{degrees} = {product} does not divide nproc={nproc}; "
+                f"with dp_replicate=0 (auto) nproc must be a multiple (relation: {LAYOUT_RELATION})"]
+    return []
+
+
+def _check_tensor(model: ModelConfig | None, name: Any, tp: int, moe: bool) -> list[str]:
+    """Tensor parallelism splits whole heads, and is not implemented for mixture-of-experts models."""
+    problems = []
     if tp > 1 and model is not None:
         for heads_name, heads in (("n_head", model.n_head), ("n_kv_head", model.n_kv_head)):
             if heads % tp:
@@ -122,35 +122,59 @@ def check_layout(recipe: dict[str, Any], model: ModelConfig | None = None) -> li
         if moe:
             problems.append(f"tp={tp}: tensor parallelism is not implemented for mixture-of-experts models "
                             f"(model {name!r}); use ep (expert parallelism), dp_shard or dp_replicate")
-    problems += _check_experts(recipe, model, shard, ep)
-    problems += _check_pipeline(recipe, model, pp)
-    problems += _check_context(recipe, moe, cp)
-    if recipe.get("sequence_parallel") and tp == 1:
-        problems.append("sequence_parallel=true needs tp > 1 (it shards the sequence over the tp ranks)")
+    return problems
+
+
+def _check_fsdp_knobs(recipe: dict[str, Any], shard: int, cp: int) -> list[str]:
+    """FSDP's own knobs, set away from their defaults without FSDP, would silently do nothing."""
+    problems = []
     if shard * cp == 1:  # FSDP shards over dp_shard x cp
         for knob, default in (("reshard_after_forward", True), ("fsdp_param_dtype", "fp32"),
                               ("fsdp_reduce_dtype", "fp32")):
             if recipe.get(knob, default) != default:
                 problems.append(f"{knob}={recipe[knob]!r} has no effect without FSDP: set dp_shard > 1")
-    layout_sharded = shard > 1 or tp > 1 or pp > 1 or cp > 1 or ep > 1
-    if layout_sharded:
-        # These paths use plain-tensor collectives or a gradient scaler that DTensor parameters do not support.
-        if recipe.get("dtype") == "fp16":
-            problems.append("dtype=fp16 (gradient scaler) is not supported with dp_shard, tp, pp, cp or ep > 1; "
-                            "use bf16")
-        if recipe.get("compile") == "model":
-            problems.append("compile='model' is not combined with dp_shard > 1 or tp > 1: use compile='regional' "
-                            "(per-block compilation composes with FSDP2's and TP's per-block hooks)")
-        if tp > 1 and recipe.get("compile", "none") != "none":
-            problems.append(f"compile={recipe['compile']!r} with tp={tp}: compiled blocks break DTensor's backward "
-                            "here (torch 2.13); use compile='none' with tensor parallelism")
-        elif pp * cp * ep > 1 and recipe.get("compile", "none") != "none":
-            problems.append(f"compile={recipe['compile']!r} is not combined with pp, cp or ep > 1 here (never "
-                            "tested: the expert dispatch and the ring attention have data-dependent shapes); "
-                            "use compile='none'")
-        if recipe.get("noise_scale"):
-            problems.append("noise_scale=true is only measured under DDP; it needs dp_shard=1 and tp=1 "
-                            "(and pp, cp, ep = 1)")
+    return problems
+
+
+def _check_sharded(recipe: dict[str, Any], tp: int, pp: int, cp: int, ep: int) -> list[str]:
+    """What a sharded layout (any degree > 1) does not support: the fp16 scaler, some compile modes, noise_scale."""
+    problems = []
+    # These paths use plain-tensor collectives or a gradient scaler that DTensor parameters do not support.
+    if recipe.get("dtype") == "fp16":
+        problems.append("dtype=fp16 (gradient scaler) is not supported with dp_shard, tp, pp, cp or ep > 1; "
+                        "use bf16")
+    if recipe.get("compile") == "model":
+        problems.append("compile='model' is not combined with dp_shard > 1 or tp > 1: use compile='regional' "
+                        "(per-block compilation composes with FSDP2's and TP's per-block hooks)")
+    if tp > 1 and recipe.get("compile", "none") != "none":
+        problems.append(f"compile={recipe['compile']!r} with tp={tp}: compiled blocks break DTensor's backward "
+                        "here (torch 2.13); use compile='none' with tensor parallelism")
+    elif pp * cp * ep > 1 and recipe.get("compile", "none") != "none":
+        problems.append(f"compile={recipe['compile']!r} is not combined with pp, cp or ep > 1 here (never "
+                        "tested: the expert dispatch and the ring attention have data-dependent shapes); "
+                        "use compile='none'")
+    if recipe.get("noise_scale"):
+        problems.append("noise_scale=true is only measured under DDP; it needs dp_shard=1 and tp=1 "
+                        "(and pp, cp, ep = 1)")
+    return problems
+
+
+def check_layout(recipe: dict[str, Any], model: ModelConfig | None = None) -> list[str]:
+    """Problems with a recipe's parallel knobs, each naming the knobs and what is allowed."""
+    nproc, shard, tp = int(recipe["nproc"]), int(recipe.get("dp_shard", 1)), int(recipe.get("tp", 1))
+    pp, cp, ep = int(recipe.get("pp", 1)), int(recipe.get("cp", 1)), int(recipe.get("ep", 1))
+    replicate = int(recipe.get("dp_replicate", 0))
+    moe = bool(model and model.n_experts)
+    problems = _check_product(nproc, replicate, shard, tp, pp, cp)
+    problems += _check_tensor(model, recipe.get("model"), tp, moe)
+    problems += _check_experts(recipe, model, shard, ep)
+    problems += _check_pipeline(recipe, model, pp)
+    problems += _check_context(recipe, moe, cp)
+    if recipe.get("sequence_parallel") and tp == 1:
+        problems.append("sequence_parallel=true needs tp > 1 (it shards the sequence over the tp ranks)")
+    problems += _check_fsdp_knobs(recipe, shard, cp)
+    if shard > 1 or tp > 1 or pp > 1 or cp > 1 or ep > 1:
+        problems += _check_sharded(recipe, tp, pp, cp, ep)
     problems += check_float8(recipe)
     return problems
 
