@@ -280,3 +280,17 @@ def test_headline_speaks_to_each_kind_of_verdict():
     assert headline("KEEP BASELINE", lost, 5, ["x: REJECTED: the loss curve departs"]) == (
         "The baseline stays: x: REJECTED: the loss curve departs.")
     assert headline("KEEP BASELINE", None, 5, []) == "The baseline stays: no candidate beat it."
+
+
+def test_a_trial_whose_figure_lies_outside_its_interval_still_plots(campaigns):
+    # The figure is the median over windows, the interval the ratio estimator's: skewed step times put one
+    # outside the other, and the report of a killed-and-resumed campaign failed to build on it.
+    from recipetune.report.plots import throughput_plot
+
+    report = load_report(campaigns["approved"])
+    ran = [t for t in report.trials if t.ran and t.tokens_per_s]
+    assert ran
+    for t in ran:
+        t.tokens_per_s_ci = [t.tokens_per_s * 0.5, t.tokens_per_s * 0.9]  # the figure above its interval
+    png = throughput_plot(report)
+    assert png is not None and png.startswith(PNG)

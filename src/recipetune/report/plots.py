@@ -179,6 +179,14 @@ def loss_plot(report: Report) -> bytes | None:
 # -- the search ---------------------------------------------------------------------------------
 
 
+def _bar(value: float, low: float, high: float) -> list[list[float]]:
+    """The error bar of ``value`` for the interval [low, high]. A trial's figure is the median over windows and
+    its interval the ratio estimator's (report/speed.py: tokens_per_s_interval): with skewed step times the
+    median can lie outside it, and matplotlib refuses a negative length (a kill-and-resume campaign's report
+    failed to build): the bar then joins the point to the interval's far end."""
+    return [[max(value - low, 0.0)], [max(high - value, 0.0)]]
+
+
 def throughput_plot(report: Report) -> bytes | None:
     """Tokens/s per device of every trial in the order they ran, with 95% intervals and the baseline band."""
     ran = [t for t in report.trials if t.ran]
@@ -203,7 +211,7 @@ def throughput_plot(report: Report) -> bytes | None:
             continue
         color = COLORS["approved"] if t.winner else COLORS.get(t.status, "#111827")
         ci = t.tokens_per_s_ci or [t.tokens_per_s, t.tokens_per_s]
-        ax.errorbar([x], [t.tokens_per_s], yerr=[[t.tokens_per_s - ci[0]], [ci[1] - t.tokens_per_s]], fmt="o",
+        ax.errorbar([x], [t.tokens_per_s], yerr=_bar(t.tokens_per_s, ci[0], ci[1]), fmt="o",
                     color=color, capsize=3, ms=9 if t.winner else 6, zorder=3)
     handles = [Line2D([], [], color=COLORS[s], marker=m, ls="", label=lab) for s, m, lab in (
         ("approved", "o", "approved"), (Status.PASSED, "o", "passed screening"),
