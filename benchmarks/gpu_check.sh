@@ -10,6 +10,7 @@
 #      compile, micro-batch 8) with its verdict: the goal is an approved recipe at >= 0.9x the hand-tuned tokens/s
 #   4. the layouts of the 8-expert moe-8x (experts' loop against batched matmuls; with >= 2 GPUs expert
 #      parallelism and pipeline schedules) and, with >= 2 GPUs, of the dense gpt2-124m (FSDP2, TP, CP, PP)
+#      and the experts three ways (benchmarks/moe_kernels.py: loop, padded, grouped GEMMs without padding)
 # Each phase's figures are written as it ends (benchmarks/results/gpu_check-<date>-<gpu>.{json,md}, quoted by
 # docs/benchmarks.md), so a lease that ends early keeps what was measured. Compiled graphs go to the shared
 # cache (TORCHINDUCTOR_CACHE_DIR, default <OUT>/inductor): phase 2 compiles the hand-tuned shapes once for phase 3.
@@ -18,8 +19,8 @@
 #   bash benchmarks/gpu_check.sh --dry-run   # anywhere: validates the files and prints the plan
 #
 # Environment: PYTHON (default .venv/bin/python, else python3), OUT (default runs/gpu_check-<time>), and each
-# phase's hard limit in seconds, to fit a shorter lease: LIMIT_TESTS (80), LIMIT_HAND (110), LIMIT_TUNE (470),
-# LIMIT_LAYOUTS (60), LIMIT_DENSE (240, two GPUs); TUNE_OVERRIDES, key=value overrides of the campaign
+# phase's hard limit in seconds, to fit a shorter lease: LIMIT_TESTS (80), LIMIT_HAND (110), LIMIT_TUNE (450),
+# LIMIT_LAYOUTS (40), LIMIT_MOE (40), LIMIT_DENSE (240, two GPUs); TUNE_OVERRIDES, key=value overrides of the campaign
 # (e.g. "search.budget.wall_time_s=200" for a shorter search). The tests are those of the two GPU modules, so a
 # machine with recipetune's own dependencies alone (no dev extra) collects them.
 set -euo pipefail
@@ -37,8 +38,8 @@ OUT=${OUT:-runs/gpu_check-$STAMP}
 CAMPAIGN=examples/gpt2-gpu.yaml
 HAND=examples/gpt2-gpu-hand.yaml
 HAND_STEPS=40
-LIMIT_TESTS=${LIMIT_TESTS:-80} LIMIT_HAND=${LIMIT_HAND:-110} LIMIT_TUNE=${LIMIT_TUNE:-470}
-LIMIT_LAYOUTS=${LIMIT_LAYOUTS:-60} LIMIT_DENSE=${LIMIT_DENSE:-240}
+LIMIT_TESTS=${LIMIT_TESTS:-80} LIMIT_HAND=${LIMIT_HAND:-110} LIMIT_TUNE=${LIMIT_TUNE:-450}
+LIMIT_LAYOUTS=${LIMIT_LAYOUTS:-40} LIMIT_MOE=${LIMIT_MOE:-40} LIMIT_DENSE=${LIMIT_DENSE:-240}
 GPU_TESTS=(tests/test_gpu.py tests/test_layouts_gpu.py)
 read -r -a TUNE_ARGS <<< "${TUNE_OVERRIDES:-}"
 
@@ -67,6 +68,7 @@ except ConfigError as e:
 EOF
 # ... and so must every layout of phase 4 (the knob checks, on any machine)
 "$PY" benchmarks/layouts.py --suite moe --presets moe-8x --device cuda --check >/dev/null
+"$PY" benchmarks/moe_kernels.py --preset moe-8x --device cuda --check >/dev/null
 "$PY" benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda --check >/dev/null
 
 if [[ $DRY == 1 ]]; then
@@ -75,9 +77,10 @@ if [[ $DRY == 1 ]]; then
   echo "  2. recipetune run $HAND --steps $HAND_STEPS  (limit $LIMIT_HAND s; the hand-tuned recipe)"
   echo "  3. recipetune tune $CAMPAIGN ${TUNE_ARGS[*]}  (limit $LIMIT_TUNE s; from the plain recipe)"
   echo "  4. $PY benchmarks/layouts.py --suite moe --presets moe-8x --device cuda     (limit $LIMIT_LAYOUTS s)"
+  echo "     $PY benchmarks/moe_kernels.py --preset moe-8x --device cuda    (limit $LIMIT_MOE s; loop, padded, segmented experts)"
   echo "     $PY benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda (limit $LIMIT_DENSE s, >= 2 GPUs)"
   echo "  after each: $PY benchmarks/gpu_check_report.py $OUT  -> benchmarks/results/gpu_check-<date>-<gpu>.{json,md}"
-  echo "  limits: $((LIMIT_TESTS + LIMIT_HAND + LIMIT_TUNE + LIMIT_LAYOUTS)) s in all on one GPU"
+  echo "  limits: $((LIMIT_TESTS + LIMIT_HAND + LIMIT_TUNE + LIMIT_LAYOUTS + LIMIT_MOE)) s in all on one GPU"
   exit 0
 fi
 
@@ -114,6 +117,8 @@ NGPU=$(nvidia-smi -L | wc -l)
 echo "== 4/4 layouts (moe-8x; gpt2-124m with >= 2 GPUs), $NGPU GPU(s)"
 phase layouts "$LIMIT_LAYOUTS" "$PY" benchmarks/layouts.py --suite moe --presets moe-8x --device cuda --nproc 2 \
   --steps 10 --repeats 1 --json "$OUT/layouts-moe.json"
+# the experts three ways at the measured imbalance (loop, padded bmm, grouped GEMMs without padding): issue 43
+phase moe "$LIMIT_MOE" "$PY" benchmarks/moe_kernels.py --preset moe-8x --device cuda --json "$OUT/moe-kernels.json"
 if [[ $NGPU -ge 2 ]]; then
   cp "$OUT/layouts.rc" "$OUT/layouts-moe.rc"
   phase layouts "$LIMIT_DENSE" "$PY" benchmarks/layouts.py --suite dense --presets gpt2-124m --device cuda --nproc 2 \

@@ -118,6 +118,15 @@ def tune_figures(folder: Path) -> dict:
             "device_s": seconds(folder, "tune")}
 
 
+def moe_figures(folder: Path) -> dict:
+    """benchmarks/moe_kernels.py's figures (the experts' loop, padded and segmented forms), as it wrote them."""
+    path = folder / "moe-kernels.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError:
+        return {}
+
+
 def layout_figures(folder: Path) -> dict:
     """Per preset and layout: tokens/s, peak memory, the profile; and the layouts left out (too few GPUs)."""
     out: dict = {}
@@ -149,11 +158,11 @@ def of_hand(tune: dict, run: dict) -> str:
 
 def main(folder: Path) -> int:
     gpus = (folder / "gpus.txt").read_text().strip().splitlines() if (folder / "gpus.txt").exists() else []
-    codes = {p: rc(folder, p) for p in ("pytest", "run", "tune", "layouts")}
+    codes = {p: rc(folder, p) for p in ("pytest", "run", "tune", "layouts", "moe")}
     figures = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "gpus": gpus, "folder": str(folder),
         "exit_codes": codes, "pytest": pytest_counts(folder), "run": run_figures(folder), "tune": tune_figures(folder),
-        "layouts": layout_figures(folder), "hand_tuned": hand_tuned_figures(folder),
+        "layouts": layout_figures(folder), "hand_tuned": hand_tuned_figures(folder), "moe_kernels": moe_figures(folder),
         "seconds": {p: seconds(folder, p) for p in codes},
     }
     # one name from the first phase on (nvidia-smi -L: "GPU 0: NVIDIA H200 (UUID: ...)"), so each phase's
@@ -197,6 +206,8 @@ def main(folder: Path) -> int:
     lines += [f"- layout left out: {x}" for x in figures["layouts"].get("left_out", [])]
     if codes["layouts"] is not None:
         lines.append(f"- layouts phase exit {codes['layouts']}")
+    lines += [f"- moe kernels {k['dtype']}, imbalance {k['imbalance']:g}, {k['impl']}: {k['ms']:.2f} ms, error vs loop "
+              f"{k['max_rel_error_vs_loop']:.1e}" for k in figures["moe_kernels"].get("kernels", [])]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"written: {RESULTS / stem}.json, .md")

@@ -27,7 +27,8 @@ def test_dry_run_validates_the_files_and_prints_the_plan():
                  "recipetune tune examples/gpt2-gpu.yaml", "layouts.py --suite moe --presets moe-8x",
                  "gpu_check_report"):
         assert step in res.stdout
-    assert "720 s in all on one GPU" in res.stdout  # 12 minutes: 80 + 110 + 470 + 60
+    assert "720 s in all on one GPU" in res.stdout  # 12 minutes: 80 + 110 + 450 + 40 + 40
+    assert "moe_kernels.py --preset moe-8x" in res.stdout
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
@@ -64,7 +65,9 @@ def test_report_collects_the_figures(tmp_path):
                "profile": {"expert_imbalance": 1.3, "step_time_s": 0.3}}
     (out / "layouts-moe.json").write_text(json.dumps({"figures": {"moe-8x": {"1 process, grouped experts": grouped}},
                                                       "skipped": ["moe-8x PP x2: needs 2 GPUs, 1 here"]}))
-    for phase, code in (("pytest", 0), ("run", 0), ("tune", 0), ("layouts", 0)):
+    kernel = {"dtype": "bf16", "imbalance": 4.0, "impl": "segmented", "ms": 1.25, "max_rel_error_vs_loop": 2.7e-3}
+    (out / "moe-kernels.json").write_text(json.dumps({"preset": "moe-8x", "kernels": [kernel]}))
+    for phase, code in (("pytest", 0), ("run", 0), ("tune", 0), ("layouts", 0), ("moe", 0)):
         (out / f"{phase}.rc").write_text(f"{code}\n")
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check_report.py"), str(out)],
                          capture_output=True, text=True, timeout=60,
@@ -80,9 +83,11 @@ def test_report_collects_the_figures(tmp_path):
     assert data["hand_tuned"]["tokens_per_s"] == 163840 and data["hand_tuned"]["profile"]["gpu_busy"] == 0.9
     assert data["hand_tuned"]["mfu"] == pytest.approx(163840 * 5e8 / 989e12)
     assert data["layouts"]["moe-8x"]["1 process, grouped experts"]["tokens_per_s"] == 50000.0
+    assert data["moe_kernels"]["kernels"] == [kernel]
     md = figures.with_suffix(".md").read_text()
     assert "tokens/s" in md and "expert imbalance 1.30" in md and "left out: moe-8x PP x2" in md
     assert "(0.80x the hand-tuned)" in md and "launch gaps 10%" in md
+    assert "moe kernels bf16, imbalance 4, segmented: 1.25 ms" in md
 
 
 def test_each_phase_writes_the_same_files_from_the_first_on(tmp_path):
@@ -98,4 +103,5 @@ def test_each_phase_writes_the_same_files_from_the_first_on(tmp_path):
     (figures,) = (tmp_path / "results").glob("gpu_check-*.json")
     assert figures.name.endswith("-NVIDIA-H200.json")
     data = json.loads(figures.read_text())
-    assert data["exit_codes"] == {"pytest": 0, "run": None, "tune": None, "layouts": None} and data["hand_tuned"] == {}
+    assert data["exit_codes"] == {"pytest": 0, "run": None, "tune": None, "layouts": None, "moe": None}
+    assert data["hand_tuned"] == {}
