@@ -92,14 +92,22 @@ def mean_with_error(values: Sequence[float]) -> MeanEstimate:
     t = np.arange(n)
     r = x - np.polyval(np.polyfit(t, x, 1), t)
     var = float(r @ r) / (n - 2)
-    tau = 1.0
+    tau = autocorrelation_time(r, var)
+    return MeanEstimate(float(x.mean()), math.sqrt(var * tau / n), n, math.sqrt(var), tau)
+
+
+def autocorrelation_time(r: np.ndarray, var: float) -> float:
+    """The integrated autocorrelation time tau = 1 + 2 sum rho_k of residuals ``r`` about a fitted line
+    (two parameters, hence n - 2), ``var`` their variance; the sum runs while rho_k > 0 (the initial
+    positive sequence) and k < n / 3."""
+    n, tau = len(r), 1.0
     if var > 0:
         for k in range(1, n // 3):
             rho = float(r[:-k] @ r[k:]) / (n - 2) / var
             if rho <= 0:
                 break
             tau += 2 * rho
-    return MeanEstimate(float(x.mean()), math.sqrt(var * tau / n), n, math.sqrt(var), tau)
+    return tau
 
 
 POWER = 0.8  # the detectable difference is the true difference these runs would catch 80% of the time

@@ -25,7 +25,7 @@ from recipetune.guard.loss import MIN_TAIL, tail, tokens
 
 def slope_with_error(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Least-squares slope of ``y`` on ``x`` and its standard error, widened by the residuals'
-    integrated autocorrelation time (initial positive sequence, as ``stats.mean_with_error``)."""
+    integrated autocorrelation time (``stats.autocorrelation_time``, as ``stats.mean_with_error``)."""
     n = len(x)
     if n < 4:
         return math.nan, math.inf
@@ -34,14 +34,7 @@ def slope_with_error(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     slope = float(xc @ (y - y.mean())) / sxx
     r = y - y.mean() - slope * xc
     var = float(r @ r) / (n - 2)
-    tau = 1.0
-    if var > 0:
-        for k in range(1, n // 3):
-            rho = float(r[:-k] @ r[k:]) / (n - 2) / var
-            if rho <= 0:
-                break
-            tau += 2 * rho
-    return slope, math.sqrt(var * tau / sxx)
+    return slope, math.sqrt(var * stats.autocorrelation_time(r, var) / sxx)
 
 
 def pair_slope(base: RunResult, cand: RunResult, total: float, share: float) -> tuple[float, float, int, int] | None:
