@@ -365,9 +365,7 @@ def peak_flops(device_type: str, device_name: str, dtype: str, threads: int) -> 
             cached[key] = measure_cpu_peak_flops(dtype)
         finally:
             torch.set_num_threads(previous)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cached, indent=2))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(cached, indent=2))
     return cached[key]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe
 from recipetune.core.words import Decision
 from recipetune.execute.executor import Executor
@@ -57,9 +58,7 @@ class Verdict(BaseModel):
     out_dir: str = ""
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.model_dump_json(indent=2))
-        tmp.replace(path)
+        write_atomic(path, self.model_dump_json(indent=2))
 
 
 def tokens_per_step(workload: Workload, recipe: Recipe) -> int | None:

@@ -30,6 +30,7 @@ from rich.console import Console
 from recipetune.config import Campaign, load_campaign
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
+from recipetune.core.files import write_atomic
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import INVARIANT
 from recipetune.guard import drift
@@ -320,13 +321,6 @@ def finding(session: Session, ended_by: str, seconds: float, command: str) -> di
     return out
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=float, allow_nan=False))
-    tmp.replace(path)
-
-
 def summary(f: dict[str, Any]) -> str:
     a = f["alarm"]
     if a is not None:
@@ -383,7 +377,7 @@ def watch(
         raise fail(e) from None
     result = finding(session, ended_by, time.monotonic() - started, " ".join(["recipetune", *sys.argv[1:]]))
     target = out or Path("runs") / f"watch-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(target, result)
+    write_atomic(target, json.dumps(result, indent=2, default=float, allow_nan=False))
     console.print(summary(result), highlight=False, markup=False,
                   style="bold red" if result["alarm"] else "bold green")
     console.print(f"finding: {target}", highlight=False, markup=False)
