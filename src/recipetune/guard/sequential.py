@@ -1,21 +1,8 @@
 """The parity test's group-sequential design: how much evidence, when to look, when to stop.
 
-docs/guard.md ("A planned design") states the maths; this module only computes it, with the pieces
-both jobs share (core/sequential.py), no runs, no files. The ingredients, all standard in clinical-trial
-statistics (Jennison & Turnbull, "Group Sequential Methods", 2000):
-
-- **alpha spending** (Lan & DeMets 1983): a look at information fraction t (the evidence so far
-  over the evidence the plan needs) may have spent at most alpha(t) of the test's level in all;
-  O'Brien-Fleming-like spending keeps the early looks strict and the last one close to a
-  fixed-sample test, Pocock-like spends evenly;
-- **boundaries**: the critical value of each look given the ones before, from the joint law of the
-  statistics at successive looks (a Brownian motion observed at the fractions), by the recursive
-  numerical integration of Armitage, McPherson & Rowe (1969);
-- **sample size**: the seeds a two-one-sided test needs to show equivalence within +-T at the stated
-  power when the true difference is 0, Student's t included;
-- **predictive power** (Spiegelhalter, Freedman & Blackburn 1986): the chance, given the evidence
-  so far, that the planned final look shows equivalence; below the futility level the test stops.
-"""
+docs/guard.md ("A planned design") states the maths; ``SeedDesign`` below plans and judges the seeds mode
+look by look on the pieces both jobs share (core/sequential.py: alpha spending, boundaries, seeds needed,
+predictive power, with their sources), no runs, no files."""
 
 from __future__ import annotations
 
