@@ -118,8 +118,7 @@ class Runs:
         """The run's name in the folder. ``repeat``: which repeat of a recipe without a seed knob (a
         trainer that seeds itself gives each repeat its own run; with a seed, the seed tells them apart)."""
         if self._code is None:
-            self._code = self.workload.code_fingerprint()
-            self._manifest = self.workload.code_manifest()
+            self._code, self._manifest = self.workload.code_identity()
         text = "\0".join([self._code, recipe.canonical_json(), str(steps), str(repeat)])
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 

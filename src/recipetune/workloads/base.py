@@ -85,6 +85,11 @@ class Workload(ABC):
         changed since they were made. By default one part: the fingerprint itself."""
         return {"code": self.code_fingerprint()}
 
+    def code_identity(self) -> tuple[str, dict[str, str]]:
+        """(fingerprint, manifest), for a caller that needs both (guard/runs.py keys runs by the one and
+        stores the other); a workload whose fingerprint is made from its manifest reads its files once."""
+        return self.code_fingerprint(), self.code_manifest()
+
     def identity(self) -> dict[str, str]:
         """Which trainer this is, whatever its code now: a runs folder holds the runs of one."""
         return {"kind": self.kind}

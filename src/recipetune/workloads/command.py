@@ -316,6 +316,10 @@ class CommandWorkload(Workload):
     def code_fingerprint(self) -> str:
         return fingerprint.digest(self.code_manifest())
 
+    def code_identity(self) -> tuple[str, dict[str, str]]:
+        manifest = self.code_manifest()  # every file hashed once, not once for each
+        return fingerprint.digest(manifest), manifest
+
     def identity(self) -> dict[str, str]:
         return {"kind": self.kind, "trainer": str(self.cwd)}
 
