@@ -59,6 +59,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel
 
+from recipetune.core.filenames import STUDY_DB
 from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe
 from recipetune.engine.database import (
@@ -138,7 +139,7 @@ class CampaignStore:
         heartbeat_s: int = 30, db_retry_s: float = 60.0, pruner: optuna.pruners.BasePruner | None = None,
     ):
         self.folder = folder
-        self.url = storage_url or f"sqlite:///{(folder / 'study.db').resolve()}"
+        self.url = storage_url or f"sqlite:///{(folder / STUDY_DB).resolve()}"
         # A database server holds many campaigns: each study is named after its folder. A SQLite
         # file holds one campaign, under the fixed name.
         self.name = STUDY_NAME if self.url.startswith("sqlite") else folder.resolve().name

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from recipetune.core.filenames import VERDICT
 from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe
 from recipetune.core.words import Decision
@@ -204,5 +205,5 @@ def _decide_speed(verdict: Verdict, speed: SpeedEvidence, loss: str) -> None:
 
 def _finish(verdict: Verdict, out_dir: Path) -> Verdict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    verdict.save(out_dir / "verdict.json")
+    verdict.save(out_dir / VERDICT)
     return verdict

@@ -35,6 +35,7 @@ from recipetune.config import Campaign, CampaignConfig, check_recipe, load_campa
 from recipetune.core import options as opt
 from recipetune.core.console import Note, fail
 from recipetune.core.errors import ConfigError
+from recipetune.core.filenames import RUNS_FOLDER
 from recipetune.core.files import parse_override
 from recipetune.core.fmt import fmt_duration, fmt_pct
 from recipetune.core.recipe import Recipe
@@ -288,7 +289,7 @@ def _read_inputs(
         cand = load_campaign(candidate_file, [])  # the file as written; the edits are the candidate's
         _check_same_workload(base, cand)
         candidate, refused = _candidate(cand, to_candidate)
-        runs = runs or (out.parent if out else Path("runs")) / "guard-runs"
+        runs = runs or (out.parent if out else Path("runs")) / RUNS_FOLDER
         check_runs_folder(runs, base.workload)  # a file, unwritable, another trainer's: exit 2, nothing ran
     except ConfigError as e:
         raise fail(e) from None
