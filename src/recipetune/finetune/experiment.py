@@ -1,6 +1,6 @@
 """One experiment: (task, data chain, training recipe) -> data -> fine-tune -> evaluate -> report.
 
-The Experimenter's interface for the search (issue 11): ``load_experiment`` checks a file (nothing
+The Experimenter's interface for the search: ``load_experiment`` checks a file (nothing
 written on bad input), ``Experiment.derive`` makes a child with another chain or recipe (never
 another task, model or evaluation data), ``run_experiment`` runs it into a folder and returns the
 ``ExperimentReport`` (validation only). The test split is opened by ``final.final_evaluation`` alone.

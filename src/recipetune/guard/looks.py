@@ -326,8 +326,8 @@ def _by_steps(v: _Verdict) -> Gathered:
             return ended
         need, what = _steps_need(v, m, factor, rest)
         # The plan never shrinks (as the seeds' plan): the first look's error sized it, and a middle look
-        # that reads smaller by chance would otherwise end the looks short of it (nanoGPT's 32 x 1: planned at
-        # 9x by its first look, re-planned at 7x by its 3x pair; issue 45 saw such a last look fall short of T).
+        # that reads smaller by chance would otherwise end the looks short of it, at a last look too short
+        # to show the difference within T.
         own = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
         target = max(plan, own)
         plan = target

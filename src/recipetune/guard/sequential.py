@@ -96,9 +96,9 @@ class SeedDesign:
         if self.looks == 1:
             self.pilot = n
         # The plan and every chance below judge by one scatter: pooled at the first look only where the
-        # caller says the batches may differ. (The chances once pooled regardless: with replayed batches,
-        # a plan of 7 seeds drawn from the pairs was judged at the other-batches scatter, 1.5x theirs,
-        # and an equivalent 2.4x speed-up on an H200 was stopped for futility at 1%: 5 seeds approve it.)
+        # caller says the batches may differ. (Pooled regardless, a plan drawn from replayed batches' pairs
+        # would be judged at the other batches' larger scatter, and an equivalent candidate that a few more
+        # seeds approve stopped for futility.)
         self.pool = pooled and self.looks == 1
         if self.looks <= 2 and not self.rejecting:  # the plan: made at the first look, raised at the second
             sds = [self.sd(x, self.pool) for x in measures]
