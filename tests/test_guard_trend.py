@@ -74,6 +74,18 @@ def test_the_equivalent_beside_it_is_approved_with_its_horizon(profile, jitter):
     assert ev.model_dump(mode="json")["trend"]["outcome"] == "flat"  # verdict.json states it
 
 
+@pytest.mark.parametrize("alpha, label", [(0.01, "99%"), (0.05, "95%")])
+def test_the_trend_states_its_bounds_at_the_confidence_of_its_two_sided_level(profile, alpha, label):
+    # the slope's bounds exclude alpha / 2 on each side: at parity.trend_alpha 1% a 99% interval (docs/guard.md),
+    # not the 99.5% the verdict once printed
+    T = profile.loss_tolerance
+    cfg = GuardConfig.model_validate({"parity": {"steps": STEPS, "seeds": 3, "trend_alpha": alpha}})
+    ev = compare(profile, replayed(profile, drift(1.5 * T, 72), jitter=0.002), cfg.parity)
+    assert ev.trend is not None and ev.trend.outcome == "grows"
+    assert ev.trend.summary().endswith(f"nats per 1,000 steps ({label} two-sided)")
+    assert f"({label} two-sided)" in ev.reasons[0]
+
+
 def test_a_gap_shown_growing_but_by_less_than_the_margin_is_approved(profile):
     # a slope the replayed batches show beyond doubt, but 0.4 T per horizon: the watch's business, not a block
     T = profile.loss_tolerance

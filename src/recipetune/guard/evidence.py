@@ -53,7 +53,7 @@ class Trend(BaseModel):
     def summary(self) -> str:
         return (f"over {self.steps:,} steps ({self.tokens:,} tokens) the gap's slope over steps {self.first_step:,}-"
                 f"{self.last_step:,} is {self.slope:+.4f} [{self.low:+.4f}, {self.high:+.4f}] nats per 1,000 steps "
-                f"({confidence_label(self.level / 2)} two-sided)")
+                f"({confidence_label(self.level)} two-sided)")
 
 
 # The decisive measure's fields, as verdict.json has always carried them at the evidence's top level (the key
@@ -66,7 +66,8 @@ _ORDER = ("mode", "mode_reason", "passed", "outcome", "reasons", "notes", "seeds
 
 
 def confidence_label(level: float) -> str:
-    """A one-sided level as the confidence its bounds are stated at: 0.0025 -> '99.75%'."""
+    """A level as the confidence its bounds are stated at: a one-sided 0.0025 -> '99.75%'; a two-sided 0.01
+    (alpha / 2 on each side) -> '99%'."""
     return f"{100 * (1 - level):.2f}".rstrip("0").rstrip(".") + "%"
 
 
