@@ -17,13 +17,13 @@ from test_guard_independent import loss_run, no_seed_profile, settings
 from test_guard_parity import BASE, FAST, SETTINGS, STEPS, WORKLOAD, curve, run
 
 from recipetune.config import load_campaign
+from recipetune.core import stats
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.guard.baseline import build_profile, profile_baseline
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.looks import gather
 from recipetune.guard.parity import compare
-from recipetune.guard.trend import slope_with_error
 from recipetune.guard.verdict import final_verdict
 from recipetune.workloads.reference import ReferenceWorkload
 
@@ -122,8 +122,9 @@ def test_slope_error_widens_with_autocorrelation():
     x = np.arange(200, dtype=float)
     white = rng.normal(0, 1, 200)
     wander = np.convolve(rng.normal(0, 1, 260), np.ones(30) / np.sqrt(30), "valid")[:200]
-    (s0, e0), (_, e1) = slope_with_error(x, 0.01 * x + white), slope_with_error(x, 0.01 * x + wander)
-    assert abs(s0 - 0.01) < 4 * e0 and e1 > 2 * e0
+    a, b = stats.line_fit(x, 0.01 * x + white), stats.line_fit(x, 0.01 * x + wander)
+    assert abs(a.slope - 0.01) < 4 * a.se and b.se > 2 * a.se
+    assert stats.line_fit(x[:3], white[:3]).se == np.inf  # below four points: no error
 
 
 # ------------------------------------------------------------------------------- A/A over simulated verdicts

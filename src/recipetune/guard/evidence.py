@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from recipetune.core.words import ParityOutcome, TrendOutcome
+
 Mode = Literal["same batches", "other batches", "batches unknown", "equal tokens"]
 
 
@@ -25,7 +27,7 @@ class Measured(BaseModel):
     reference: float  # sigma_M
     reference_kind: str
     se_source: str
-    outcome: Literal["holds", "fails", "inconclusive"]
+    outcome: ParityOutcome
     reason: str = ""
     # Runs longer than the profile's showed a difference beyond noise that is not beyond T: an effect that
     # fades with training looks like this, and a still longer look could only find it smaller (the fade rule).
@@ -47,7 +49,7 @@ class Trend(BaseModel):
     level: float
     margin: float  # nats the gap may gain per horizon (``steps``) before a shown growth blocks approval
     source: str  # what the slope's error rests on
-    outcome: Literal["flat", "grows"]
+    outcome: TrendOutcome
     reason: str = ""
 
     def summary(self) -> str:
@@ -78,7 +80,7 @@ class ParityEvidence(BaseModel):
     mode: Mode
     mode_reason: str  # declared, what the fingerprints showed, or that nothing tells
     passed: bool
-    outcome: Literal["holds", "fails", "inconclusive"]
+    outcome: ParityOutcome
     reasons: list[str]
     notes: list[str] = []
     seeds: list[int | None]
@@ -109,8 +111,8 @@ class ParityEvidence(BaseModel):
         flat.setdefault("measure", "training loss")
         data["decisive"] = {"baseline_finals": [], "candidate_finals": [], "mean_diff": 0.0, "se": None, "low": None,
                             "high": None, "tolerance": 0.0, "detectable": None, "reference": 0.0, "reference_kind": "",
-                            "se_source": data.pop("se_source", ""), "outcome": data.get("outcome", "inconclusive"),
-                            **flat}
+                            "se_source": data.pop("se_source", ""),
+                            "outcome": data.get("outcome", ParityOutcome.INCONCLUSIVE), **flat}
         return data
 
     @model_serializer(mode="wrap")

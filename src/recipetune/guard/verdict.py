@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from recipetune.core.filenames import VERDICT
 from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe
-from recipetune.core.words import Decision
+from recipetune.core.words import Decision, ParityOutcome
 from recipetune.execute.executor import Executor
 from recipetune.guard.baseline import BaselineProfile, profile_baseline, trusted_aa
 from recipetune.guard.config import GuardConfig
@@ -131,7 +131,8 @@ def final_verdict(
     verdict.horizon = evidence.horizon()
     verdict.notes += [f"loss parity mode: {evidence.mode}, because {evidence.mode_reason}", *evidence.notes]
     if not evidence.passed:  # REJECTED when shown different; KEEP BASELINE when the runs cannot tell
-        verdict.decision = Decision.KEEP_BASELINE if evidence.outcome == "inconclusive" else Decision.REJECTED
+        inconclusive = evidence.outcome == ParityOutcome.INCONCLUSIVE
+        verdict.decision = Decision.KEEP_BASELINE if inconclusive else Decision.REJECTED
         verdict.reasons = evidence.reasons
         return _finish(verdict, out_dir)
 
