@@ -37,14 +37,15 @@ from recipetune.core.console import Note
 from recipetune.core.fmt import fmt_duration
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
-from recipetune.core.sequential import factor_needed, seeds_needed
+from recipetune.core.sequential import NEVER, factor_needed, seeds_needed
 from recipetune.core.stats import paired
+from recipetune.core.words import LookOutcome, ParityOutcome, TrendOutcome
 from recipetune.guard.baseline import BaselineProfile, GuardError, with_seed
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.loss import MIN_TAIL
 from recipetune.guard.parity import Measurements, ParityEvidence, Sample, judge, measure, seed_note
 from recipetune.guard.runs import Runs, wait_all
-from recipetune.guard.sequential import Decision, Pairs, SeedDesign
+from recipetune.guard.sequential import Pairs, SeedDesign, SeedLook
 from recipetune.workloads.base import Workload
 
 Progress = Callable[[str], None]
@@ -221,13 +222,14 @@ def _by_seeds(v: _Verdict) -> Gathered:
                 time.monotonic() - v.started + v.seconds(more) > v.settings.max_parity_s:
             v.say(f"{line}; the next look would end after guard.max_parity_s {v.settings.max_parity_s:g} s: stopped")
             ev.reasons = [_not_shown(ev, _what_more(v, n, d.planned, d.needed, "time"))]
-            d.outcome = "budget"
+            d.outcome = LookOutcome.BUDGET
             break
         aim = ("equivalence is out of reach, a difference beyond T is not: the last look at "
                if d.rejecting else f"plan: {d.planned} seeds, the next look at ")
         v.say(f"{line}; {aim}{d.next} seeds ({more:.0f} more runs, ~{fmt_duration(v.seconds(more))})")
         n = d.next
-    stop = "trend" if _grows(ev) else {"holds": "decided", "fails": "decided"}.get(d.outcome, d.outcome)
+    stop = "trend" if _grows(ev) else {ParityOutcome.HOLDS: "decided", ParityOutcome.FAILS: "decided"}.get(d.outcome,
+                                                                                                       d.outcome)
     return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned), stop,
                     {"pairs": d.planned, "needed": d.needed, "factor": 1.0, "at_once": v.at_once})
 
@@ -237,7 +239,7 @@ def _say_seeds_plan(v: _Verdict, n: int, design: SeedDesign) -> float:
     the runs that plan expects."""
     p = v.settings.parity
     T, sigma = v.profile.loss_tolerance, v.profile.loss_reference
-    other = seeds_needed(math.sqrt(2.0) * sigma, T, design.spending.rest, p.power, n + 1, 10_000, not v.equal_tokens)
+    other = seeds_needed(math.sqrt(2.0) * sigma, T, design.sizing, p.power, n + 1, NEVER, not v.equal_tokens)
     planned = n * v.cand_steps / v.profile.steps + _seeds_runs(v, n, other - n)
     v.say(f"parity plan: T {T:.4f} nats; the first look compares {n} seed(s) ({n} candidate run(s), "
           f"~{fmt_duration(v.seconds(n))}): it decides if the candidate replays the baseline's batches; if they "
@@ -261,18 +263,18 @@ def _seeds_wanted(v: _Verdict, n: int, base: dict[int, RunResult], cand: dict[in
     return wanted
 
 
-def _seeds_stopped(v: _Verdict, n: int, d: Decision, ev: ParityEvidence, line: str) -> bool:
+def _seeds_stopped(v: _Verdict, n: int, d: SeedLook, ev: ParityEvidence, line: str) -> bool:
     """The design decided, or its plan, the run budget or futility ends the looks: say why."""
     p = v.settings.parity
-    if d.outcome in ("holds", "fails"):
+    if d.outcome in (ParityOutcome.HOLDS, ParityOutcome.FAILS):
         v.say(f"{line}; the gap grows over the window: stopped" if _grows(ev) else line)
         return True
-    if d.outcome in ("plan", "budget"):
+    if d.outcome in (LookOutcome.PLAN, LookOutcome.BUDGET):
         why = _what_more(v, n, d.planned, d.needed, d.outcome)
         v.say(f"{line}; {why}: stopped")
         ev.reasons = [_not_shown(ev, why)]
         return True
-    if d.outcome == "futility":
+    if d.outcome == LookOutcome.FUTILITY:
         v.say(f"{line}; the chance that {d.planned} seeds show equivalence is {100 * (d.chance or 0):.0f}%, "
               f"below parity.futility {100 * p.futility:.0f}%: stopped")
         ev.reasons = [_not_shown(ev, f"{d.planned} seeds would show equivalence with a chance of "
@@ -373,7 +375,7 @@ def _steps_gathered(v: _Verdict, ev: ParityEvidence, planned: int, stop: str, fa
 def _steps_ended(v: _Verdict, m: Measurements, ev: ParityEvidence, line: str, factor: float,
                  planned: int) -> Gathered | None:
     """The look decided, or the fade rule or the trend ends the verdict: longer runs cannot change it."""
-    if ev.outcome != "inconclusive" or m.problems:
+    if ev.outcome != ParityOutcome.INCONCLUSIVE or m.problems:
         v.say(line)
         return _steps_gathered(v, ev, planned, "decided", factor)
     if any(x.fades for x in ev.measures) or _grows(ev):
@@ -412,7 +414,7 @@ def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, c
 def _grows(ev: ParityEvidence) -> bool:
     """The parity test held on the mean but the gap is shown to grow (guard/trend.py): not approved, and more
     of the same evidence cannot change that."""
-    return ev.outcome == "inconclusive" and ev.trend is not None and ev.trend.outcome == "grows"
+    return ev.outcome == ParityOutcome.INCONCLUSIVE and ev.trend is not None and ev.trend.outcome == TrendOutcome.GROWS
 
 
 def _look_line(look: int, what: str, level: float, ev: ParityEvidence) -> str:
