@@ -15,7 +15,7 @@ from recipetune.core.recipe import Knob, KnobSet, SearchSpace
 from recipetune.core.words import Decision, EquivalenceOutcome, LookOutcome, ParityOutcome, TrendOutcome
 from recipetune.engine.config import Pruning
 from recipetune.engine.samplers import distributions
-from recipetune.engine.status import FINISHED, Status
+from recipetune.engine.status import FINISHED, Refusal, Status
 from recipetune.engine.store import CampaignStore
 from recipetune.finetune.looks import LookRecord
 from recipetune.finetune.plan import FinetuneSearchConfig
@@ -24,7 +24,7 @@ from recipetune.guard.evidence import Measured
 SRC = Path(__file__).resolve().parents[1] / "src" / "recipetune"
 
 
-OUTCOMES = [*EquivalenceOutcome, *ParityOutcome, *LookOutcome, *TrendOutcome]
+OUTCOMES = [*EquivalenceOutcome, *ParityOutcome, *LookOutcome, *TrendOutcome, *Refusal]
 
 
 @pytest.mark.parametrize("word", [*Status, *Decision, *OUTCOMES], ids=str)
@@ -51,6 +51,7 @@ def test_the_outcomes_are_the_strings_verdicts_have_always_written():
     assert [w.value for w in ParityOutcome] == ["holds", "fails", "inconclusive"]
     assert [w.value for w in LookOutcome] == ["shown", "continue", "futility", "budget", "plan"]
     assert [w.value for w in TrendOutcome] == ["flat", "grows"]
+    assert [w.value for w in Refusal] == ["claimed", "rejected", "budget"]  # why a recipe gets no run
 
 
 LOOK = {"look": 1, "seeds": [0, 1, 2], "level": 0.0125, "gain": 0.05, "low": 0.01, "high": 0.09, "planned": 5,

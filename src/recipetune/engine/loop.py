@@ -31,6 +31,7 @@ from recipetune.core.recipe import Recipe
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.job import Finished, Job, Outcome, Root, Row, Services
 from recipetune.engine.researcher import Proposer, SearchContext
+from recipetune.engine.status import Refusal
 from recipetune.engine.stopping import Stopping
 from recipetune.engine.store import Refused
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
@@ -148,7 +149,7 @@ class Search:
             self.inflight[started.future] = started
             return
         if isinstance(started, Refused):
-            if started.reason == "claimed":
+            if started.reason == Refusal.CLAIMED:
                 self.elsewhere.add(c.recipe.id)
             else:  # budget: other drivers' runs took every slot
                 self.stopping.slots_taken()
