@@ -136,16 +136,19 @@ class SeedDesign(Design):
             else:
                 half = math.ceil(self.planned / 2)
                 decision.next = half if self.looks == 1 and half - self.pilot - 1 >= 3 else self.planned
-        # (not at the last look: it has spent all of alpha)
-        if decision.outcome in (LookOutcome.BUDGET, LookOutcome.FUTILITY) and not final:
-            # Equivalence is out of reach; a difference beyond T may not be: a poison at 4 T whose first
-            # three pairs scatter widely is shown REJECTED by a few more, not kept as "not shown".
-            reach = [m for x in measures if (m := self._to_reject(x, n, cap)) is not None]
-            if reach:
-                self.rejecting = True
-                self.planned = decision.planned = decision.next = min(reach)
-                decision.outcome, decision.rejecting = LookOutcome.CONTINUE, True
+        if decision.outcome in (LookOutcome.BUDGET, LookOutcome.FUTILITY) and not final:  # (the last: all spent)
+            self._chase(decision, measures, n, cap)
         return decision
+
+    def _chase(self, decision: SeedLook, measures: Sequence[Pairs], n: int, cap: int) -> None:
+        """Equivalence is out of reach; a difference beyond T may not be: a poison at 4 T whose first three pairs
+        scatter widely is shown REJECTED by a few more, not kept as "not shown". Where a measure's difference
+        is in reach (``_to_reject``), the plan becomes the seeds that show it and the looks go on."""
+        reach = [m for x in measures if (m := self._to_reject(x, n, cap)) is not None]
+        if reach:
+            self.rejecting = True
+            self.planned = decision.planned = decision.next = min(reach)
+            decision.outcome, decision.rejecting = LookOutcome.CONTINUE, True
 
     def _to_reject(self, x: Pairs, n: int, cap: int) -> int | None:
         """The fewest seeds (more than ``n``, at most ``2 n`` and ``cap``) whose one-sided bound shows this
