@@ -215,7 +215,9 @@ def _by_seeds(v: _Verdict) -> Gathered:
                           pooled=m.mode != "same batches")
         ev = judge(m, p, d.level, pilot=d.pilot)
         line = _look_line(design.looks, f"{n} seed(s)", d.level, ev)
-        if _seeds_stopped(v, n, d, ev, line):
+        stop = _seeds_stop(v, n, d, ev, line)
+        if stop is not None:
+            _stopped(v, ev, stop)
             break
         more = _seeds_runs(v, n, d.next - n)
         if v.settings.max_parity_s is not None and \
@@ -263,24 +265,38 @@ def _seeds_wanted(v: _Verdict, n: int, base: dict[int, RunResult], cand: dict[in
     return wanted
 
 
-def _seeds_stopped(v: _Verdict, n: int, d: SeedLook, ev: ParityEvidence, line: str) -> bool:
-    """The design decided, or its plan, the run budget or futility ends the looks: say why."""
+@dataclass(frozen=True)
+class Stop:
+    """Why the looks end: the line to say, and the reason the verdict gives instead of the parity test's own
+    (None: the test's reasons say it)."""
+
+    line: str
+    reason: str | None = None
+
+
+def _stopped(v: _Verdict, ev: ParityEvidence, stop: Stop) -> None:
+    """Say why the looks end, and give the verdict that reason."""
+    v.say(stop.line)
+    if stop.reason is not None:
+        ev.reasons = [stop.reason]
+
+
+def _seeds_stop(v: _Verdict, n: int, d: SeedLook, ev: ParityEvidence, line: str) -> Stop | None:
+    """Why this look ends the looks (the design decided, or its plan, the run budget or futility ends them);
+    None where they go on."""
     p = v.settings.parity
     if d.outcome in (ParityOutcome.HOLDS, ParityOutcome.FAILS):
-        v.say(f"{line}; the gap grows over the window: stopped" if _grows(ev) else line)
-        return True
+        return Stop(f"{line}; the gap grows over the window: stopped" if _grows(ev) else line)
     if d.outcome in (LookOutcome.PLAN, LookOutcome.BUDGET):
         why = _what_more(v, n, d.planned, d.needed, d.outcome)
-        v.say(f"{line}; {why}: stopped")
-        ev.reasons = [_not_shown(ev, why)]
-        return True
+        return Stop(f"{line}; {why}: stopped", _not_shown(ev, why))
     if d.outcome == LookOutcome.FUTILITY:
-        v.say(f"{line}; the chance that {d.planned} seeds show equivalence is {100 * (d.chance or 0):.0f}%, "
-              f"below parity.futility {100 * p.futility:.0f}%: stopped")
-        ev.reasons = [_not_shown(ev, f"{d.planned} seeds would show equivalence with a chance of "
-                                     f"{100 * (d.chance or 0):.0f}% (parity.futility {100 * p.futility:.0f}%)")]
-        return True
-    return False
+        chance = f"{100 * (d.chance or 0):.0f}%"
+        return Stop(f"{line}; the chance that {d.planned} seeds show equivalence is {chance}, below parity.futility "
+                    f"{100 * p.futility:.0f}%: stopped",
+                    _not_shown(ev, f"{d.planned} seeds would show equivalence with a chance of {chance} "
+                                   f"(parity.futility {100 * p.futility:.0f}%)"))
+    return None
 
 
 def _not_shown(ev: ParityEvidence, why: str) -> str:
@@ -341,7 +357,8 @@ def _by_steps(v: _Verdict) -> Gathered:
         nxt = float(math.ceil(math.sqrt(target))) if look == 1 and target >= 4 else target
         cost = v.cost(v.baseline, round(v.profile.steps * nxt)) + v.cost(v.candidate, round(v.cand_steps * nxt))
         planned = round(planned + 2 * nxt)
-        if _steps_over_budget(v, ev, line, nxt, cost, what):
+        if (over := _steps_over_budget(v, ev, line, nxt, cost, what)) is not None:
+            _stopped(v, ev, over)
             return _steps_gathered(v, ev, planned, "budget", factor)
         kept = f" (kept: this look alone says {own:g}x)" if own < target else ""
         v.say(f"{line}; plan: {target:g}x the steps{kept}, the next pair at {nxt:g}x "
@@ -399,16 +416,17 @@ def _steps_need(v: _Verdict, m: Measurements, factor: float, rest: float) -> tup
     return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
 
 
-def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, cost: float, what: str) -> bool:
-    """The next pair would pass guard.max_parity_runs or guard.max_parity_s: say so and stop."""
+def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, cost: float,
+                       what: str) -> Stop | None:
+    """Why the looks end where the next pair would pass guard.max_parity_runs or guard.max_parity_s; None
+    within both."""
     late = v.settings.max_parity_s is not None and \
         time.monotonic() - v.started + v.seconds(cost) > v.settings.max_parity_s
     if cost > v.settings.max_parity_runs - v.spent() + 1e-9 or late:
         cap = "guard.max_parity_s" if late else f"guard.max_parity_runs ({v.settings.max_parity_runs})"
-        v.say(f"{line}; runs {nxt:g}x as long would exceed {cap}: stopped")
-        ev.reasons = [_not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}")]
-        return True
-    return False
+        return Stop(f"{line}; runs {nxt:g}x as long would exceed {cap}: stopped",
+                    _not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}"))
+    return None
 
 
 def _grows(ev: ParityEvidence) -> bool:
