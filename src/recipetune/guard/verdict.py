@@ -131,8 +131,7 @@ def final_verdict(
     verdict.horizon = evidence.horizon()
     verdict.notes += [f"loss parity mode: {evidence.mode}, because {evidence.mode_reason}", *evidence.notes]
     if not evidence.passed:  # REJECTED when shown different; KEEP BASELINE when the runs cannot tell
-        inconclusive = evidence.outcome == ParityOutcome.INCONCLUSIVE
-        verdict.decision = Decision.KEEP_BASELINE if inconclusive else Decision.REJECTED
+        verdict.decision = Decision.REJECTED if evidence.outcome == ParityOutcome.FAILS else Decision.KEEP_BASELINE
         verdict.reasons = evidence.reasons
         return _finish(verdict, out_dir)
 
