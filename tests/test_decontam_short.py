@@ -142,12 +142,28 @@ def test_the_task_says_whether_renamed_copies_count(tmp_path, monkeypatch, renam
 
 
 def test_a_renamed_copy_kept_is_still_removed_as_another_copy():
-    """With renamed copies kept, a row that is also a whole copy of another input is that copy."""
+    """With renamed copies kept, a row that is also a whole copy of another input is that copy: a
+    docstring in one field, a renamed copy of a long test input in the other."""
+    words = [f"w{i}" for i in range(20)]
+    index = ContaminationIndex({"validation": [["Return True if the future was cancelled"]],
+                                "test": [[" ".join(words)]]}, settings(renamed="keep", near_threshold=1.0))
+    renamed = " ".join([*words[:10], "zz", *words[11:]])
+    assert index.hits([renamed]) == ("test", "renamed copy")  # (the operator keeps it)
+    assert index.hits(["Return True if the future was cancelled", renamed]) == ("validation",
+                                                                               "contains a whole input")
+
+
+def test_a_third_input_of_a_frame_two_evaluation_inputs_fill_is_no_copy():
+    """Two evaluation inputs one name apart (issue 50: methods that share a parameter list): the name is
+    what tells the task's inputs apart, and a training row with a third name is one more of them."""
     index = ContaminationIndex({"validation": [["Return True if the future was cancelled"]],
                                 "test": [["Return True if the widget was cancelled"]]},
-                               settings(renamed="keep", near_threshold=1.0))
+                               settings(near_threshold=1.0))
     assert index.hits(["Return True if the future was cancelled"]) == ("validation", "same input")
-    assert index.hits(["Return True if the gadget was cancelled"])[1] == "renamed copy"  # the operator keeps it
+    assert index.hits(["Return True if the gadget was cancelled"]) is None
+    alone = ContaminationIndex({"validation": [["Return True if the future was cancelled"]], "test": []},
+                               settings(near_threshold=1.0))
+    assert alone.hits(["Return True if the gadget was cancelled"]) == ("validation", "renamed copy")
 
 
 def test_a_bad_renamed_value_exits_2_naming_it(tmp_path):

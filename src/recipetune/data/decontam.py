@@ -52,14 +52,16 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import prod
 from typing import Any
 
 from recipetune.data import minhash
+from recipetune.data.frames import CONTENT as _CONTENT
+from recipetune.data.frames import Frames
 from recipetune.data.text import MIN_COMMON_ROWS, Boilerplate, part_tokens, tokens
 
 RENAMED = "renamed copy"  # the reason a one-token copy is given: counted apart, kept where the task says
 _IDENTIFIER = re.compile(r"[^\W\d]\w*")  # a word that starts with a letter or _: a name, not a number
-_CONTENT = re.compile(r"[^\W\d]\w*|\d+")  # a name or a number: what says which input a copy is of
 RENAME_MIN_WORDS = 4  # an input with one token changed is a copy only if 4 other names or numbers still match
 # in its fields: "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings,
 # a sentence ...
@@ -71,6 +73,10 @@ RARE_MIN_INPUTS = 100  # ... of 100 or more: among fewer, how common a word is c
 STRUCTURE_SHARE = 0.1  # a name or number in a tenth of the evaluation inputs is the task's own vocabulary
 # (a keyword, a template's verb: `select`, `buys`), not a name: each type of input of a task with a few types
 # repeats its words in a large share; a name, a value is each in a few percent
+RENAME_CHANCE = 0.05  # a renamed copy whose names and numbers left alike, in their places, a legitimate input
+# would share with some evaluation input by chance at most this often (N x the product of their shares at
+# their places among the N inputs) is a copy however few they are: `(54 - 51) * 841 + 2` keeps three numbers
+# in place, `Cork,24` two; `347+589=` keeps one, which e itself makes at least 1 / N: never enough
 NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates similarity too roughly
 # (two 8-character sums share half their shingles by chance): shorter texts have the token rules
 
@@ -86,6 +92,8 @@ class _Input:
     pieces: tuple[tuple[int, int], ...]  # ``varying[lo:hi]`` of each part that has some: found part by part
     where: tuple[int, ...]  # each varying token's position in ``full``
     parts: tuple[tuple[int, int], ...]  # the part (field) of ``full`` each piece lies in
+    part_ids: tuple[int, ...]  # and that part's index among the input's parts
+    says: int  # how many distinct names and numbers ``varying`` holds: what can say which input it is
 
 
 class ContaminationIndex:
@@ -108,12 +116,14 @@ class ContaminationIndex:
         self._parts: dict[str, tuple[list[str], list[str], Sequence[int]]] = {}
         varied = [(split, *self._split(parts)) for split, rows in evals.items() for parts in rows]
         df = Counter(p for _, _, v, _, _ in varied for p in set(zip(v, v[1:], strict=False)))
+        df.update(t for _, _, v, _, _ in varied for t in set(v))  # (single tokens: anchors of 2-3 token inputs)
         near_texts, near_split = [], []
         # how many evaluation inputs use each name or number: a rare one says which input a renamed copy
         # is of; one most use is the task's structure, not a name
         self.word_df = Counter(t for _, toks, _, _, _ in varied for t in set(toks) if _CONTENT.fullmatch(t))
         self.rare_rows = max(RARE_MIN_ROWS, RARE_SHARE * len(varied)) if len(varied) >= RARE_MIN_INPUTS else 0
         self.structural_rows = max(MIN_COMMON_ROWS, STRUCTURE_SHARE * len(varied))  # (as boilerplate's)
+        self.frames = Frames()  # what weighs a renamed copy: the inputs' frames and token sequences
         for split, toks, v, pos, starts in varied:
             if not v:
                 continue  # nothing varies: nothing to find a copy of
@@ -121,12 +131,15 @@ class ContaminationIndex:
                 grams = {tuple(v[i : i + self.n]) for i in range(len(v) - self.n + 1)}
                 for g in grams:
                     self.grams.setdefault(g, []).append(len(self.long))
-                self.long.append((split, len(grams), len(v)))
+                self.long.append((split, len(grams), len(v), len(self.inputs)))
             pieces = _pieces(pos, starts)  # every input, however long: one changed token costs an n-gram rule
-            for key, offset in _anchors(v, df, pieces):  # up to n of its n-grams, the alignment nothing
+            for key, offset in _anchors(v, df, pieces, self._says):  # up to n of its n-grams, the alignment nothing
                 self.anchors.setdefault(key, []).append((len(self.inputs), offset))
-            parts = tuple((starts[k], starts[k + 1]) for k in (bisect_right(starts, pos[lo]) - 1 for lo, _ in pieces))
-            self.inputs.append(_Input(split, tuple(v), tuple(toks), pos[0], pieces, tuple(pos), parts))
+            ids = tuple(bisect_right(starts, pos[lo]) - 1 for lo, _ in pieces)
+            parts = tuple((starts[k], starts[k + 1]) for k in ids)
+            says = len({t for t in v if _CONTENT.fullmatch(t)})
+            self.inputs.append(_Input(split, tuple(v), tuple(toks), pos[0], pieces, tuple(pos), parts, ids, says))
+            self.frames.learn(*self._field(self.inputs[-1]))
             if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
                 near_texts.append(text)
                 near_split.append(split)
@@ -224,6 +237,8 @@ class ContaminationIndex:
             return
         n = self.n
         pairs = list(zip(v, v[1:], strict=False))
+        pending: dict[int, str] = {}  # a short input's n-grams found: unless the row is that input with one
+        # token changed, which the renamed rule judges (a shared parameter list is most of a signature's n-grams)
         if len(v) >= n and self.grams:
             grams, gram_starts = self.grams, self.gram_starts
             at: dict[int, list[int]] = {}  # input -> where its n-grams start in v
@@ -231,12 +246,26 @@ class ContaminationIndex:
                 for j in grams.get(tuple(v[i : i + n]), ()):
                     at.setdefault(j, []).append(i)
             for j, found in at.items():  # (a gram repeated in u counts once per repeat: rare, harmless)
-                split, total, size = self.long[j]
+                split, total, size, which = self.long[j]
                 if len(found) < self.min_overlap * total:
                     continue
-                # a short input's n-grams, like its whole run of tokens, count where they carry the question
-                if size >= 2 * n or self._covers({k for i in found for k in range(i, i + n)}, pos, starts):
+                if size >= 2 * n:
                     yield split, f"{n}-grams"
+                # a short input's n-grams, like its whole run of tokens, count where they carry the question
+                elif self._covers({k for i in found for k in range(i, i + n)}, pos, starts):
+                    pending[which] = split
+        anchored = self._anchored(toks, v, pos, starts, pairs)
+        if not pending:
+            yield from (hit for hit in anchored if hit[1] is not None)
+            return
+        hits = list(anchored)
+        judged = {j for j, how in hits if how is None}  # the inputs this row is with one token changed
+        yield from ((split, f"{n}-grams") for j, split in pending.items() if j not in judged)
+        yield from (hit for hit in hits if hit[1] is not None)
+
+    def _anchored(self, toks: list[str], v: list[str], pos: Sequence[int], starts: list[int], pairs: list):
+        """The overlaps found at the row's anchors: (split, how), and (input, None) where the row is that
+        input with one token changed (the renamed rule judges it, copy or not)."""
         anchors = self.anchors
         fields = _pieces(pos, starts)  # the row's varying tokens, field by field (those that have some)
         keys = list(enumerate(pairs))
@@ -252,6 +281,10 @@ class ContaminationIndex:
                 if spans is None:
                     continue
                 found, spans = spans
+                if found != "same":
+                    yield j, None
+                if found == "weak":
+                    continue
                 size = len(e.varying)
                 anywhere = size >= 2 * self.n  # a long input carries its question wherever it is
                 if found == "renamed":
@@ -259,7 +292,7 @@ class ContaminationIndex:
                         yield e.split, RENAMED
                 elif size == len(v):
                     yield e.split, "same input"
-                elif size >= self.min_tokens:
+                elif size >= self.min_tokens and self._says_which(e):
                     if anywhere or all(self._carries(*span, pos, starts) for span in spans):
                         yield e.split, "contains a whole input"
                 elif all(self._carries(*span, pos, starts, share=1.0) for span in spans):
@@ -344,12 +377,29 @@ class ContaminationIndex:
         if len(changed) != 1 or _aligned(field, theirs, 0, structural=self._structural) != "renamed":
             return None
         (old, _), = changed
+        opened = [i for i, (a, b) in enumerate(zip(field, theirs, strict=True)) if a != b]
+        if self.frames.siblings(field, opened) > 1:
+            return "weak", spans  # another evaluation input fills the same frame: the slot tells inputs apart
         # (a word of the task's vocabulary next to a value is left unmasked by the 3-gram mask: no evidence)
         varying = {t for t in e.varying if t != old and _CONTENT.fullmatch(t) and not self._structural(t)}
-        field = {t for t in field if t != old and _CONTENT.fullmatch(t)}
-        if len(varying) >= RENAME_SHORT_WORDS and (len(field) >= RENAME_MIN_WORDS or any(map(self._rare, varying))):
+        words = {t for t in field if t != old and _CONTENT.fullmatch(t)}
+        if len(varying) >= RENAME_SHORT_WORDS and (len(words) >= RENAME_MIN_WORDS or any(map(self._rare, varying))):
             return "renamed", spans
-        return None
+        # where it could lie by chance: at each offset of each field it lies in
+        ways = prod(starts[k + 1] - starts[k] - (hi - lo) + 1 for k, (lo, hi) in
+                    zip((bisect_right(starts, b) - 1 for b, _ in spans), e.parts, strict=True))
+        if (self.rare_rows and len(words) >= RENAME_SHORT_WORDS
+                and ways * self.frames.chance(field, self._field(e)[1], opened) <= RENAME_CHANCE):
+            return "renamed", spans
+        return "weak", spans
+
+    def _field(self, e: _Input) -> tuple[list[str], list[int]]:
+        """``e``'s fields (the parts its varying tokens lie in), their tokens joined, and where each starts."""
+        field, starts = [], [0]
+        for p_lo, p_hi in e.parts:
+            field += e.full[p_lo:p_hi]
+            starts.append(len(field))
+        return field, starts
 
     def _carries(self, begin: int, end: int, pos: Sequence[int], starts: list[int], share: float | None = None) -> bool:
         """Whether the tokens ``begin:end`` of a training row, where an evaluation input was found, carry
@@ -378,6 +428,18 @@ class ContaminationIndex:
                 return False
         return True
 
+    def _says_which(self, e: _Input) -> bool:
+        """Whether an input's varying text says which input it is wherever it is found: two names or
+        numbers, or one rare one (`'Rounded'`); one common name and punctuation (`y ) :`, the rest of
+        `def __init__(self, y):` shared text) only where it is all its field says, as a shorter input."""
+        if e.says >= 2 or not self.rare_rows:  # (among few inputs, how common a word is cannot be told)
+            return True
+        return e.says == 1 and self._rare(next(t for t in e.varying if _CONTENT.fullmatch(t)))
+
+    def _says(self, word: str) -> bool:
+        """A name or a number, not of the task's vocabulary: alone, it may say which input a copy is of."""
+        return bool(_CONTENT.fullmatch(word)) and not self._structural(word)
+
     def _rare(self, word: str) -> bool:
         return self.word_df.get(word, 0) <= self.rare_rows
 
@@ -399,11 +461,16 @@ def _pieces(pos: Sequence[int], starts: list[int]) -> tuple[tuple[int, int], ...
     return tuple(out)
 
 
-def _anchors(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...]) -> list[tuple[Any, int]]:
+def _anchors(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...],
+             says=lambda word: True) -> list[tuple[Any, int]]:
     """Where an input is looked for: its rarest token pair within one piece (part), and a second one
     with none of the first's tokens, so one changed token leaves one of them; where there is none (4
     tokens, the rarest pair in the middle), the pairs on either side of the first: a change at either
-    of its tokens leaves one of them. An input whose pieces are all one token long: its first token."""
+    of its tokens leaves one of them. Where one token is in every anchor still (an input of 2 or 3
+    varying tokens: `lodz bergen`, `,true,false,` masked between them), the rarest token outside it
+    alone, or, where none is, each of those tokens alone: only a token that ``says`` which input it
+    is (a name or a number, not of the task's vocabulary: `def` alone is in every row, and a copy that
+    keeps only it is no copy). An input whose pieces are all one token long: its first token."""
     inside = [i for lo, hi in pieces for i in range(lo, hi - 1)]
     if not inside:
         return [(v[0], 0)]
@@ -413,7 +480,13 @@ def _anchors(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...]) -> 
     for i in pairs[1:]:
         if not {v[i], v[i + 1]} & {v[first], v[first + 1]}:
             return [*out, ((v[i], v[i + 1]), i)]
-    return out + [((v[i], v[i + 1]), i) for i in (first - 1, first + 1) if i in inside]
+    out += [((v[i], v[i + 1]), i) for i in (first - 1, first + 1) if i in inside]
+    every = set.intersection(*({i, i + 1} for _, i in out))  # where one change loses every anchor
+    if every:
+        outside = [i for i in range(len(v)) if i not in every and says(v[i])]
+        alone = [min(outside, key=lambda i: (df[v[i]], i))] if outside else [i for i in sorted(every) if says(v[i])]
+        out += [(v[i], i) for i in alone]
+    return out
 
 
 def _aligned(original: Sequence[str], u: Sequence[str], at: int,
