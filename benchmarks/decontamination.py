@@ -625,7 +625,8 @@ def measure(rule, shapes: list[str], seed: int, explain: int = 0) -> list[dict]:
                "clean": sum(k in (None, "near") for k in kinds),
                "false": sum(r is not None for r, k in pairs if k in (None, "near")),
                "far": kinds.count(None), "rows": len(train), "renamed": removed.count("renamed copy"),
-               "false_far": sum(r is not None for r, k in pairs if k is None)}
+               "false_far": sum(r is not None for r, k in pairs if k is None),
+               "removed": sum(r is not None for r in removed), "true": true_copies(shape, evals, train, kinds)}
         for kind in KINDS:
             planted = [r is not None for r, k in pairs if k == kind]
             row[kind] = (sum(planted), len(planted))
@@ -633,6 +634,15 @@ def measure(rule, shapes: list[str], seed: int, explain: int = 0) -> list[dict]:
             explained(shape, evals, train, removed, kinds, explain)
         out.append(row)
     return out
+
+
+def true_copies(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts], kinds: list[str | None]) -> int:
+    """The planted leaks plus the natural pool rows that are an evaluation input exactly (its tokens)."""
+    def key(p: Parts) -> tuple[str, ...]:
+        return tuple(TOKEN.findall(shape.content(p).lower()))
+
+    inputs = {key(p) for rows in evals.values() for p in rows}
+    return sum(k in KINDS or (k == "natural" and key(p) in inputs) for p, k in zip(train, kinds, strict=True))
 
 
 def explained(shape: Shape, evals: dict, train: list[Parts], removed: list, kinds: list, n: int) -> None:
@@ -668,11 +678,11 @@ def table(rows: list[dict]) -> str:
     kinds = KINDS
     lines = ["| shape | " + " | ".join(f"recall: {k}" for k in kinds) + " | recall, all | clean rows removed "
              "| of them with no same-type input near | precision | natural overlaps removed "
-             "| removed as renamed copies | seconds (per 10k rows) |",
-             "|---|" + "---|" * (len(kinds) + 7)]
+             "| removed as renamed copies | rows removed / true copies | seconds (per 10k rows) |",
+             "|---|" + "---|" * (len(kinds) + 8)]
     total = {k: (sum(r[k][0] for r in rows), sum(r[k][1] for r in rows)) for k in kinds}
     total |= {k: sum(r[k] for r in rows) for k in ("false", "clean", "far", "false_far", "natural_removed",
-                                                    "natural", "seconds", "rows", "renamed")}
+                                                    "natural", "seconds", "rows", "renamed", "removed", "true")}
     for r in [*rows, {"shape": "**all**", **total}] if len(rows) > 1 else rows:
         got = sum(r[k][0] for k in kinds)
         planted = sum(r[k][1] for k in kinds)
@@ -682,6 +692,7 @@ def table(rows: list[dict]) -> str:
                      f"({r['false'] / max(1, r['clean']):.2%}) | {r['false_far']}/{r['far']} "
                      f"({r['false_far'] / max(1, r['far']):.2%}) "
                      f"| {precision:.1%} | {r['natural_removed']}/{r['natural']} | {r['renamed']} "
+                     f"| {r['removed']}/{r['true']} ({r['removed'] / max(1, r['true']):.2f}x) "
                      f"| {r['seconds']:.1f} ({r['seconds'] / r['rows'] * 1e4:.1f}) |")
     return "\n".join(lines)
 
