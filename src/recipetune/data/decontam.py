@@ -9,24 +9,32 @@ a fixed preamble inside a field). What is left of an evaluation row is its *vary
 training row (its varying text u, masked alike) overlaps an evaluation row when:
 
 - v has ``ngram`` tokens or more and u holds at least ``min_overlap`` of v's distinct word n-grams
-  (a copy, renamed or re-prefixed, keeps most of them; an idiom two functions share, a few);
-- u contains v as a run of tokens (v of ``min_tokens`` or more: a prompt copied, whatever was put
-  around it), or v with **one token changed** (a *renamed copy*): one name or one number replaced,
-  at one place or everywhere, by another of its type (a name by a name, a number by a number: never
-  a keyword or an operator), where the changed name is no word of the task's structure (one in
-  ``STRUCTURE_SHARE`` of the evaluation inputs, such as ``select`` or ``buys``: changing it asks
-  another kind of question), v's fields lie whole in u, shared text included, with that one change
-  (``ContaminationIndex._renamed``), and the names and numbers left alike say which input it is:
-  ``RENAME_MIN_WORDS`` distinct ones in those fields of which ``RENAME_SHORT_WORDS`` vary and are
-  no word of the task's structure, or ``RENAME_SHORT_WORDS`` such with one that few evaluation
-  inputs use. ``347+588=`` keeps one
-  number of ``347+589=``: another sum; ``block number 17`` keeps no varying value of ``block number
-  7``: another input of its template; ``SELECT price FROM orders WHERE total > 310`` keeps four of
-  ``... > 311``: a copy. Every input is found through its two rarest token pairs with no token in common
-  (anchors), so one changed token leaves one of them (n-grams alone would miss it: one changed token
-  costs an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1 n-grams); an input of several
-  fields (a chat turn and the next) is found field by field, so text added around one of them does not
-  hide it. ``renamed`` (``remove`` | ``keep`` | ``report``) says whether renamed copies count: natural
+  (a copy, renamed or re-prefixed, keeps most of them; an idiom two functions share, a few); a v of
+  under 2 x ``ngram`` tokens not where u is v with one token changed, which the renamed rule below
+  judges alone (a shared parameter list is most of a short signature's n-grams: issue 50);
+- u contains v as a run of tokens (v of ``min_tokens`` or more, with two names or numbers or one
+  rare one: a prompt copied, whatever was put around it; ``y ) :``, all that varies of ``def
+  __init__(self, y):``, says no more than ``y``), or v with **one token changed** (a *renamed
+  copy*): one name or one number replaced, at one place or everywhere, by another of its type (a
+  name by a name, a number by a number: never a keyword or an operator), where the changed name is
+  no word of the task's structure (one in ``STRUCTURE_SHARE`` of the evaluation inputs, such as
+  ``select`` or ``buys``: changing it asks another kind of question), v's fields lie whole in u,
+  shared text included, with that one change (``ContaminationIndex._renamed``), and the names and
+  numbers left alike say which input it is: ``RENAME_MIN_WORDS`` distinct ones in those fields of
+  which ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure, or
+  ``RENAME_SHORT_WORDS`` such with one that few evaluation inputs use, or (issue 50)
+  ``RENAME_SHORT_WORDS`` or more in a frame (the input with the changed places open) that a
+  legitimate input would match by chance at most ``RENAME_CHANCE`` times (``data/frames.py``: ``(54
+  - 51) * _ + 2``, ``Lodz,true,false,_``); never where another evaluation input fills the same frame
+  (a *sibling*: ``http_error_301`` beside ``http_error_302`` with the same parameters, the slot is
+  what tells the inputs apart). ``347+588=`` keeps one number of ``347+589=``: another sum; ``block
+  number 17`` keeps no varying value of ``block number 7``: another input of its template; ``SELECT
+  price FROM orders WHERE total > 310`` keeps four of ``... > 311``: a copy. Every input is found
+  through its two rarest token pairs with no token in common (anchors), so one changed token leaves
+  one of them (an input of 2-3 varying tokens, also its rarest name or number alone; n-grams alone would
+  miss it: one changed token costs an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1 n-grams); an input of several fields (a
+  chat turn and the next) is found field by field, so text added around one of them does not hide
+  it. ``renamed`` (``remove`` | ``keep`` | ``report``) says whether renamed copies count: natural
   inputs that differ by one name (another function with the same parameters) are reported apart as
   ``renamed copy``;
 - v is shorter than ``min_tokens`` (an input that is almost all shared text) and u's fields hold v
@@ -73,10 +81,9 @@ RARE_MIN_INPUTS = 100  # ... of 100 or more: among fewer, how common a word is c
 STRUCTURE_SHARE = 0.1  # a name or number in a tenth of the evaluation inputs is the task's own vocabulary
 # (a keyword, a template's verb: `select`, `buys`), not a name: each type of input of a task with a few types
 # repeats its words in a large share; a name, a value is each in a few percent
-RENAME_CHANCE = 0.05  # a renamed copy whose names and numbers left alike, in their places, a legitimate input
-# would share with some evaluation input by chance at most this often (N x the product of their shares at
-# their places among the N inputs) is a copy however few they are: `(54 - 51) * 841 + 2` keeps three numbers
-# in place, `Cork,24` two; `347+589=` keeps one, which e itself makes at least 1 / N: never enough
+RENAME_CHANCE = 0.05  # a renamed copy is one where a legitimate input would match its frame (what is left
+# alike, in place) by chance at most this often, however few words it keeps (data/frames.py): `(54 - 51) *
+# 841 + 2` keeps three numbers in place; `347+589=` keeps one, a run of chance 1 in N: never enough
 NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates similarity too roughly
 # (two 8-character sums share half their shingles by chance): shorter texts have the token rules
 
