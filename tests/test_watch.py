@@ -34,7 +34,8 @@ TRAINER = Path(__file__).parent / "fixtures" / "watch_trainer.py"
 HORIZON = 100  # the campaign's guard.parity.steps: the verdict's horizon
 
 
-def campaign(folder: Path, metrics: str = 'jsonl: "{out_dir}/metrics.jsonl"', extra: str = "") -> Path:
+def campaign(folder: Path, metrics: str = 'jsonl: "{out_dir}/metrics.jsonl"', extra: str = "",
+             parity: str = "") -> Path:
     file = folder / "camp.yaml"
     file.write_text(f"""workload:
   kind: command
@@ -44,7 +45,7 @@ def campaign(folder: Path, metrics: str = 'jsonl: "{out_dir}/metrics.jsonl"', ex
   metrics: {{{metrics}}}
 {extra}baseline: {{seed: 0}}
 guard:
-  parity: {{steps: {HORIZON}}}
+  parity: {{steps: {HORIZON}{parity}}}
 """)
     return file
 
@@ -381,6 +382,31 @@ def test_without_baseline_files_the_campaign_folders_profile(tmp_path: Path) -> 
     assert found["last_judged_step"] > 700 and len(found["baseline"]) == 5
 
 
+def test_without_a_profile_T_is_the_verdicts_rule_parity_margin_included(tmp_path: Path) -> None:
+    """No profile: T is derived from the noise measured on the baselines through the verdict's own rule
+    (guard/loss.py's tolerance_of), so a campaign that states ``parity.margin`` gets that T, as its
+    verdict did (watch once computed tolerance x sigma and ignored the margin); without it, T is
+    ``parity.tolerance`` x that sigma, the same as before."""
+    base = baselines(tmp_path)
+    run = train(tmp_path / "run", seed=9)
+    code, stated, out = watch(campaign(tmp_path, parity=", margin: 0.05"), run, *base)
+    assert code == 0, out
+    assert stated["tolerance_T"] == 0.05 and "T = 0.0500" in out
+    code, derived, out = watch(campaign(tmp_path, parity=", tolerance: 2.0"), run, *base)
+    assert code == 0, out
+    code, single, _ = watch(campaign(tmp_path), run, *base)
+    assert derived["tolerance_T"] == pytest.approx(2 * single["tolerance_T"]) and single["tolerance_T"] != 0.05
+
+
+def test_the_decision_is_a_typed_word_with_its_strings_on_disk() -> None:
+    assert [o.value for o in drift.Outcome] == ["ALARM", "NO ALARM"]
+    assert json.dumps({"decision": drift.Outcome.NO_ALARM}) == '{"decision": "NO ALARM"}'
+    assert f"{drift.Outcome.ALARM} at step 3" == "ALARM at step 3"
+    assert drift.direction(-0.1) == "below" and drift.Measure("val_loss").said == "validation loss"
+    with pytest.raises(AttributeError):
+        drift.Outcome.ALARMED  # noqa: B018 (a misspelt outcome is an error, not a string)
+
+
 # ------------------------------------------------------------------------------------- bad input
 
 
@@ -409,6 +435,7 @@ def test_bad_input_exits_2_names_the_file_and_writes_nothing(tmp_path: Path) -> 
     (odd / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.0, "tokens": 512, "step_time_s": 0.1})
                                                + "\n" for s in range(5, 300, 10)))
     cases.append(([str(odd), "--baseline", str(every10[0]), "--baseline", str(every10[1])], "do not line up"))
+    cases.append(([str(shifted)] + base, "do not line up"))
     cases.append(([str(train(tmp_path / "one", steps=300, seed=9)), base[0], base[1]], "seed-to-seed spread"))
     cases.append(([str(wide)], "no baseline to compare with"))
     broken = tmp_path / "broken.yaml"

@@ -39,7 +39,9 @@ import numpy as np
 from scipy import special
 from scipy.optimize import brentq
 
-from recipetune.core.stats import mean_with_error, norm_isf, norm_sf
+from recipetune.core import stats
+from recipetune.core.stats import norm_isf, norm_sf
+from recipetune.core.words import Word
 
 ALPHA = 0.05  # the chance an equivalent run raises a (false) alarm over the whole compared length
 PERSIST = 3  # consecutive blocks beyond the boundary that make an alarm; fewer: a warning that clears
@@ -153,8 +155,10 @@ class Noise:
     block_points: int  # B, logged points per block
 
 
-def autocorrelation_time(curves: Sequence[np.ndarray], chunk: int = 400) -> float:
-    """The integrated autocorrelation time of one run's logged loss about its trend, in logged points.
+def curve_tau(curves: Sequence[np.ndarray], chunk: int = 400) -> float:
+    """The integrated autocorrelation time of one run's logged loss about its trend, in logged points,
+    estimated from the baseline curves (not ``stats.autocorrelation_time``, which is that of given
+    residuals: this picks the residuals, and reads each chunk's tau from ``stats.line_fit``).
 
     With two curves, from their difference (the trend cancels, the noise of both is the same law);
     otherwise from each curve's residuals about a line, over chunks (a loss curve is not a line over
@@ -168,15 +172,10 @@ def autocorrelation_time(curves: Sequence[np.ndarray], chunk: int = 400) -> floa
         for i in range(0, max(len(x) - chunk // 2, 1), chunk):
             part = x[i:i + chunk]
             if len(part) >= 12:
-                tau = mean_with_error(part).tau
+                tau = stats.line_fit(np.arange(len(part)), part).tau
                 if math.isfinite(tau):
                     taus.append(tau)
     return float(np.median(taus)) if taus else 1.0
-
-
-def block_means(x: np.ndarray, b: int) -> np.ndarray:
-    n = len(x) // b
-    return x[: n * b].reshape(n, b).mean(axis=1) if n else np.empty(0)
 
 
 def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
@@ -200,7 +199,7 @@ def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
         if n >= 4:
             second.extend(np.abs(np.diff(m, 2)))
         if b >= 4:  # residuals about each block's least-squares line, all blocks at once
-            r = rows - m[:, None] - np.outer(rows @ t / (t @ t), t)
+            _, r = stats.least_squares(t, rows)
             within.extend(np.sqrt((r**2).sum(axis=1) / (b - 2)))
     a = 1.4826 * float(np.median(second)) / math.sqrt(6) if len(second) >= 3 else 0.0
     w = float(np.median(within)) * math.sqrt(max(tau, 1.0) / b) if within else 0.0
@@ -210,12 +209,34 @@ def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
 # ------------------------------------------------------------------------------------ the monitor
 
 
-MEASURES = {"loss": "training loss", "val_loss": "validation loss"}  # a curve's measure: how findings name it
+class Outcome(Word):
+    """What a watch decides (its finding's ``decision``)."""
+
+    ALARM = "ALARM"  # the gap stayed beyond the boundary on one side for `persist` blocks, or a loss is not finite
+    NO_ALARM = "NO ALARM"  # every judged block within the boundary, or back within it before `persist` blocks
 
 
-def direction(gap: float) -> str:
-    """Where a gap puts the run: "above" or "below" the baseline's curve."""
-    return "above" if gap > 0 else "below"
+class Side(Word):
+    """Where a gap puts the run: the alarm's and each warning's ``direction``."""
+
+    ABOVE = "above"  # the run's loss above the baseline's curve
+    BELOW = "below"  # below it: repeated or leaked data, a loss over fewer tokens
+
+
+class Measure(Word):
+    """The loss a watch judges: its name in the metrics stream (the finding's ``measure``)."""
+
+    LOSS = "loss"
+    VAL_LOSS = "val_loss"
+
+    @property
+    def said(self) -> str:
+        return "training loss" if self is Measure.LOSS else "validation loss"
+
+
+def direction(gap: float) -> Side:
+    """Where a gap puts the run: above or below the baseline's curve."""
+    return Side.ABOVE if gap > 0 else Side.BELOW
 
 
 @dataclass
@@ -282,7 +303,7 @@ def plan(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int, sig
     interval = int(np.min(np.diff(run_steps))) if len(run_steps) > 1 else 1
     values = [c.at(grid) for c in baselines]
     full = [v[~np.isnan(v)] for v in values]
-    tau = autocorrelation_time(full)
+    tau = curve_tau(full)
     b = max(min_block, math.ceil(2 * tau))
     cap = len(grid) // (2 * persist)  # at least 2 x persist blocks are kept
 
@@ -394,7 +415,7 @@ class Monitor:
 
     plan: Plan
     tolerance: float  # T, to state gaps in
-    measure: str = "loss"  # the curve judged: "loss" or "val_loss" (MEASURES)
+    measure: Measure = Measure.LOSS  # the curve judged
     done: int = 0  # blocks judged
     streak: int = 0
     side: int = 0  # the streak's side: +1 above the baseline, -1 below
@@ -408,14 +429,13 @@ class Monitor:
     def finished(self) -> bool:
         return self.alarm is not None or self.done >= len(self.plan.blocks)
 
-    def diverged(self, curve: Curve, measure: str) -> list[Event]:
+    def diverged(self, curve: Curve, measure: Measure) -> list[Event]:
         """An alarm at once where ``curve`` (the judged one, or the training loss beside a judged
         validation loss) holds a non-finite value: no statistics needed."""
         bad = curve.steps[~np.isfinite(curve.loss)]
         if not len(bad) or self.alarm is not None:
             return []
-        what = MEASURES.get(measure, measure)
-        self.alarm = Event("alarm", int(bad[0]), math.inf, math.nan, f"non-finite {what} at step {int(bad[0])}")
+        self.alarm = Event("alarm", int(bad[0]), math.inf, math.nan, f"non-finite {measure.said} at step {int(bad[0])}")
         return [self.alarm]
 
     def feed(self, run: Curve) -> list[Event]:
@@ -464,8 +484,12 @@ class Monitor:
 
     def _said(self, gap: float, bound: float, span: str) -> str:
         in_t = f" ({gap / self.tolerance:+.1f} T)" if self.tolerance > 0 else ""
-        return (f"{MEASURES.get(self.measure, self.measure)} {direction(gap)} the baseline's: gap {gap:+.4f} "
+        return (f"{self.measure.said} {direction(gap)} the baseline's: gap {gap:+.4f} "
                 f"nats{in_t} beyond the boundary {math.copysign(bound, gap):+.4f} ({span})")
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.ALARM if self.alarm is not None else Outcome.NO_ALARM
 
     def finding(self) -> dict:
         p = self.plan

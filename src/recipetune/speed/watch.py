@@ -38,6 +38,8 @@ from recipetune.core.measure import RunResult
 from recipetune.core.recipe import INVARIANT
 from recipetune.guard import drift
 from recipetune.guard.baseline import BaselineProfile
+from recipetune.guard.drift import Measure, Outcome
+from recipetune.guard.loss import tolerance_of
 from recipetune.workloads import log_formats
 from recipetune.workloads.command import CommandWorkload, substitute
 
@@ -78,8 +80,8 @@ class Stream:
     val: drift.Curve
     tokens: int | None  # tokens per step
 
-    def curve(self, measure: str) -> drift.Curve:
-        return self.val if measure == "val_loss" else self.loss
+    def curve(self, measure: Measure) -> drift.Curve:
+        return self.val if measure is Measure.VAL_LOSS else self.loss
 
 
 def read_curves(campaign: Campaign, path: Path, files: list[Path]) -> Stream:
@@ -208,7 +210,8 @@ def check_tokens(baseline: Baseline, run_tokens: int | None, run: Path) -> None:
 # ------------------------------------------------------------------------------------ the session
 
 
-MEASURE_CHOICES = ("auto", "loss", "val_loss")
+AUTO = "auto"  # --measure: the validation loss where the run and its baselines record one
+MEASURE_CHOICES = (AUTO, *Measure)
 
 
 @dataclass
@@ -220,7 +223,7 @@ class Session:
     start_step: int
     alpha: float
     persist: int
-    measure: str = "auto"  # asked for: "auto" (the validation loss where both record one), "loss", "val_loss"
+    measure: str = AUTO  # asked for: AUTO, or a Measure's value
     following: bool = False
     monitor: drift.Monitor | None = None
     measure_why: str = ""  # why the judged curve is the one judged
@@ -235,14 +238,13 @@ class Session:
             return None
         measure, plan, self.measure_why = chosen
         parity = self.campaign.config.guard.parity
-        tol = self.baseline.tolerance if measure == "loss" else None  # the profile's T is the training loss's
-        if tol is None:  # T as the guard would measure it, the seed spread of a tail's mean
-            n = plan.noise
+        tol = self.baseline.tolerance if measure is Measure.LOSS else None  # the profile's T: the training loss's
+        if tol is None:  # T as the verdict would set it (parity.margin, or tolerance x sigma): sigma the seed
+            n = plan.noise  # spread of a tail's mean, from the noise measured here
             tail_points = max(1.0, parity.tail * parity.steps / plan.interval)
-            sigma = math.sqrt(n.offset**2 + n.block**2 * n.block_points / tail_points)
-            tol = max(parity.floor, parity.tolerance * sigma)
+            tol = tolerance_of(math.sqrt(n.offset**2 + n.block**2 * n.block_points / tail_points), parity)
         b = self.baseline  # the blocks tuned for a drift of 1 T per the guard's horizon (drift.plan)
-        curves, run, sigma_m, dof = ((b.val_curves, stream.val, None, None) if measure == "val_loss" else
+        curves, run, sigma_m, dof = ((b.val_curves, stream.val, None, None) if measure is Measure.VAL_LOSS else
                                      (b.curves, stream.loss, b.sigma_m, b.sigma_dof))
         plan = self._plan(curves, run, sigma_m, dof, tol / parity.steps)
         self.monitor = drift.Monitor(plan, tol, measure)
@@ -257,41 +259,40 @@ class Session:
         return drift.plan(curves, run.steps[:50], self.start_step, sigma_m, min_block, self.alpha, self.persist,
                           sigma_dof, rate)
 
-    def _choose(self, stream: Stream, final: bool) -> tuple[str, drift.Plan, str] | None:
+    def _choose(self, stream: Stream, final: bool) -> tuple[Measure, drift.Plan, str] | None:
         """(measure, plan, why): the validation loss where the run and at least two baseline runs record
         it at enough common steps for ``persist`` blocks (its seed spread is measured on those curves:
         the profile's is the training loss's), the training loss otherwise; ``--measure`` forces one."""
         b, val = self.baseline, stream.val
         if len(stream.loss.steps) < 2:
             return None
-        loss = ("loss", "the training loss (--measure loss)") if self.measure == "loss" else None
+        loss = "the training loss (--measure loss)" if self.measure == Measure.LOSS else None
         if loss is None:
             recorded = [c for c in b.val_curves if len(c.steps[c.steps >= self.start_step]) >= 2]
             if len(recorded) < len(b.val_curves) or len(recorded) < 2:
-                loss = ("loss", f"the training loss: {len(recorded)} of the {len(b.val_curves)} baseline run(s) "
-                        f"record a validation loss from step {self.start_step} (two or more are needed: its seed "
-                        "spread is measured on them)")
+                loss = (f"the training loss: {len(recorded)} of the {len(b.val_curves)} baseline run(s) record a "
+                        f"validation loss from step {self.start_step} (two or more are needed: its seed spread is "
+                        "measured on them)")
             elif len(val.steps) < 2:
                 due = np.unique(np.concatenate([c.steps for c in recorded]))
                 due = due[due >= self.start_step]
                 if not final and len(due) >= 3 and stream.loss.steps[-1] <= due[2]:
                     return None  # the run may yet log its validation losses
-                loss = ("loss", "the training loss: the run records no validation loss where its baselines do")
+                loss = "the training loss: the run records no validation loss where its baselines do"
         if loss is None:
             try:
                 plan = self._plan(b.val_curves, val, None, None)
             except drift.DriftInputError as e:
-                if self.measure == "val_loss":
+                if self.measure == Measure.VAL_LOSS:
                     raise
-                loss = ("loss", f"the training loss: the validation loss cannot be judged ({e})")
+                loss = f"the training loss: the validation loss cannot be judged ({e})"
             else:
                 every = plan.interval
-                return "val_loss", plan, (f"the validation loss (every {every} steps), which the run and its "
+                return Measure.VAL_LOSS, plan, (f"the validation loss (every {every} steps), which the run and its "
                                           f"{len(b.val_curves)} baseline runs record, not the training loss")
-        if self.measure == "val_loss":
-            raise WatchInput(f"{self.run}: --measure val_loss: {loss[1].split(': ', 1)[1]}")
-        plan = self._plan(b.curves, stream.loss, b.sigma_m, b.sigma_dof)
-        return loss[0], plan, loss[1]
+        if self.measure == Measure.VAL_LOSS:
+            raise WatchInput(f"{self.run}: --measure val_loss: {loss.split(': ', 1)[1]}")
+        return Measure.LOSS, self._plan(b.curves, stream.loss, b.sigma_m, b.sigma_dof), loss
 
     def read(self, final: bool = False) -> tuple[Stream, list[drift.Event]]:
         stream = read_curves(self.campaign, self.run, self.files)
@@ -300,7 +301,7 @@ class Session:
             self.begin(stream, final or not self.following)
         if self.monitor is None:
             return stream, []
-        if diverged := self.monitor.diverged(stream.loss, "loss"):  # a judged validation loss, a diverged run
+        if diverged := self.monitor.diverged(stream.loss, Measure.LOSS):  # a judged validation loss, a diverged run
             return stream, diverged
         return stream, self.monitor.feed(stream.curve(self.monitor.measure))
 
@@ -334,7 +335,7 @@ class Lines:
     def plan(self, m: drift.Monitor, per_horizon: str) -> None:
         p, n = m.plan, m.plan.noise
         self.every = max(1, len(p.blocks) // 20)
-        self.say(f"comparing the {drift.MEASURES[m.measure]} at steps {p.blocks[0][0]}-{p.blocks[-1][-1]} "
+        self.say(f"comparing the {m.measure.said} at steps {p.blocks[0][0]}-{p.blocks[-1][-1]} "
                  f"in {len(p.blocks)} blocks of "
                  f"{n.block_points} logged steps against the mean of {max(p.m)} baseline curve(s); an alarm needs "
                  f"{p.persist} blocks in a row beyond {p.h:.2f} sd on one side, above or below "
@@ -387,8 +388,7 @@ def per_horizon(session: Session, m: drift.Monitor) -> str:
 def finding(session: Session, ended_by: str, seconds: float, command: str) -> dict[str, Any]:
     m = session.monitor
     assert m is not None
-    out: dict[str, Any] = {"decision": "ALARM" if m.alarm is not None else "NO ALARM",
-                           "exit_code": EXIT_ALARM if m.alarm is not None else 0,
+    out: dict[str, Any] = {"decision": m.outcome, "exit_code": EXIT_ALARM if m.outcome is Outcome.ALARM else 0,
                            "run": str(session.run), "workload": session.campaign.workload.kind,
                            "baseline": session.baseline.sources, "ended_by": ended_by,
                            "run_points_read": session.points, "delay": per_horizon(session, m)}
@@ -403,20 +403,20 @@ def finding(session: Session, ended_by: str, seconds: float, command: str) -> di
 
 
 def summary(f: dict[str, Any]) -> str:
-    a, what = f["alarm"], drift.MEASURES[f["measure"]]
+    a, what = f["alarm"], Measure(f["measure"]).said
     if a is not None:
         if a["gap_nats"] is None:
-            return f"ALARM at step {a['step']}: {a['message']}"
+            return f"{Outcome.ALARM} at step {a['step']}: {a['message']}"
         in_t = f" ({a['gap_in_T']:+.1f} T)" if a.get("gap_in_T") is not None else ""
-        return (f"ALARM at step {a['step']}: the run's {what} is {a['direction']} the baseline's: the gap crossed "
-                f"the boundary at step {a['crossed_at_step']} and reads {a['gap_nats']:+.4f} nats{in_t} against a "
-                f"boundary of {math.copysign(a['bound_nats'], a['gap_nats']):+.4f}")
+        return (f"{Outcome.ALARM} at step {a['step']}: the run's {what} is {a['direction']} the baseline's: the gap "
+                f"crossed the boundary at step {a['crossed_at_step']} and reads {a['gap_nats']:+.4f} nats{in_t} "
+                f"against a boundary of {math.copysign(a['bound_nats'], a['gap_nats']):+.4f}")
     cleared = sum(w["cleared_at"] is not None for w in f["warnings"])
     warned = f"; {cleared} warning(s) that cleared" if cleared else ""
     if cleared < len(f["warnings"]):  # a streak beyond the boundary still open where the watch ended
         w = f["warnings"][-1]
         warned += f"; a warning still open: {w['blocks']} block(s) {w['direction']} from step {w['from_step']}"
-    return (f"NO ALARM on the {what} over {f['blocks_judged']} block(s) to step {f['last_judged_step']} "
+    return (f"{Outcome.NO_ALARM} on the {what} over {f['blocks_judged']} block(s) to step {f['last_judged_step']} "
             f"(ended by {f['ended_by']}){warned}")
 
 
