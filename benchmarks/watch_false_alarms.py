@@ -10,6 +10,7 @@ seed offset about 0.02), and their validation loss (a point every 20 steps, offs
 noise 0.03 correlated over ~2.4 points, as the watch of real nano runs measured it).
 
     python benchmarks/watch_false_alarms.py --runs 400
+    python benchmarks/watch_false_alarms.py --runs 1000 --settings 0 3 --seed 3026   # fresh draws of two settings
 """
 
 from __future__ import annotations
@@ -60,11 +61,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=400)
     ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--settings", type=int, nargs="*", help="which rows of SETTINGS (default: all)")
+    ap.add_argument("--seed", type=int, default=2026, help="setting i draws from seed + i")
     args = ap.parse_args()
     print("| noise | runs | false alarms (above / below) | rate [95% CI] | block length in points (median) |\n"
           "|---|---|---|---|---|")
     for i, (name, offset, noise, ema, every) in enumerate(SETTINGS):
-        k, blocks, sides = rate(args.runs, args.steps, offset, noise, ema, every, 2026 + i)
+        if args.settings and i not in args.settings:
+            continue
+        k, blocks, sides = rate(args.runs, args.steps, offset, noise, ema, every, args.seed + i)
         r, lo, hi = proportion_ci(k, args.runs)
         print(f"| {name} | {args.runs} | {k} ({sides['above']} / {sides['below']}) | {100 * r:.1f}% "
               f"[{100 * lo:.1f}, {100 * hi:.1f}] | {int(np.median(blocks))} |", flush=True)

@@ -287,9 +287,9 @@ class Session:
                     raise
                 loss = f"the training loss: the validation loss cannot be judged ({e})"
             else:
-                every = plan.interval
-                return Measure.VAL_LOSS, plan, (f"the validation loss (every {every} steps), which the run and its "
-                                          f"{len(b.val_curves)} baseline runs record, not the training loss")
+                why = (f"the validation loss (every {plan.interval} steps), which the run and its {len(b.val_curves)} "
+                       "baseline runs record, not the training loss")
+                return Measure.VAL_LOSS, plan, why
         if self.measure == Measure.VAL_LOSS:
             raise WatchInput(f"{self.run}: --measure val_loss: {loss.split(': ', 1)[1]}")
         return Measure.LOSS, self._plan(b.curves, stream.loss, b.sigma_m, b.sigma_dof), loss
