@@ -1,7 +1,8 @@
 """After approval: does a training run of the approved recipe drift away from the baseline's curve?
 
 The statistics of ``recipetune watch`` (docs/guard.md, "After approval: recipetune watch"): curves in,
-events and a finding out; no files, no runs.
+events and a finding out; no files, no runs. A curve is one loss measure of a run (the training loss,
+or the validation loss where the runs record one): the test is the same on either.
 
 The gap ``g_t = run_t - mean(baseline)_t`` is cut into blocks of ``B`` logged steps. A block's mean gap
 is the sum of two independent parts under the null (an equivalent run: another seed, other batches):
@@ -9,7 +10,7 @@ is the sum of two independent parts under the null (an equivalent run: another s
 - the **offset**, one for the whole run: how far one run's loss level sits from another's by its seed
   (its trajectory from its initialisation and its batches). Its standard deviation is the guard's
   seed-to-seed spread sigma_M (the profile's ``loss_reference``; T = ``parity.tolerance`` x sigma_M),
-  or the baseline curves' own spread where several are given and it is larger;
+  or the baseline curves' own spread of levels where several are given and it is larger;
 - the **block noise**: the within-run scatter of a block mean about the curve's trend. Consecutive
   losses of one curve are correlated (an EMA-smoothed loss strongly so): blocks are at least twice the
   curve's integrated autocorrelation time ``tau`` long, so block means are close to independent, and
@@ -19,10 +20,12 @@ is the sum of two independent parts under the null (an equivalent run: another s
 So the standardised block gaps ``z_k = G_k / sd_k`` are equicorrelated normals (correlation ``rho_k``,
 the offset's share of the variance), not a random walk: a CUSUM would accumulate the offset of an
 equivalent run forever, and the Brownian-motion boundaries of guard/sequential.py assume independent
-increments. The boundary ``h`` is instead set exactly for this law: the chance that an equivalent run
-shows ``persist`` consecutive blocks with ``z_k > h`` anywhere over the planned blocks is ``alpha``
-(the error spent evenly over the run's length; integrated over the offset, a Markov chain over the
-current streak). A spike that recovers within fewer blocks is a warning that clears.
+increments. The boundary ``h`` is instead set exactly for this law, on both sides: a loss that falls
+below the baseline's beyond noise (data repeated, leaked, a loss over fewer tokens) is as suspect as
+one that rises. The chance that an equivalent run shows ``persist`` consecutive blocks beyond ``h`` on
+the same side (``z_k > h``, or ``z_k < -h``) anywhere over the planned blocks is ``alpha`` (the error
+spent evenly over the run's length and over both sides; integrated over the offset, a Markov chain over
+the current streak and its side). A spike that recovers within fewer blocks is a warning that clears.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ import numpy as np
 from scipy import special
 from scipy.optimize import brentq
 
-from recipetune.core.stats import mean_with_error, norm_isf, norm_sf
+from recipetune.core import stats
+from recipetune.core.stats import norm_isf, norm_sf
+from recipetune.core.words import Word
 
 ALPHA = 0.05  # the chance an equivalent run raises a (false) alarm over the whole compared length
 PERSIST = 3  # consecutive blocks beyond the boundary that make an alarm; fewer: a warning that clears
@@ -83,18 +88,27 @@ class Curve:
 # ------------------------------------------------------------------------------------ the boundary
 
 
-def _no_alarm(p: np.ndarray, counts: Sequence[int], persist: int) -> np.ndarray:
-    """P(no ``persist`` consecutive exceedances) over segments of independent blocks: ``counts[i]``
-    blocks that each exceed with chance ``p[i, u]`` (a column per offset value). A Markov chain over the
-    current streak's length, each segment's transition raised to its count by squaring."""
-    n = p.shape[1]
-    state = np.zeros((n, persist))
+def _no_alarm(up: np.ndarray, down: np.ndarray, counts: Sequence[int], persist: int) -> np.ndarray:
+    """P(no ``persist`` consecutive exceedances on one side) over segments of independent blocks:
+    ``counts[i]`` blocks that each exceed above with chance ``up[i, u]`` and below with ``down[i, u]``
+    (a column per offset value). A Markov chain over the current streak: none (state 0), above for
+    j blocks (state j), below for j blocks (state persist - 1 + j); each segment's transition raised
+    to its count by squaring. A block beyond on the other side starts a streak of 1 on that side."""
+    n, k = up.shape[1], 2 * persist - 1
+    above, below = range(1, persist), range(persist, k)
+    state = np.zeros((n, k))
     state[:, 0] = 1.0
-    for pk, count in zip(p, counts, strict=True):
-        step = np.zeros((n, persist, persist))
-        step[:, :, 0] = (1.0 - pk)[:, None]  # a block within the boundary ends the streak
-        for j in range(persist - 1):
-            step[:, j, j + 1] = pk  # the streak grows; reaching `persist` leaves the chain (an alarm)
+    for pu, pd, count in zip(up, down, counts, strict=True):
+        step = np.zeros((n, k, k))
+        step[:, :, 0] = (1.0 - pu - pd)[:, None]  # a block within the boundary ends the streak
+        for side, p, other in ((above, pu, below), (below, pd, above)):
+            if persist == 1:
+                break  # every exceedance is an alarm: it leaves the chain
+            step[:, 0, side[0]] = p
+            for j in other:  # a streak on the other side ends, one on this side begins
+                step[:, j, side[0]] = p
+            for a, b in zip(side[:-1], side[1:], strict=True):
+                step[:, a, b] = p  # the streak grows; reaching `persist` leaves the chain (an alarm)
         while count:
             if count & 1:
                 state = np.einsum("nj,njk->nk", state, step)
@@ -104,22 +118,26 @@ def _no_alarm(p: np.ndarray, counts: Sequence[int], persist: int) -> np.ndarray:
 
 
 def false_alarm(h: float, rhos: Sequence[float], persist: int = PERSIST, dof: int | None = None) -> float:
-    """The chance that an equivalent run alarms somewhere over blocks with offset shares ``rhos``."""
+    """The chance that an equivalent run alarms (either side) somewhere over blocks with offset shares ``rhos``."""
     r = np.clip(np.asarray(rhos, dtype=float), 0.0, MAX_RHO)
     cut = np.flatnonzero(np.abs(np.diff(r)) > 1e-12) + 1  # runs of equal shares: one segment each
     starts = np.concatenate([[0], cut])
     counts = np.diff(np.concatenate([starts, [len(r)]]))
     seg = r[starts][:, None]
-    p = norm_sf((h - np.sqrt(seg) * _offsets(dof)[None, :]) / np.sqrt(1.0 - seg))
-    return float(1.0 - np.mean(_no_alarm(p, [int(c) for c in counts], persist)))
+    shift, scale = np.sqrt(seg) * _offsets(dof)[None, :], np.sqrt(1.0 - seg)
+    up, down = norm_sf((h - shift) / scale), norm_sf((h + shift) / scale)
+    return float(1.0 - np.mean(_no_alarm(up, down, [int(c) for c in counts], persist)))
 
 
 def boundary(alpha: float, rhos: Sequence[float], persist: int = PERSIST, dof: int | None = None) -> float:
-    """The boundary ``h`` (in standard deviations of a block gap) whose false-alarm chance over these
-    blocks is ``alpha``."""
+    """The boundary ``h`` (in standard deviations of a block gap, on either side) whose false-alarm
+    chance over these blocks, both sides together, is ``alpha``: the two-sided law itself, not a
+    one-sided boundary mirrored (which would spend about twice ``alpha``)."""
     if not len(rhos):
         return math.inf
-    return float(brentq(lambda h: false_alarm(h, rhos, persist, dof) - alpha, -2.0, 40.0, xtol=1e-4))
+    if false_alarm(0.0, rhos, persist, dof) <= alpha:
+        return 0.0  # so few blocks that even h = 0 spends less
+    return float(brentq(lambda h: false_alarm(h, rhos, persist, dof) - alpha, 0.0, 40.0, xtol=1e-4))
 
 
 # ----------------------------------------------------------------------------------------- noise
@@ -137,8 +155,10 @@ class Noise:
     block_points: int  # B, logged points per block
 
 
-def autocorrelation_time(curves: Sequence[np.ndarray], chunk: int = 400) -> float:
-    """The integrated autocorrelation time of one run's logged loss about its trend, in logged points.
+def curve_tau(curves: Sequence[np.ndarray], chunk: int = 400) -> float:
+    """The integrated autocorrelation time of one run's logged loss about its trend, in logged points,
+    estimated from the baseline curves (not ``stats.autocorrelation_time``, which is that of given
+    residuals: this picks the residuals, and reads each chunk's tau from ``stats.line_fit``).
 
     With two curves, from their difference (the trend cancels, the noise of both is the same law);
     otherwise from each curve's residuals about a line, over chunks (a loss curve is not a line over
@@ -152,15 +172,10 @@ def autocorrelation_time(curves: Sequence[np.ndarray], chunk: int = 400) -> floa
         for i in range(0, max(len(x) - chunk // 2, 1), chunk):
             part = x[i:i + chunk]
             if len(part) >= 12:
-                tau = mean_with_error(part).tau
+                tau = stats.line_fit(np.arange(len(part)), part).tau
                 if math.isfinite(tau):
                     taus.append(tau)
     return float(np.median(taus)) if taus else 1.0
-
-
-def block_means(x: np.ndarray, b: int) -> np.ndarray:
-    n = len(x) // b
-    return x[: n * b].reshape(n, b).mean(axis=1) if n else np.empty(0)
 
 
 def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
@@ -184,7 +199,7 @@ def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
         if n >= 4:
             second.extend(np.abs(np.diff(m, 2)))
         if b >= 4:  # residuals about each block's least-squares line, all blocks at once
-            r = rows - m[:, None] - np.outer(rows @ t / (t @ t), t)
+            _, r = stats.least_squares(t, rows)
             within.extend(np.sqrt((r**2).sum(axis=1) / (b - 2)))
     a = 1.4826 * float(np.median(second)) / math.sqrt(6) if len(second) >= 3 else 0.0
     w = float(np.median(within)) * math.sqrt(max(tau, 1.0) / b) if within else 0.0
@@ -194,12 +209,42 @@ def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
 # ------------------------------------------------------------------------------------ the monitor
 
 
+class Outcome(Word):
+    """What a watch decides (its finding's ``decision``)."""
+
+    ALARM = "ALARM"  # the gap stayed beyond the boundary on one side for `persist` blocks, or a loss is not finite
+    NO_ALARM = "NO ALARM"  # every judged block within the boundary, or back within it before `persist` blocks
+
+
+class Side(Word):
+    """Where a gap puts the run: the alarm's and each warning's ``direction``."""
+
+    ABOVE = "above"  # the run's loss above the baseline's curve
+    BELOW = "below"  # below it: repeated or leaked data, a loss over fewer tokens
+
+
+class Measure(Word):
+    """The loss a watch judges: its name in the metrics stream (the finding's ``measure``)."""
+
+    LOSS = "loss"
+    VAL_LOSS = "val_loss"
+
+    @property
+    def said(self) -> str:
+        return "training loss" if self is Measure.LOSS else "validation loss"
+
+
+def direction(gap: float) -> Side:
+    """Where a gap puts the run: above or below the baseline's curve."""
+    return Side.ABOVE if gap > 0 else Side.BELOW
+
+
 @dataclass
 class Event:
     kind: str  # "block" | "warning" | "cleared" | "alarm"
     step: int  # the last step of the block that caused it
     gap: float  # that block's mean gap (nats): run - baseline
-    bound: float  # the gap beyond which a block counts (h x sd), nats
+    bound: float  # the gap beyond which a block counts, on either side (h x sd), nats
     message: str = ""
 
 
@@ -237,13 +282,19 @@ class Plan:
 
 
 def plan(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int, sigma_m: float | None,
-         min_block: int, alpha: float = ALPHA, persist: int = PERSIST, sigma_dof: int | None = None) -> Plan:
+         min_block: int, alpha: float = ALPHA, persist: int = PERSIST, sigma_dof: int | None = None,
+         rate: float | None = None) -> Plan:
     """The comparison grid (the baselines' steps the run logs too, from ``start_step``), the noise
     measured on the baselines there, and the boundary for ``alpha`` over all of its blocks.
 
     ``run_steps``: the run's first logged steps (at least two): its logging interval picks the grid.
     ``sigma_m``: the guard's seed-to-seed spread (the profile), or None where it is not known;
-    ``sigma_dof``: its degrees of freedom (the profile's seeds - 1; None: the within-run error decided)."""
+    ``sigma_dof``: its degrees of freedom (the profile's seeds - 1; None: the within-run error decided).
+    ``rate``: the drift (nats per step, either sign) the design is tuned for, e.g. 1 T per the guard's
+    horizon: the block length is the one (from twice ``tau`` to 2 x persist blocks) whose stated delay
+    for it (``delay_steps``) is shortest: longer blocks average more noise away, but an alarm waits
+    ``persist`` of them. Without it, blocks are lengthened while their own noise exceeds the offset's.
+    Either way the false-alarm chance is ``alpha``: the boundary is computed for the blocks chosen."""
     grid = _grid(baselines, run_steps, start_step)
     if not len(grid) and len(_grid(baselines, run_steps[:1], start_step)):
         shown = ", ".join(map(str, run_steps[:4]))
@@ -252,15 +303,36 @@ def plan(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int, sig
     interval = int(np.min(np.diff(run_steps))) if len(run_steps) > 1 else 1
     values = [c.at(grid) for c in baselines]
     full = [v[~np.isnan(v)] for v in values]
-    tau = autocorrelation_time(full)
+    tau = curve_tau(full)
     b = max(min_block, math.ceil(2 * tau))
-    block, offset, source, dof = _measure(values, full, b, tau, sigma_m, sigma_dof, len(grid), persist, start_step)
+    cap = len(grid) // (2 * persist)  # at least 2 x persist blocks are kept
+
+    def built(b: int) -> Plan:
+        measured = _measure(values, full, b, tau, sigma_m, sigma_dof, len(grid), persist, start_step)
+        return _build(values, grid, b, tau, measured, alpha, persist, interval)
+
+    first = built(b)
+    if rate:
+        # Chosen on the noise measured at the shortest length, scaled (block means of independent
+        # stretches: sd_block x sqrt(b / x)), then measured at the length chosen: choosing on each
+        # length's own estimate would favour the length whose noise happens to read low.
+        n = first.noise
+        lengths = sorted({b, *(round(b * 1.5**j) for j in range(1, 40) if b * 1.5**j <= cap)})
+        scaled = {x: _build(values, grid, x, tau, (n.block * math.sqrt(b / x), n.offset, n.offset_source, n.dof),
+                            alpha, persist, interval) for x in lengths}
+        best = min(lengths, key=lambda x: delay_steps(scaled[x], rate))
+        return first if best == b else built(best)
     # Longer blocks while a block's own noise exceeds the offset's: averaging pays until the offset, which
-    # no block length removes, dominates; at least 2 x persist blocks are kept.
-    longer = min(math.ceil(b * (block / offset) ** 2) if offset > 0 else b, len(grid) // (2 * persist))
-    if longer > b:
-        b = longer
-        block, offset, source, dof = _measure(values, full, b, tau, sigma_m, sigma_dof, len(grid), persist, start_step)
+    # no block length removes, dominates.
+    n = first.noise
+    longer = min(math.ceil(b * (n.block / n.offset) ** 2) if n.offset > 0 else b, cap)
+    return built(longer) if longer > b else first
+
+
+def _build(values: list[np.ndarray], grid: np.ndarray, b: int, tau: float,
+           measured: tuple[float, float, str, int | None], alpha: float, persist: int, interval: int) -> Plan:
+    """The plan for blocks of ``b`` points: each block's baseline, the gap's sd and the boundary."""
+    block, offset, source, dof = measured
     nb = len(grid) // b
     blocks, base, ms = [], [], []
     for k in range(nb):
@@ -290,7 +362,7 @@ def _measure(values: list[np.ndarray], full: list[np.ndarray], b: int, tau: floa
                               f"fewer than {persist} blocks of {b} (twice the loss's autocorrelation time, at least "
                               "the guard's window); give a longer baseline run")
     block = block_scatter(full, b, tau)
-    return (block, *_offset(values, b, n // b, block, sigma_m, sigma_dof))
+    return (block, *_offset(values, b, n // b, sigma_m, sigma_dof))
 
 
 def _grid(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int) -> np.ndarray:
@@ -301,40 +373,54 @@ def _grid(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int) ->
     return steps[steps >= start_step]
 
 
-def _offset(values: list[np.ndarray], b: int, nb: int, block: float, sigma_m: float | None,
+def _offset(values: list[np.ndarray], b: int, nb: int, sigma_m: float | None,
             sigma_dof: int | None) -> tuple[float, str, int | None]:
-    """The offset's sd and its degrees of freedom: the guard's sigma_M, or the baselines' own spread of
-    block means (less the block noise) where several curves are given and it is larger."""
+    """The offset's sd and its degrees of freedom: the guard's sigma_M, or the baselines' own spread
+    where several curves are given and it is larger.
+
+    The spread is that of the curves' levels: each curve's mean deviation from the curves' mean over
+    the blocks (the block noise averages out of it, to sd_block / sqrt(blocks)). A new run's level
+    from the mean of m curves, over this spread, is exactly Student's t on m - 1 degrees of freedom
+    (normal noise); no block noise is subtracted from it, so it never reads 0 by chance where the
+    block noise is as large as the offset (a spread of block means less the block noise did, in about
+    one run in ten with 3 curves, and spent twice alpha on the two-sided test)."""
     spread = None
     if len(values) >= 2:
-        per_block = []
-        for k in range(nb):
-            parts = [v[k * b:(k + 1) * b] for v in values]
-            means = [float(np.nanmean(x)) for x in parts if not np.all(np.isnan(x))]
-            if len(means) >= 2:
-                per_block.append(float(np.var(means, ddof=1)))
-        if per_block:
-            spread = math.sqrt(max(float(np.mean(per_block)) - block**2, 0.0))
+        means = np.full((len(values), nb), np.nan)
+        for j, v in enumerate(values):
+            for k in range(nb):
+                part = v[k * b:(k + 1) * b]
+                if not np.all(np.isnan(part)):
+                    means[j, k] = np.nanmean(part)
+        shared = np.sum(~np.isnan(means), axis=0) >= 2
+        if shared.any():
+            dev = means[:, shared] - np.nanmean(means[:, shared], axis=0)  # the trend cancels, block by block
+            levels = np.array([np.nanmean(row) for row in dev if not np.all(np.isnan(row))])
+            if len(levels) >= 2:
+                spread = float(np.sqrt(np.sum(levels**2) / (len(levels) - 1)))
     if sigma_m is None and spread is None:
         raise DriftInputError("no seed-to-seed spread to judge a gap by: the campaign folder holds no baseline "
                               "profile and one baseline run was given; give two or more baseline runs (--baseline "
                               "A --baseline B), or the campaign folder whose baseline_profile.json the guard wrote")
     if spread is not None and (sigma_m is None or spread > sigma_m):
-        return spread, f"the {len(values)} baseline curves' spread of block means", len(values) - 1
+        return spread, f"the {len(values)} baseline curves' spread of levels", len(values) - 1
     return float(sigma_m), "the guard's seed-to-seed spread of the loss measure (sigma_M, the profile)", sigma_dof
 
 
 @dataclass
 class Monitor:
     """The sequential test, fed the run's curve as it grows: ``feed`` judges every block the run has
-    finished since the last call and returns what happened."""
+    finished since the last call and returns what happened. A block counts beyond the boundary on
+    either side (``gap > bound`` above, ``gap < -bound`` below); a streak is on one side."""
 
     plan: Plan
     tolerance: float  # T, to state gaps in
+    measure: Measure = Measure.LOSS  # the curve judged
     done: int = 0  # blocks judged
     streak: int = 0
+    side: int = 0  # the streak's side: +1 above the baseline, -1 below
     streak_start: int | None = None
-    peak: float = -math.inf
+    peak: float = 0.0  # the streak's largest gap from the baseline, signed
     alarm: Event | None = None
     warnings: list[dict] = field(default_factory=list)
     gaps: list[tuple[int, float, float]] = field(default_factory=list)  # (last step, gap, bound) per block
@@ -343,13 +429,20 @@ class Monitor:
     def finished(self) -> bool:
         return self.alarm is not None or self.done >= len(self.plan.blocks)
 
+    def diverged(self, curve: Curve, measure: Measure) -> list[Event]:
+        """An alarm at once where ``curve`` (the judged one, or the training loss beside a judged
+        validation loss) holds a non-finite value: no statistics needed."""
+        bad = curve.steps[~np.isfinite(curve.loss)]
+        if not len(bad) or self.alarm is not None:
+            return []
+        self.alarm = Event("alarm", int(bad[0]), math.inf, math.nan, f"non-finite {measure.said} at step {int(bad[0])}")
+        return [self.alarm]
+
     def feed(self, run: Curve) -> list[Event]:
         events: list[Event] = []
         last = int(run.steps[-1]) if len(run.steps) else -1
-        bad = run.steps[~np.isfinite(run.loss)]
-        if len(bad) and self.alarm is None:  # a diverged run: no statistics needed
-            self.alarm = Event("alarm", int(bad[0]), math.inf, math.nan, f"non-finite loss at step {int(bad[0])}")
-            return [self.alarm]
+        if diverged := self.diverged(run, self.measure):
+            return diverged
         while not self.finished and last >= self.plan.blocks[self.done][-1]:
             events += self._judge(self.done, run)
             self.done += 1
@@ -366,27 +459,37 @@ class Monitor:
         gap = float(np.mean(mine[logged] - base[logged]))
         self.gaps.append((end, gap, bound))
         events = [Event("block", end, gap, bound)]
-        if gap > bound:
+        side = 1 if gap > bound else -1 if gap < -bound else 0
+        if self.streak and side != self.side:  # back within, or beyond on the other side: the streak ends
+            events.append(self._clear(end, gap, bound))
+        if side:
             if self.streak == 0:
-                self.streak_start, self.peak = int(steps[0]), gap
+                self.side, self.streak_start, self.peak = side, int(steps[0]), gap
             self.streak += 1
-            self.peak = max(self.peak, gap)
+            self.peak = gap if abs(gap) > abs(self.peak) else self.peak
             if self.streak >= self.plan.persist:
                 self.alarm = Event("alarm", end, gap, bound, self._said(gap, bound, f"since step {self.streak_start}"))
                 events.append(self.alarm)
             elif self.streak == 1:
                 events.append(Event("warning", end, gap, bound, self._said(gap, bound, "one block")))
-        elif self.streak:
-            self.warnings.append({"from_step": self.streak_start, "to_step": end, "blocks": self.streak,
-                                  "peak_gap": self.peak, "cleared_at": end})
-            events.append(Event("cleared", end, gap, bound, f"the gap came back to {gap:+.4f} nats "
-                                f"after {self.streak} block(s) beyond the boundary"))
-            self.streak, self.streak_start = 0, None
         return events
+
+    def _clear(self, end: int, gap: float, bound: float) -> Event:
+        self.warnings.append({"from_step": self.streak_start, "to_step": end, "blocks": self.streak,
+                              "direction": direction(self.peak), "peak_gap": self.peak, "cleared_at": end})
+        event = Event("cleared", end, gap, bound, f"the gap came back to {gap:+.4f} nats after {self.streak} "
+                      f"block(s) {direction(self.peak)} the baseline's curve beyond the boundary")
+        self.streak, self.side, self.streak_start = 0, 0, None
+        return event
 
     def _said(self, gap: float, bound: float, span: str) -> str:
         in_t = f" ({gap / self.tolerance:+.1f} T)" if self.tolerance > 0 else ""
-        return f"gap {gap:+.4f} nats{in_t} beyond the boundary {bound:.4f} ({span})"
+        return (f"{self.measure.said} {direction(gap)} the baseline's: gap {gap:+.4f} "
+                f"nats{in_t} beyond the boundary {math.copysign(bound, gap):+.4f} ({span})")
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.ALARM if self.alarm is not None else Outcome.NO_ALARM
 
     def finding(self) -> dict:
         p = self.plan
@@ -394,15 +497,17 @@ class Monitor:
         if self.alarm is not None:
             a = self.alarm
             alarm = {"step": a.step, "crossed_at_step": self.streak_start if math.isfinite(a.gap) else a.step,
+                     "direction": direction(a.gap) if math.isfinite(a.gap) else None,
                      "gap_nats": a.gap if math.isfinite(a.gap) else None,
                      "bound_nats": a.bound if math.isfinite(a.bound) else None,
                      "gap_in_T": a.gap / self.tolerance if self.tolerance > 0 and math.isfinite(a.gap) else None,
                      "message": a.message}
         n = p.noise
         open_warning = [{"from_step": self.streak_start, "to_step": None, "blocks": self.streak,
-                         "peak_gap": self.peak, "cleared_at": None}]
+                         "direction": direction(self.peak), "peak_gap": self.peak, "cleared_at": None}]
         return {
             "alarm": alarm,
+            "measure": self.measure,
             "warnings": self.warnings + (open_warning if self.streak and not alarm else []),
             "blocks_judged": self.done,
             "last_judged_step": self.gaps[-1][0] if self.gaps else None,
@@ -415,10 +520,11 @@ class Monitor:
 
 
 def delay_steps(plan: Plan, drift_per_step: float, offset: float = 0.0) -> float:
-    """Steps from a drift's start until an alarm: the gap, from ``offset``, reaches the boundary plus one
-    sd of a block's own noise (a block that reads one sd low does not count), then ``persist`` blocks
-    beyond it. What the docs state; the tests hold real and fixture runs to it."""
-    if drift_per_step <= 0:
+    """Steps from a drift's start until an alarm: the gap, from ``offset``, reaches the boundary on the
+    drift's side plus one sd of a block's own noise (a block that reads one sd short does not count),
+    then ``persist`` blocks beyond it. What the docs state; the tests hold real and fixture runs to it."""
+    if drift_per_step == 0:
         return math.inf
-    reach = float(np.max(plan.bounds)) + plan.block_noise - offset
-    return max(reach, 0.0) / drift_per_step + plan.persist * plan.noise.block_points * plan.interval
+    toward = offset if drift_per_step > 0 else -offset  # the gap's level before, measured toward the drift's side
+    reach = float(np.max(plan.bounds)) + plan.block_noise - toward
+    return max(reach, 0.0) / abs(drift_per_step) + plan.persist * plan.noise.block_points * plan.interval

@@ -6,8 +6,10 @@ workload writes them (the reference trainer's ``metrics.jsonl``, a command workl
 lines through its regex preset), and compares it block by block with the baseline's curve: the
 ``--baseline`` metrics files (e.g. last month's production run of the baseline recipe), or without
 them the campaign folder's stored baseline runs (the profile, ``guard-runs/``). The test is
-guard/drift.py's: a false-alarm chance of ``--alpha`` over the whole compared length, the noise the
-guard measured (docs/guard.md, "After approval: recipetune watch").
+guard/drift.py's: a gap beyond noise on either side (a loss above the baseline's, or below it: data
+repeated or leaked), a false-alarm chance of ``--alpha`` over the whole compared length, the noise the
+guard measured (docs/guard.md, "After approval: recipetune watch"). The validation loss is judged
+where the run and its baselines record one (``--measure``), the training loss otherwise.
 
 Exit codes: 0 no alarm, 5 alarm, 2 bad input (a missing file, a stream with no loss, a baseline of
 another workload or recipe, steps that do not line up; nothing written).
@@ -36,6 +38,8 @@ from recipetune.core.measure import RunResult
 from recipetune.core.recipe import INVARIANT
 from recipetune.guard import drift
 from recipetune.guard.baseline import BaselineProfile
+from recipetune.guard.drift import Measure, Outcome
+from recipetune.guard.loss import tolerance_of
 from recipetune.workloads import log_formats
 from recipetune.workloads.command import CommandWorkload, substitute
 
@@ -68,19 +72,32 @@ def _blank(w: CommandWorkload) -> dict[str, str]:
     return dict.fromkeys(names, "")
 
 
-def read_curve(campaign: Campaign, path: Path, files: list[Path]) -> tuple[drift.Curve, int | None]:
-    """(the training loss curve, tokens per step) of the run in ``files``; a torn last line waits."""
+@dataclass(frozen=True)
+class Stream:
+    """What one run's metrics hold for the watch: its training loss, its validation loss (often none)."""
+
+    loss: drift.Curve
+    val: drift.Curve
+    tokens: int | None  # tokens per step
+
+    def curve(self, measure: Measure) -> drift.Curve:
+        return self.val if measure is Measure.VAL_LOSS else self.loss
+
+
+def read_curves(campaign: Campaign, path: Path, files: list[Path]) -> Stream:
+    """The training and validation loss curves of the run in ``files``; a torn last line waits."""
     w = campaign.workload
     tps = w.tokens_per_step(campaign.baseline) if isinstance(w, CommandWorkload) else None
     try:
         if isinstance(w, CommandWorkload) and w.preset is not None:
-            steps, _ = log_formats.read_logs(files, w.preset, tps, w.n_devices(campaign.baseline))
+            steps, evals = log_formats.read_logs(files, w.preset, tps, w.n_devices(campaign.baseline))
         else:
-            steps, _ = log_formats.read_jsonl(files[0], tps, w.n_devices(campaign.baseline))
+            steps, evals = log_formats.read_jsonl(files[0], tps, w.n_devices(campaign.baseline))
     except (log_formats.MetricsError, OSError, UnicodeError) as e:
         raise WatchInput(f"{path}: {e}") from None
-    tokens = steps[0].tokens if steps else None
-    return drift.Curve.of([s.step for s in steps], [s.loss for s in steps], str(path)), tokens
+    return Stream(drift.Curve.of([s.step for s in steps], [s.loss for s in steps], str(path)),
+                  drift.Curve.of([e.step for e in evals], [e.val_loss for e in evals], str(path)),
+                  steps[0].tokens if steps else None)
 
 
 def _no_loss(campaign: Campaign, path: Path) -> WatchInput:
@@ -117,7 +134,8 @@ def _same_experiment(campaign: Campaign, recipe: dict[str, Any], what: str) -> N
 
 @dataclass
 class Baseline:
-    curves: list[drift.Curve]
+    curves: list[drift.Curve]  # the training loss
+    val_curves: list[drift.Curve]  # the validation loss (empty curves where a run recorded none)
     tokens: list[int | None]
     sigma_m: float | None  # the guard's seed-to-seed spread (the profile), where there is one
     sigma_dof: int | None  # its degrees of freedom (None: the within-run error decided it)
@@ -156,27 +174,30 @@ def stored_baseline(campaign: Campaign, folder: Path) -> Baseline:
                          f"recipe {campaign.baseline.id} in {RUNS_FOLDER}/; give --baseline METRICS (a run of the "
                          "baseline recipe) or --folder (the campaign's folder)")
     curves = [drift.Curve.of([s.step for s in r.steps], r.losses(), r.out_dir) for r in unique.values()]
+    vals = [drift.Curve.of([e.step for e in r.evals], [e.val_loss for e in r.evals], r.out_dir)
+            for r in unique.values()]
     tokens = [r.steps[0].tokens if r.steps else None for r in unique.values()]
-    return Baseline(curves, tokens, sigma, dof, tol, [c.source for c in curves])
+    return Baseline(curves, vals, tokens, sigma, dof, tol, [c.source for c in curves])
 
 
 def given_baseline(campaign: Campaign, paths: list[Path], folder: Path) -> Baseline:
-    curves, tokens = [], []
+    curves, vals, tokens = [], [], []
     for path in paths:
         files = metrics_files(campaign, path)
         if not any(f.exists() for f in files):
             raise WatchInput(f"{path}: holds no {', '.join(f.name for f in files)}")
         _check_recipe(campaign, path if path.is_dir() else path.parent, f"the baseline {path}")
-        curve, tps = read_curve(campaign, path, files)
-        if len(curve.steps) == 0:
+        stream = read_curves(campaign, path, files)
+        if len(stream.loss.steps) == 0:
             raise _no_loss(campaign, path)
-        curves.append(curve)
-        tokens.append(tps)
+        curves.append(stream.loss)
+        vals.append(stream.val)
+        tokens.append(stream.tokens)
     sigma = tol = dof = None
     if (folder / PROFILE).is_file():  # the guard's measured spread, where the campaign has one
         stored = stored_baseline(campaign, folder)
         sigma, dof, tol = stored.sigma_m, stored.sigma_dof, stored.tolerance
-    return Baseline(curves, tokens, sigma, dof, tol, [str(p) for p in paths])
+    return Baseline(curves, vals, tokens, sigma, dof, tol, [str(p) for p in paths])
 
 
 def check_tokens(baseline: Baseline, run_tokens: int | None, run: Path) -> None:
@@ -189,6 +210,10 @@ def check_tokens(baseline: Baseline, run_tokens: int | None, run: Path) -> None:
 # ------------------------------------------------------------------------------------ the session
 
 
+AUTO = "auto"  # --measure: the validation loss where the run and its baselines record one
+MEASURE_CHOICES = (AUTO, *Measure)
+
+
 @dataclass
 class Session:
     campaign: Campaign
@@ -198,34 +223,87 @@ class Session:
     start_step: int
     alpha: float
     persist: int
+    measure: str = AUTO  # asked for: AUTO, or a Measure's value
+    following: bool = False
     monitor: drift.Monitor | None = None
+    measure_why: str = ""  # why the judged curve is the one judged
     points: int = 0  # the run's logged losses read, at the last read
 
-    def begin(self, curve: drift.Curve, tokens: int | None) -> drift.Monitor:
-        """The plan, once the run has logged enough to tell its logging interval."""
-        check_tokens(self.baseline, tokens, self.run)
+    def begin(self, stream: Stream, final: bool) -> drift.Monitor | None:
+        """The plan, once the run has logged enough to tell its logging interval and which loss it is
+        judged on (None: not yet, a growing run may still log its first validation losses)."""
+        check_tokens(self.baseline, stream.tokens, self.run)
+        chosen = self._choose(stream, final)
+        if chosen is None:
+            return None
+        measure, plan, self.measure_why = chosen
         parity = self.campaign.config.guard.parity
-        interval = int(np.min(np.diff(curve.steps[:50])))
-        if interval < 1:
-            raise WatchInput(f"{self.run}: its steps do not increase ({', '.join(map(str, curve.steps[:6]))} ...)")
-        min_block = max(3, math.ceil(parity.window / interval))
-        plan = drift.plan(self.baseline.curves, curve.steps[:50], self.start_step, self.baseline.sigma_m,
-                          min_block, self.alpha, self.persist, self.baseline.sigma_dof)
-        tol = self.baseline.tolerance
-        if tol is None:  # no profile: T as the guard would measure it, the seed spread of a tail's mean
-            n = plan.noise
-            tail_points = max(1.0, parity.tail * parity.steps / interval)
-            sigma = math.sqrt(n.offset**2 + n.block**2 * n.block_points / tail_points)
-            tol = max(parity.floor, parity.tolerance * sigma)
-        self.monitor = drift.Monitor(plan, tol)
+        tol = self.baseline.tolerance if measure is Measure.LOSS else None  # the profile's T: the training loss's
+        if tol is None:  # T as the verdict would set it (parity.margin, or tolerance x sigma): sigma the seed
+            n = plan.noise  # spread of a tail's mean, from the noise measured here
+            tail_points = max(1.0, parity.tail * parity.steps / plan.interval)
+            tol = tolerance_of(math.sqrt(n.offset**2 + n.block**2 * n.block_points / tail_points), parity)
+        b = self.baseline  # the blocks tuned for a drift of 1 T per the guard's horizon (drift.plan)
+        curves, run, sigma_m, dof = ((b.val_curves, stream.val, None, None) if measure is Measure.VAL_LOSS else
+                                     (b.curves, stream.loss, b.sigma_m, b.sigma_dof))
+        plan = self._plan(curves, run, sigma_m, dof, tol / parity.steps)
+        self.monitor = drift.Monitor(plan, tol, measure)
         return self.monitor
 
-    def read(self) -> tuple[drift.Curve, list[drift.Event]]:
-        curve, tokens = read_curve(self.campaign, self.run, self.files)
-        self.points = len(curve.steps)
-        if self.monitor is None and len(curve.steps) >= 2:
-            self.begin(curve, tokens)
-        return curve, self.monitor.feed(curve) if self.monitor is not None else []
+    def _plan(self, curves: list[drift.Curve], run: drift.Curve, sigma_m: float | None,
+              sigma_dof: int | None, rate: float | None = None) -> drift.Plan:
+        interval = int(np.min(np.diff(run.steps[:50])))
+        if interval < 1:
+            raise WatchInput(f"{self.run}: its steps do not increase ({', '.join(map(str, run.steps[:6]))} ...)")
+        min_block = max(3, math.ceil(self.campaign.config.guard.parity.window / interval))
+        return drift.plan(curves, run.steps[:50], self.start_step, sigma_m, min_block, self.alpha, self.persist,
+                          sigma_dof, rate)
+
+    def _choose(self, stream: Stream, final: bool) -> tuple[Measure, drift.Plan, str] | None:
+        """(measure, plan, why): the validation loss where the run and at least two baseline runs record
+        it at enough common steps for ``persist`` blocks (its seed spread is measured on those curves:
+        the profile's is the training loss's), the training loss otherwise; ``--measure`` forces one."""
+        b, val = self.baseline, stream.val
+        if len(stream.loss.steps) < 2:
+            return None
+        loss = "the training loss (--measure loss)" if self.measure == Measure.LOSS else None
+        if loss is None:
+            recorded = [c for c in b.val_curves if len(c.steps[c.steps >= self.start_step]) >= 2]
+            if len(recorded) < len(b.val_curves) or len(recorded) < 2:
+                loss = (f"the training loss: {len(recorded)} of the {len(b.val_curves)} baseline run(s) record a "
+                        f"validation loss from step {self.start_step} (two or more are needed: its seed spread is "
+                        "measured on them)")
+            elif len(val.steps) < 2:
+                due = np.unique(np.concatenate([c.steps for c in recorded]))
+                due = due[due >= self.start_step]
+                if not final and len(due) >= 3 and stream.loss.steps[-1] <= due[2]:
+                    return None  # the run may yet log its validation losses
+                loss = "the training loss: the run records no validation loss where its baselines do"
+        if loss is None:
+            try:
+                plan = self._plan(b.val_curves, val, None, None)
+            except drift.DriftInputError as e:
+                if self.measure == Measure.VAL_LOSS:
+                    raise
+                loss = f"the training loss: the validation loss cannot be judged ({e})"
+            else:
+                why = (f"the validation loss (every {plan.interval} steps), which the run and its {len(b.val_curves)} "
+                       "baseline runs record, not the training loss")
+                return Measure.VAL_LOSS, plan, why
+        if self.measure == Measure.VAL_LOSS:
+            raise WatchInput(f"{self.run}: --measure val_loss: {loss.split(': ', 1)[1]}")
+        return Measure.LOSS, self._plan(b.curves, stream.loss, b.sigma_m, b.sigma_dof), loss
+
+    def read(self, final: bool = False) -> tuple[Stream, list[drift.Event]]:
+        stream = read_curves(self.campaign, self.run, self.files)
+        self.points = len(stream.loss.steps)
+        if self.monitor is None:
+            self.begin(stream, final or not self.following)
+        if self.monitor is None:
+            return stream, []
+        if diverged := self.monitor.diverged(stream.loss, Measure.LOSS):  # a judged validation loss, a diverged run
+            return stream, diverged
+        return stream, self.monitor.feed(stream.curve(self.monitor.measure))
 
 
 def ended(run: Path) -> bool:
@@ -257,9 +335,10 @@ class Lines:
     def plan(self, m: drift.Monitor, per_horizon: str) -> None:
         p, n = m.plan, m.plan.noise
         self.every = max(1, len(p.blocks) // 20)
-        self.say(f"comparing steps {p.blocks[0][0]}-{p.blocks[-1][-1]} in {len(p.blocks)} blocks of "
+        self.say(f"comparing the {m.measure.said} at steps {p.blocks[0][0]}-{p.blocks[-1][-1]} "
+                 f"in {len(p.blocks)} blocks of "
                  f"{n.block_points} logged steps against the mean of {max(p.m)} baseline curve(s); an alarm needs "
-                 f"{p.persist} blocks in a row beyond {p.h:.2f} sd "
+                 f"{p.persist} blocks in a row beyond {p.h:.2f} sd on one side, above or below "
                  f"(gap {p.bounds.min():.4f}-{p.bounds.max():.4f} nats, T = {m.tolerance:.4f}); "
                  f"false-alarm chance {100 * p.alpha:.0f}% over them; {per_horizon}")
 
@@ -273,7 +352,8 @@ class Lines:
         if self.status is not None and m is not None and m.gaps:
             s, gap, bound = m.gaps[-1]
             self.status.update(f"step {step}: gap {gap:+.4f} nats at step {s}, boundary {bound:.4f}, "
-                               f"{m.done}/{len(m.plan.blocks)} blocks, {'beyond' if m.streak else 'within'}")
+                               f"{m.done}/{len(m.plan.blocks)} blocks, "
+                               f"{drift.direction(m.side) if m.streak else 'within'}")
 
 
 def follow(session: Session, lines: Lines, keep_following: bool, poll_s: float) -> str:
@@ -281,11 +361,12 @@ def follow(session: Session, lines: Lines, keep_following: bool, poll_s: float) 
     while True:
         done_before = ended(session.run)  # read after the marker appeared: nothing more will come
         had_plan = session.monitor is not None
-        curve, events = session.read()
+        stream, events = session.read(final=done_before)
         m = session.monitor
         if m is not None and not had_plan:
+            lines.say(f"judged on {session.measure_why}")
             lines.plan(m, per_horizon(session, m))
-        lines.show(events, m, int(curve.steps[-1]) if len(curve.steps) else 0)
+        lines.show(events, m, int(stream.loss.steps[-1]) if len(stream.loss.steps) else 0)
         if m is not None and m.alarm is not None:
             return "alarm"
         if m is not None and m.finished:
@@ -307,12 +388,12 @@ def per_horizon(session: Session, m: drift.Monitor) -> str:
 def finding(session: Session, ended_by: str, seconds: float, command: str) -> dict[str, Any]:
     m = session.monitor
     assert m is not None
-    out: dict[str, Any] = {"decision": "ALARM" if m.alarm is not None else "NO ALARM",
-                           "exit_code": EXIT_ALARM if m.alarm is not None else 0,
+    out: dict[str, Any] = {"decision": m.outcome, "exit_code": EXIT_ALARM if m.outcome is Outcome.ALARM else 0,
                            "run": str(session.run), "workload": session.campaign.workload.kind,
                            "baseline": session.baseline.sources, "ended_by": ended_by,
                            "run_points_read": session.points, "delay": per_horizon(session, m)}
     out.update(m.finding())
+    out["measure_why"] = session.measure_why
     last = m.plan.blocks[-1][-1]
     out["covered"] = (f"steps {m.plan.blocks[0][0]}-{last}: the baseline's curve has no later step; a longer "
                       "run of the baseline recipe (--baseline) covers more") if m.finished and not m.alarm else ""
@@ -322,16 +403,20 @@ def finding(session: Session, ended_by: str, seconds: float, command: str) -> di
 
 
 def summary(f: dict[str, Any]) -> str:
-    a = f["alarm"]
+    a, what = f["alarm"], Measure(f["measure"]).said
     if a is not None:
-        in_t = f" ({a['gap_in_T']:+.1f} T)" if a.get("gap_in_T") is not None else ""
-        gap = f"{a['gap_nats']:+.4f} nats{in_t}" if a["gap_nats"] is not None else "non-finite"
         if a["gap_nats"] is None:
-            return f"ALARM at step {a['step']}: {a['message']}"
-        return (f"ALARM at step {a['step']}: the gap crossed the boundary at step {a['crossed_at_step']} and reads "
-                f"{gap} against a boundary of {a['bound_nats']:.4f}")
-    warned = f"; {len(f['warnings'])} warning(s) that cleared" if f["warnings"] else ""
-    return (f"NO ALARM over {f['blocks_judged']} block(s) to step {f['last_judged_step']} "
+            return f"{Outcome.ALARM} at step {a['step']}: {a['message']}"
+        in_t = f" ({a['gap_in_T']:+.1f} T)" if a.get("gap_in_T") is not None else ""
+        return (f"{Outcome.ALARM} at step {a['step']}: the run's {what} is {a['direction']} the baseline's: the gap "
+                f"crossed the boundary at step {a['crossed_at_step']} and reads {a['gap_nats']:+.4f} nats{in_t} "
+                f"against a boundary of {math.copysign(a['bound_nats'], a['gap_nats']):+.4f}")
+    cleared = sum(w["cleared_at"] is not None for w in f["warnings"])
+    warned = f"; {cleared} warning(s) that cleared" if cleared else ""
+    if cleared < len(f["warnings"]):  # a streak beyond the boundary still open where the watch ended
+        w = f["warnings"][-1]
+        warned += f"; a warning still open: {w['blocks']} block(s) {w['direction']} from step {w['from_step']}"
+    return (f"{Outcome.NO_ALARM} on the {what} over {f['blocks_judged']} block(s) to step {f['last_judged_step']} "
             f"(ended by {f['ended_by']}){warned}")
 
 
@@ -348,8 +433,11 @@ def watch(
     start_step: int | None = typer.Option(None, min=0, help="first step compared (default: where the guard's "
                                           "loss measure starts, (1 - guard.parity.tail) x guard.parity.steps)"),
     poll_s: float = typer.Option(2.0, min=0.01, help="with --follow: seconds between reads"),
+    measure: str = typer.Option("auto", help="the loss judged: auto (the validation loss where the run and two or "
+                                "more baseline runs record it, else the training loss), loss, val_loss"),
 ) -> None:
-    """Compare a training of the approved recipe with the baseline's curve: alarm when the gap grows beyond noise.
+    """Compare a training of the approved recipe with the baseline's curve: alarm when the gap grows beyond noise,
+    above or below it.
 
     Exit code 0: no alarm; 5: alarm; 2: bad input.
     """
@@ -365,7 +453,9 @@ def watch(
         _check_recipe(campaign, run_metrics if run_metrics.is_dir() else run_metrics.parent, f"the run {run_metrics}")
         base = given_baseline(campaign, baseline, where) if baseline else stored_baseline(campaign, where)
         start = start_step if start_step is not None else max(1, round((1 - parity.tail) * parity.steps))
-        session = Session(campaign, run_metrics, files, base, start, alpha, persist)
+        if measure not in MEASURE_CHOICES:
+            raise WatchInput(f"--measure {measure!r}: allowed are {', '.join(MEASURE_CHOICES)}")
+        session = Session(campaign, run_metrics, files, base, start, alpha, persist, measure, follow_)
         with Lines(console) as lines:
             try:
                 ended_by = follow(session, lines, follow_, poll_s)
