@@ -31,9 +31,9 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   number 17`` keeps no varying value of ``block number 7``: another input of its template; ``SELECT
   price FROM orders WHERE total > 310`` keeps four of ``... > 311``: a copy. Every input is found
   through its two rarest token pairs with no token in common (anchors), so one changed token leaves
-  one of them (an input of 2-3 varying tokens, also its rarest name or number alone; n-grams alone would
-  miss it: one changed token costs an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1 n-grams); an input of several fields (a
-  chat turn and the next) is found field by field, so text added around one of them does not hide
+  one of them (an input of 2-3 varying tokens, also its rarest name or number alone; n-grams alone
+  would miss it: one changed token costs an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1
+  n-grams); an input of several fields (a chat turn and the next) is found field by field, so text added around one of them does not hide
   it. ``renamed`` (``remove`` | ``keep`` | ``report``) says whether renamed copies count: natural
   inputs that differ by one name (another function with the same parameters) are reported apart as
   ``renamed copy``;
