@@ -35,8 +35,8 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   would miss it: one changed token costs an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1
   n-grams); an input of several fields (a chat turn and the next) is found field by field, so text
   added around one of them does not hide it. ``renamed`` (``remove`` | ``keep`` | ``report``) says
-  whether renamed copies count: natural inputs that differ by one name (another function with the same parameters) are reported apart as
-  ``renamed copy``;
+  whether renamed copies count: natural inputs that differ by one name (another function with the
+  same parameters) are reported apart as ``renamed copy``;
 - v is shorter than ``min_tokens`` (an input that is almost all shared text) and u's fields hold v
   and nothing else that varies, or u contains the whole evaluation input, shared text included;
 - or their estimated Jaccard similarity reaches ``near_threshold`` (one-permutation MinHash over
