@@ -13,7 +13,8 @@ look, and says what it expects to spend:
   fixed share of alpha, the later ones the rest by O'Brien-Fleming or Pocock spending). A look whose
   predictive power to show equivalence within the plan is below ``parity.futility`` stops the verdict:
   not shown equivalent.
-- **steps** (identical repeats: no seed knob, a constant seed inside): only longer runs add evidence.
+- **steps** (identical repeats: no seed knob, a constant seed inside; also repeats that differ by float
+  noise only, guard/loss.py: replicas): only longer runs add evidence.
   One candidate run at the profile's length; if it cannot tell, pairs up to the length the plan says
   resolves T (at most ``parity.max_steps_factor`` times), one at the geometric middle first when that
   length is 4x or more (an effect that fades with training still shows there), the rest of alpha
@@ -358,10 +359,10 @@ def _by_steps(v: _Verdict) -> Gathered:
 def _say_steps_plan(v: _Verdict) -> None:
     """Say before the candidate runs what the steps' looks may spend: only longer runs add evidence."""
     p = v.settings.parity
-    v.say(f"parity plan: T {v.profile.loss_tolerance:.4f} nats; the baseline's repeats are identical, so only longer "
-          f"runs add evidence: one candidate run at {v.cand_steps} steps, then, if it cannot tell, pairs up to the "
-          f"length that resolves T (at most {p.max_steps_factor}x); at most {v.settings.max_parity_runs} run(s) of "
-          f"{v.profile.steps} steps (guard.max_parity_runs)")
+    v.say(f"parity plan: T {v.profile.loss_tolerance:.4f} nats; the baseline's repeats are identical (or differ "
+          f"by float noise only), so only longer runs add evidence: one candidate run at {v.cand_steps} steps, "
+          f"then, if it cannot tell, pairs up to the length that resolves T (at most {p.max_steps_factor}x); at most "
+          f"{v.settings.max_parity_runs} run(s) of {v.profile.steps} steps (guard.max_parity_runs)")
 
 
 def _steps_gathered(v: _Verdict, ev: ParityEvidence, planned: int, stop: str, factor: float) -> Gathered:

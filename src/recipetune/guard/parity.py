@@ -57,6 +57,11 @@ def seed_note(profile: BaselineProfile) -> tuple[bool, str]:
     if independent:
         return True, ("the workload has no seed knob; its repeats differ (the trainer seeds itself), "
                       "so they count as independent repeats")
+    if any(r.losses() != profile.runs[0].losses() for r in profile.runs[1:]):
+        return False, ("the workload has no seed knob and its repeats differ by float noise only (far less than "
+                       "another batch moves the loss: it seeds itself with a constant, on nondeterministic "
+                       "kernels): they trained on the same batches, so they are one sample; one run per recipe is "
+                       "compared, its noise estimated within the run")
     return False, ("the workload has no seed knob and its repeats are identical (it seeds itself with a "
                    "constant): one run per recipe is compared, its noise estimated within the run")
 
@@ -175,7 +180,7 @@ def measure(
     independent, note = seed_note(profile)
     pairs = list(zip(baselines, candidates, strict=True))
     if not independent:
-        pairs = pairs[:1]  # identical repeats: one more copy of the same run adds nothing
+        pairs = pairs[:1]  # identical repeats (or float-noise replicas): another copy adds nothing
     mode, why, problems = _comparable(profile, pairs, settings, equal_tokens)
     train_b, train_c, ses, shortest, slopes, noise = _tails(pairs, settings)
     compared = min(min(tokens(b)[-1], tokens(c)[-1]) for b, c in pairs)  # T over the same run length
