@@ -96,6 +96,10 @@ def test_equivalent_candidate_on_other_batches_is_never_rejected_and_a_planned_l
     ev = compare(profile, [loss_run(CAND, 32, 100, order=1)], cfg.parity)
     assert ev.mode == "batches unknown" and "valid either way" in ev.mode_reason
     assert ev.outcome == "inconclusive" and "cannot resolve T" in ev.reasons[0]  # one 100-step run each
+    # an equivalent the runs cannot resolve must not read as a loss shown worse: its difference comes first, the
+    # runs' resolution apart (issue 50 read "difference 0.1814 vs T = 0.0533" off "smallest detectable difference")
+    assert f"{ev.mean_diff:+.4f} nats vs the baseline" in ev.reasons[0] and "shown neither different" in ev.reasons[0]
+    assert f"resolve {ev.detectable:.4f} nats at best" in ev.reasons[0] and "difference 0." not in ev.reasons[0]
     assert any("no seed knob" in n for n in ev.notes)
     assert ev.noise["baseline"] > 3 * ev.noise["candidate"]  # 2 sequences vs 32 averaged
     wl = LossWorkload()

@@ -284,9 +284,9 @@ def _seeds_stopped(v: _Verdict, n: int, d: Decision, ev: ParityEvidence, line: s
 
 def _not_shown(ev: ParityEvidence, why: str) -> str:
     bounds = "" if ev.low is None else f", one-sided bounds [{ev.low:+.4f}, {ev.high:+.4f}]"
+    resolve = "no difference" if ev.detectable is None else f"{ev.detectable:.4f} nats at best"
     return (f"not shown equivalent: final {ev.final_metric} {ev.mean_diff:+.4f} nats vs the baseline{bounds}, "
-            f"T {ev.tolerance:.4f}, smallest detectable difference "
-            f"{'unbounded' if ev.detectable is None else f'{ev.detectable:.4f}'}; {why}")
+            f"T {ev.tolerance:.4f}; these runs resolve {resolve} (the smallest difference they detect); {why}")
 
 
 def _what_more(v: _Verdict, n: int, planned: int, need: int, why: str) -> str:

@@ -344,8 +344,11 @@ def _judge(x: Sample, settings: ParitySettings, independent: bool, two_sided: bo
                   "with training is; not approved on that evidence (expose a seed knob so that runs of the "
                   "campaign's length can be compared)")
     elif outcome == "inconclusive":
-        reason = (f"the runs cannot resolve T: final {name} {test.diff:+.4f} nats vs the baseline, {bounds}, "
-                  f"smallest detectable difference {test.detectable:.4f} vs {t_text}")
+        # Not a regression: say the difference first, and the runs' resolution apart from it (a summary read
+        # "difference 0.1814 vs T = 0.0533" off "smallest detectable difference 0.1814 vs T" as a loss shown worse).
+        reason = (f"the runs cannot resolve T: final {name} {test.diff:+.4f} nats vs the baseline, {bounds}: shown "
+                  f"neither different nor within {t_text}; these runs resolve {test.detectable:.4f} nats at best "
+                  "(the smallest difference they detect)")
     return Measured(
         measure=name, baseline_finals=x.baseline_finals, candidate_finals=x.candidate_finals, mean_diff=test.diff,
         se=_finite(test.se), low=_finite(test.low), high=_finite(test.high), tolerance=T,
