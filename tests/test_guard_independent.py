@@ -243,6 +243,28 @@ def test_repeats_that_differ_by_float_noise_only_are_one_sample(tmp_path):
         assert poisoned.evidence.outcome != "holds", (world, poisoned.looks)
 
 
+@pytest.mark.parametrize("world", [21, 163, 383])
+def test_a_noisy_first_look_whose_gap_reads_growing_does_not_end_a_steps_verdict(tmp_path, world):
+    # Issue 50: "the tune's final verdict reports difference 0.1814 vs T = 0.0533 (1 x within-run standard
+    # error ...)" for an equivalent on other batches, where verify of another split was not stopped. In 3 of
+    # 400 worlds (these) the equivalent's first, 1x look cannot resolve T, and its one pair's gap slope reads
+    # "grows" by chance (the trend test's 1%). The verdict stopped there (stop: trend) after 1 run, KEEP
+    # BASELINE with the level's reason, "cannot resolve T ... smallest detectable difference ...", and never
+    # ran the longer pairs that resolve T. A look whose level did not hold is no verdict on the trend: the
+    # longer pairs test both again, and a gap that really grows shows there larger, never smaller.
+    cfg = settings(seeds=3)
+    wl = ReplicaWorkload(world, jitter=0.0)
+    profile = build_profile(wl, BASE, [wl.run(BASE, 100, None) for _ in range(3)], [None] * 3, 100, cfg)
+    first = compare(profile, [wl.run(CAND, 100, None)], cfg.parity, level=cfg.parity.alpha * cfg.parity.first_look)
+    assert first.outcome == "inconclusive" and first.trend.outcome == "grows"  # the case built to fool the rule
+    equivalent, _ = replica_verdict(world, 0.0, 0.0, tmp_path)
+    assert equivalent.evidence.outcome == "holds" and equivalent.stop == "decided", equivalent.looks
+    assert equivalent.runs == 5  # the candidate at 1x, then the pairs the plan asks for
+    for size in (1.5, 3.0):  # a real regression at 1-3 T: never approved, and the clear one rejected
+        poisoned, _ = replica_verdict(world, size, 0.0, tmp_path)
+        assert poisoned.evidence.outcome == ("fails" if size == 3.0 else "inconclusive"), poisoned.looks
+
+
 def test_only_float_noise_makes_repeats_replicas():
     a = loss_run(BASE, 2, 100, order=0)  # logged loss over 2 sequences: step noise 0.21 nats
     shifted = a.model_copy(deep=True)

@@ -412,8 +412,12 @@ def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, c
 
 def _grows(ev: ParityEvidence) -> bool:
     """The parity test held on the mean but the gap is shown to grow (guard/trend.py): not approved, and more
-    of the same evidence cannot change that."""
-    return ev.outcome == "inconclusive" and ev.trend is not None and ev.trend.outcome == "grows"
+    of the same evidence cannot change that. Only where the level held: a look that cannot resolve T yet is
+    no verdict on the gap's trend either, and the next look tests both again (until issue 50 a steps
+    verdict stopped at its first, 1x look whenever one noisy pair's slope read "grows", its reason the
+    level's "cannot resolve T", and never ran the longer pairs that resolve T)."""
+    return (ev.outcome == "inconclusive" and ev.trend is not None and ev.trend.outcome == "grows"
+            and bool(ev.measures) and all(x.outcome == "holds" for x in ev.measures))
 
 
 def _look_line(look: int, what: str, level: float, ev: ParityEvidence) -> str:
