@@ -12,17 +12,22 @@ from pydantic import BaseModel, ValidationError
 
 from recipetune.config import SearchConfig
 from recipetune.core.recipe import Knob, KnobSet, SearchSpace
-from recipetune.core.words import Decision
+from recipetune.core.words import Decision, EquivalenceOutcome, LookOutcome, ParityOutcome, TrendOutcome
 from recipetune.engine.config import Pruning
 from recipetune.engine.samplers import distributions
-from recipetune.engine.status import FINISHED, Status
+from recipetune.engine.status import FINISHED, Refusal, Status
 from recipetune.engine.store import CampaignStore
+from recipetune.finetune.looks import LookRecord
 from recipetune.finetune.plan import FinetuneSearchConfig
+from recipetune.guard.evidence import Measured
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "recipetune"
 
 
-@pytest.mark.parametrize("word", [*Status, *Decision], ids=str)
+OUTCOMES = [*EquivalenceOutcome, *ParityOutcome, *LookOutcome, *TrendOutcome, *Refusal]
+
+
+@pytest.mark.parametrize("word", [*Status, *Decision, *OUTCOMES], ids=str)
 def test_a_word_is_its_string_everywhere_it_is_written(word):
     value = word.value
     assert word == value and hash(word) == hash(value) and {value: 1}[word] == 1
@@ -39,6 +44,35 @@ def test_the_words_are_the_strings_campaigns_have_always_written():
     assert [d.value for d in Decision] == ["APPROVED", "KEEP BASELINE", "REJECTED"]
     assert {s.value for s in FINISHED} == {"passed", "rejected", "failed", "pruned"}
     assert Decision("KEEP BASELINE") is Decision.KEEP_BASELINE and Status("passed") is Status.PASSED
+
+
+def test_the_outcomes_are_the_strings_verdicts_have_always_written():
+    assert [w.value for w in EquivalenceOutcome] == ["equivalent", "different", "inconclusive"]
+    assert [w.value for w in ParityOutcome] == ["holds", "fails", "inconclusive"]
+    assert [w.value for w in LookOutcome] == ["shown", "continue", "futility", "budget", "plan"]
+    assert [w.value for w in TrendOutcome] == ["flat", "grows"]
+    assert [w.value for w in Refusal] == ["claimed", "rejected", "budget"]  # why a recipe gets no run
+
+
+LOOK = {"look": 1, "seeds": [0, 1, 2], "level": 0.0125, "gain": 0.05, "low": 0.01, "high": 0.09, "planned": 5,
+        "next": 5, "needed": 5, "chance": None, "trained": 6, "seconds": 1.0}
+
+
+def test_a_misspelt_outcome_is_an_error_not_a_silent_look_again():
+    # the quality job's look record once took any string: "contiune" was a look that neither went on nor
+    # decided, and look_line's lookup failed only when the terminal said it
+    assert LookRecord(**LOOK, outcome="continue").outcome is LookOutcome.CONTINUE
+    assert json.loads(LookRecord(**LOOK, outcome="shown").model_dump_json())["outcome"] == "shown"
+    with pytest.raises(ValidationError):
+        LookRecord(**LOOK, outcome="contiune")
+    fields = {"measure": "training loss", "baseline_finals": [], "candidate_finals": [], "mean_diff": 0.0, "se": None,
+              "low": None, "high": None, "tolerance": 0.1, "detectable": None, "reference": 0.1,
+              "reference_kind": "", "se_source": ""}
+    assert Measured(**fields, outcome="holds").outcome is ParityOutcome.HOLDS
+    with pytest.raises(ValidationError):
+        Measured(**fields, outcome="hold")
+    with pytest.raises(AttributeError):
+        _ = LookOutcome.SHOW  # a misspelt member in the code fails where it is read
 
 
 def test_a_status_stored_through_the_study_reads_back_as_the_plain_string(tmp_path):

@@ -121,7 +121,14 @@ def test_equal_positive_gains_show_nothing_until_a_seed_scatters():
     d = design()
     first = d.decide([0.01, 0.01, 0.01])
     assert first.outcome == "continue" and first.next == 4
-    assert d.decide([0.01, 0.01, 0.01, 0.02]).outcome in ("shown", "continue")
+    # the fourth seed scatters (sd 0.005, se 0.0025): the second look's level is 1.1% one-sided (the plan
+    # raised to 5 seeds), t(3 df) = 4.4 there, so the bound is 0.0125 - 4.4 x 0.0025 = 0.0015 > 0: shown
+    up = d.decide([0.01, 0.01, 0.01, 0.02])
+    assert up.outcome == "shown" and up.se == pytest.approx(0.0025) and 0 < up.low < up.mean and up.planned == 5
+    d = design()
+    d.decide([0.01, 0.01, 0.01])
+    down = d.decide([0.01, 0.01, 0.01, 0.0])  # beside it, the same scatter below: not shown, more seeds
+    assert down.outcome == "continue" and down.low < 0 < down.mean and down.next > 4
 
 
 # -- the stored FT-Bench decisions, replayed: each verdict kept --------------------------------------------------

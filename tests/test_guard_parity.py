@@ -13,6 +13,7 @@ import pytest
 
 from recipetune.core.measure import EvalRecord, RunResult, StepRecord
 from recipetune.core.recipe import Recipe
+from recipetune.guard import loss
 from recipetune.guard.baseline import build_profile
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.parity import compare
@@ -56,6 +57,29 @@ def test_profile_tolerance_is_the_seed_to_seed_spread_of_the_loss_measure(profil
     assert 0.005 < profile.loss_reference < 0.1 and "training-loss measure" in profile.loss_reference_kind
     assert profile.loss_tolerance == pytest.approx(max(1e-3, profile.loss_reference))
     assert len(profile.final_losses) == 3
+
+
+def test_one_t_rule_a_multiple_of_the_spread_at_least_the_floor_or_the_stated_margin(profile):
+    # loss.tolerance_of: the verdict's T, and T wherever a spread is measured otherwise (watch without a profile)
+    p = SETTINGS.parity
+    assert loss.tolerance_of(0.02, p) == 0.02 and loss.tolerance_of(1e-5, p) == p.floor
+    assert loss.tolerance_of(0.02, p.model_copy(update={"tolerance": 2.0})) == 0.04
+    stated = p.model_copy(update={"margin": 0.05})
+    assert loss.tolerance_of(0.02, stated) == 0.05 and loss.tolerance_of(1e-5, stated) == 0.05
+    t = loss.tolerance(profile.runs, stated, False, None, True)
+    assert (t.T, t.sigma, t.how) == (0.05, profile.loss_reference, "guard.parity.margin")
+    derived = loss.tolerance(profile.runs, p, False, None, True)
+    assert (derived.T, derived.sigma) == (profile.loss_tolerance, profile.loss_reference)
+
+
+def test_two_tails_are_compared_step_by_step_only_where_they_logged_the_same_steps():
+    # loss.aligned, the one rule of the measure (tail_measure) and of the gap's slope (guard/trend.py)
+    base = run(curve(0, 0), BASE).steps
+    assert loss.aligned(base, base).steps == [s.step for s in base]
+    every_other = base[::2]  # half the steps: fewer than 80% of the longer tail in common
+    assert loss.aligned(base, every_other) is None and loss.aligned(base[:9], base[:9]) is None  # < MIN_TAIL
+    both = loss.aligned(base[:50], base[5:50])  # 45 of 50 in common
+    assert both is not None and both.steps[0] == 6 and len(both.cand) == len(both.base) == 45
 
 
 def test_an_equivalent_candidate_holds_and_says_what_it_could_detect(profile):

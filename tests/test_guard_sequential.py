@@ -21,8 +21,8 @@ import math
 import numpy as np
 import pytest
 
-from recipetune.core.sequential import Spending, boundaries, seeds_needed, spent
-from recipetune.core.stats import proportion_ci
+from recipetune.core.sequential import GainDesign, Spending, boundaries, predictive_power, seeds_needed, spent
+from recipetune.core.stats import norm_isf, proportion_ci, quantile
 from recipetune.guard.sequential import Pairs, SeedDesign
 
 ALPHA, POWER, FUTILITY = 0.05, 0.8, 0.1
@@ -50,6 +50,27 @@ def test_spending_spends_the_first_share_first_and_all_of_alpha_by_the_last_look
     pocock = Spending(ALPHA, "pocock", first=0.2)
     levels = [pocock.look(n, n / 12, n == 12) for n in (3, 6, 12)]
     assert levels[1] > mid  # Pocock spends more in the middle
+    assert s.later == pytest.approx(0.8 * ALPHA)  # what the looks after the first may spend
+
+
+def test_the_seeds_design_sizes_its_first_plan_at_alpha_and_later_ones_at_what_the_later_looks_spend():
+    # the two meanings Spending.rest once had under one name: the quality job sizes at `later` from the start
+    design = SeedDesign(ALPHA, POWER, FUTILITY)
+    assert design.sizing == ALPHA and design.spending.later == pytest.approx(0.8 * ALPHA)
+    design.decide([Pairs([0.1, -0.2, 0.3], None, 1.0)], CAP, pooled=False)
+    assert design.sizing == design.spending.later
+    gain = GainDesign(0.025, POWER, FUTILITY, 0.0, 10, first=0.5)  # before any look: sized at half of 2.5%
+    assert gain.resolves(1.0, 10) == pytest.approx((quantile(0.0125, 9) + norm_isf(1 - POWER)) / math.sqrt(10))
+
+
+def test_predictive_power_is_the_chance_of_the_band_the_final_mean_must_land_in():
+    # both designs' futility: within +-margin (equivalence), below it (one-sided), above a bar (a gain)
+    inside = predictive_power(0.1, 0.2, -0.3, 0.3)
+    below, above = predictive_power(0.1, 0.2, high=-0.3), predictive_power(0.1, 0.2, low=0.3)
+    assert inside + below + above == pytest.approx(1.0)
+    assert above == pytest.approx(1 - predictive_power(0.1, 0.2, high=0.3), abs=1e-15)
+    assert predictive_power(0.1, 0.2, 0.0, 0.0) == 0.0  # an empty band: the last look cannot decide
+    assert predictive_power(0.5, 0.0, low=0.3) == 1.0 and predictive_power(0.5, 0.0, high=0.3) == 0.0
 
 
 def verdict(delta: float, sigma: float, rng: np.random.Generator, two_sided: bool = True,

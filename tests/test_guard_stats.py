@@ -155,3 +155,21 @@ def test_the_fast_normal_and_student_functions_give_scipy_stats_bits():
             want = sps.norm.isf(level) if df is None else sps.t.isf(level, df)
             assert stats.quantile(level, df) == float(want)
     assert stats.quantile(0.0, 3) == math.inf and float(stats.norm_isf(0.0)) == math.inf
+
+
+def test_one_line_fit_gives_the_slope_its_error_and_the_residuals_mean_with_error_uses():
+    rng = np.random.default_rng(3)
+    x = np.arange(300, dtype=float)
+    y = 2.5 - 0.004 * x + rng.normal(0, 0.05, 300)
+    fit = stats.line_fit(x, y)
+    assert abs(fit.slope + 0.004) < 3 * fit.se and fit.se < 1e-4
+    assert math.sqrt(fit.var) == pytest.approx(0.05, rel=0.15) and fit.tau >= 1.0
+    m = stats.mean_with_error(y)  # the series' own line: the same residuals
+    assert m.sigma == pytest.approx(math.sqrt(fit.var), rel=1e-12) and m.tau == pytest.approx(fit.tau, rel=1e-12)
+    # rows of series over the same x, each fitted on its own (a drift monitor's blocks)
+    rows = np.stack([y[:100], y[100:200], y[200:]])
+    slopes, residuals = stats.least_squares(x[:100], rows)
+    for row, slope, r in zip(rows, slopes, residuals, strict=True):
+        one, r1 = stats.least_squares(x[:100], row)
+        assert slope == pytest.approx(one, rel=1e-12) and r == pytest.approx(r1, abs=1e-12)
+    assert np.polyfit(x, y, 1)[0] == pytest.approx(fit.slope, rel=1e-9)

@@ -17,13 +17,13 @@ from test_guard_independent import loss_run, no_seed_profile, settings
 from test_guard_parity import BASE, FAST, SETTINGS, STEPS, WORKLOAD, curve, run
 
 from recipetune.config import load_campaign
+from recipetune.core import stats
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.guard.baseline import build_profile, profile_baseline
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.looks import gather
 from recipetune.guard.parity import compare
-from recipetune.guard.trend import slope_with_error
 from recipetune.guard.verdict import final_verdict
 from recipetune.workloads.reference import ReferenceWorkload
 
@@ -74,6 +74,18 @@ def test_the_equivalent_beside_it_is_approved_with_its_horizon(profile, jitter):
     assert ev.model_dump(mode="json")["trend"]["outcome"] == "flat"  # verdict.json states it
 
 
+@pytest.mark.parametrize("alpha, label", [(0.01, "99%"), (0.05, "95%")])
+def test_the_trend_states_its_bounds_at_the_confidence_of_its_two_sided_level(profile, alpha, label):
+    # the slope's bounds exclude alpha / 2 on each side: at parity.trend_alpha 1% a 99% interval (docs/guard.md),
+    # not the 99.5% the verdict once printed
+    T = profile.loss_tolerance
+    cfg = GuardConfig.model_validate({"parity": {"steps": STEPS, "seeds": 3, "trend_alpha": alpha}})
+    ev = compare(profile, replayed(profile, drift(1.5 * T, 72), jitter=0.002), cfg.parity)
+    assert ev.trend is not None and ev.trend.outcome == "grows"
+    assert ev.trend.summary().endswith(f"nats per 1,000 steps ({label} two-sided)")
+    assert f"({label} two-sided)" in ev.reasons[0]
+
+
 def test_a_gap_shown_growing_but_by_less_than_the_margin_is_approved(profile):
     # a slope the replayed batches show beyond doubt, but 0.4 T per horizon: the watch's business, not a block
     T = profile.loss_tolerance
@@ -110,8 +122,9 @@ def test_slope_error_widens_with_autocorrelation():
     x = np.arange(200, dtype=float)
     white = rng.normal(0, 1, 200)
     wander = np.convolve(rng.normal(0, 1, 260), np.ones(30) / np.sqrt(30), "valid")[:200]
-    (s0, e0), (_, e1) = slope_with_error(x, 0.01 * x + white), slope_with_error(x, 0.01 * x + wander)
-    assert abs(s0 - 0.01) < 4 * e0 and e1 > 2 * e0
+    a, b = stats.line_fit(x, 0.01 * x + white), stats.line_fit(x, 0.01 * x + wander)
+    assert abs(a.slope - 0.01) < 4 * a.se and b.se > 2 * a.se
+    assert stats.line_fit(x[:3], white[:3]).se == np.inf  # below four points: no error
 
 
 # ------------------------------------------------------------------------------- A/A over simulated verdicts

@@ -3,18 +3,23 @@
 ``expert_impl`` is a speed knob, so "grouped" (padded bmm) and "segmented" (torch._grouped_mm, or the loop's
 per-segment matmuls) must give the loop's outputs and gradients under every routing the router can make:
 balanced, imbalance 4 (the H200's moe-8x layer: 2 of 8 experts take every slot), experts with no token,
-top-1 and top-2. The grouped GEMM is forced in fp32 on CPU (torch 2.13 runs it eagerly there), so the
-comparison is at fp32 precision; the bf16 path (autocast) is checked at bf16 precision.
+top-1 and top-2. Segmented takes the grouped GEMM only in bf16; in fp32 it calls the loop itself, so a
+comparison of fp32 segmented with the loop would compare the loop with itself. Its fp32 cases therefore
+force the grouped GEMM (torch runs it eagerly in fp32 on CPU) and compare at fp32 precision; its own choice
+is tested where it takes the grouped GEMM, in bf16 (autocast), at bf16 precision; and every case asserts
+which kernel ran (``ran``).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
 
+from recipetune.trainer import moe_kernels
 from recipetune.trainer.model import MoE, Transformer
 from recipetune.trainer.moe_kernels import (
     experts_grouped_mm,
@@ -37,11 +42,27 @@ ROUTINGS = {  # routing slots per expert, 64 in all
     "one-hot-expert": [0, 0, 0, 64, 0, 0, 0, 0],
     "ragged": [13, 0, 1, 20, 0, 7, 23, 0],
 }
-KERNELS = {
-    "padded": experts_padded,
-    "segmented": experts_segmented,  # fp32 on CPU: the loop's per-segment matmuls
-    "grouped-mm": experts_grouped_mm,  # forced: torch._grouped_mm in fp32
+KERNELS = {  # each with the kernels experts_segmented hands its calls to (``ran``)
+    "padded": (experts_padded, []),
+    "grouped-mm": (experts_grouped_mm, []),  # torch._grouped_mm called directly, in fp32
+    "segmented-grouped-mm": (partial(experts_segmented, grouped_mm=True), ["grouped-mm"]),  # forced in fp32
 }
+
+
+@pytest.fixture
+def ran(monkeypatch) -> list[str]:
+    """The kernels experts_segmented handed its calls to, in order: "loop" or "grouped-mm". The kernels
+    called directly (a test's reference loop, the "loop" and "grouped" impls) are not counted."""
+    calls: list[str] = []
+    for name, attr in (("loop", "experts_loop"), ("grouped-mm", "experts_grouped_mm")):
+        kernel = getattr(moe_kernels, attr)
+
+        def spy(*args, _name=name, _kernel=kernel):
+            calls.append(_name)
+            return _kernel(*args)
+
+        monkeypatch.setattr(moe_kernels, attr, spy)
+    return calls
 
 
 def weights(seed: int = 0) -> list[torch.Tensor]:
@@ -61,13 +82,15 @@ def grads_of(kernel, counts: list[int], x: torch.Tensor, ws: list[torch.Tensor])
 
 @pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("kernel", list(KERNELS))
-def test_each_kernel_gives_the_loops_outputs_and_gradients(kernel, routing):
-    if kernel == "grouped-mm" and not HAS_GROUPED_MM:
+def test_each_kernel_gives_the_loops_outputs_and_gradients(kernel, routing, ran):
+    if kernel != "padded" and not HAS_GROUPED_MM:
         pytest.skip("torch._grouped_mm needs torch >= 2.8")
     counts = ROUTINGS[routing]
     x = torch.randn(sum(counts), D, generator=torch.Generator().manual_seed(1))
     ws = weights()
-    out, gx, gw = grads_of(KERNELS[kernel], counts, x, ws)
+    fn, expected = KERNELS[kernel]
+    out, gx, gw = grads_of(fn, counts, x, ws)
+    assert ran == expected
     ref, rx, rw = grads_of(experts_loop, counts, x, ws)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(gx, rx, rtol=1e-5, atol=1e-6)
@@ -77,12 +100,37 @@ def test_each_kernel_gives_the_loops_outputs_and_gradients(kernel, routing):
         assert not a[idle].any(), f"{name}: an expert with no token has a zero gradient (DDP sees it)"
 
 
+SEGMENTED_CHOICES = {  # rows' dtype, autocast to bf16, d -> the kernel experts_segmented takes (torch >= 2.8)
+    "fp32": (torch.float32, False, D, "loop"),
+    "fp16": (torch.float16, False, D, "loop"),
+    "bf16-autocast": (torch.float32, True, D, "grouped-mm"),
+    "bf16-rows": (torch.bfloat16, False, D, "grouped-mm"),  # FSDP2's bf16 policy
+    "bf16-d-not-a-multiple-of-8": (torch.bfloat16, False, 12, "loop"),  # rows not 16-byte aligned
+}
+
+
+@pytest.mark.parametrize("case", list(SEGMENTED_CHOICES))
+def test_segmented_takes_the_grouped_gemm_in_bf16_only(case, ran):
+    dtype, autocast, d, expected = SEGMENTED_CHOICES[case]
+    if not HAS_GROUPED_MM:
+        expected = "loop"
+    g = torch.Generator().manual_seed(4)
+    counts = ROUTINGS["ragged"]
+    x = torch.randn(sum(counts), d, generator=g).to(dtype)
+    ws = [torch.randn(s, generator=g).to(dtype) for s in [(E, H, d), (E, H, d), (E, d, H)]]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = experts_segmented(x, torch.tensor(counts), *ws)
+    assert ran == [expected]
+    assert out.shape == x.shape
+
+
 @needs_grouped_mm
-def test_no_token_at_all_falls_back_and_keeps_the_weights_in_the_graph():
+def test_no_token_at_all_falls_back_and_keeps_the_weights_in_the_graph(ran):
     # an expert-parallel rank whose experts received nothing: no row out, every weight a zero gradient
     ws = weights()
     x = torch.zeros(0, D, requires_grad=True)
     out = experts_segmented(x, torch.zeros(E, dtype=torch.long), *ws, grouped_mm=True)
+    assert ran == ["loop"]  # even forced: _grouped_mm's backward refuses empty operands
     assert out.shape == (0, D)
     out.sum().backward()
     assert all(w.grad is not None and not w.grad.any() for w in ws)
@@ -103,11 +151,20 @@ def moe_grads(moe: MoE, x: torch.Tensor):
     return out, x.grad, {n: p.grad for n, p in moe.named_parameters()}
 
 
+LAYER_IMPLS = {  # impl, its grouped_mm, autocast to bf16 -> the kernels experts_segmented ran, one per forward
+    "grouped": ("grouped", None, False, []),
+    "segmented-grouped-mm": ("segmented", True, False, ["grouped-mm"]),  # fp32: forced
+    "segmented-bf16": ("segmented", None, True, ["grouped-mm"]),  # its own choice, as a bf16 run makes it
+}
+BF16 = {"rtol": 2e-2, "atol": 2e-3}  # bf16 rounds to 3 significant digits; the two sum in different orders
+
+
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("hot", [None, [0, 1]], ids=["router", "imbalance-4"])
-@pytest.mark.parametrize("impl", ["grouped", "segmented", "segmented-grouped-mm"])
-def test_moe_layer_gives_the_loops_outputs_and_gradients(impl, hot, top_k):
-    if impl == "segmented-grouped-mm" and not HAS_GROUPED_MM:
+@pytest.mark.parametrize("impl", list(LAYER_IMPLS))
+def test_moe_layer_gives_the_loops_outputs_and_gradients(impl, hot, top_k, ran):
+    name, grouped_mm, bf16, expected = LAYER_IMPLS[impl]
+    if impl != "grouped" and not HAS_GROUPED_MM:
         pytest.skip("torch._grouped_mm needs torch >= 2.8")
     torch.manual_seed(0)
     loop = MoE(replace(MOE8, top_k=top_k))
@@ -118,22 +175,24 @@ def test_moe_layer_gives_the_loops_outputs_and_gradients(impl, hot, top_k):
         hot_router(loop, hot)
         x[..., 0] = 3.0
     other = copy.deepcopy(loop)
-    other.experts.impl = impl.removesuffix("-grouped-mm")
-    other.experts.grouped_mm = True if impl.endswith("grouped-mm") else None
-    out, gx, gp = moe_grads(loop, x)
+    other.experts.impl, other.experts.grouped_mm = name, grouped_mm
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out, gx, gp = moe_grads(loop, x)
+        out2, gx2, gp2 = moe_grads(other, x)
+    assert ran == expected
     if hot is not None:  # the routing is the one meant: 2 of 8 experts take every slot (top-1: unevenly)
         routed = loop.stats[0]
         assert routed.max() / routed.mean() >= 4.0 and int((routed == 0).sum()) == 6
         assert top_k == 1 or routed.max() / routed.mean() == pytest.approx(4.0)
-    out2, gx2, gp2 = moe_grads(other, x)
-    torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(gx2, gx, rtol=1e-5, atol=1e-6)
-    for name, g in gp.items():
-        torch.testing.assert_close(gp2[name], g, rtol=1e-5, atol=1e-6, msg=name)
+    tol = BF16 if bf16 else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(out2.float(), out.float(), **tol)
+    torch.testing.assert_close(gx2, gx, **tol)
+    for param, g in gp.items():
+        torch.testing.assert_close(gp2[param], g, **tol, msg=param)
 
 
 @needs_grouped_mm
-def test_segmented_takes_the_grouped_gemm_in_bf16_and_matches_the_loop_there():
+def test_segmented_takes_the_grouped_gemm_in_bf16_and_matches_the_loop_there(ran):
     ws = weights()
     counts = ROUTINGS["imbalance-4"]
     x = torch.randn(sum(counts), D, generator=torch.Generator().manual_seed(2))
@@ -142,6 +201,7 @@ def test_segmented_takes_the_grouped_gemm_in_bf16_and_matches_the_loop_there():
         assert grouped_mm_applies(x, ws[0])
         out, gx, gw = grads_of(experts_segmented, counts, x, ws)
         ref, rx, rw = grads_of(experts_loop, counts, x, ws)
+    assert ran == ["grouped-mm"]
     assert out.dtype == torch.bfloat16
     # bf16 rounds to 3 significant digits; the two sum in different orders
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-3)
@@ -156,7 +216,7 @@ def test_unknown_impl_names_the_choices():
 
 
 @needs_grouped_mm
-def test_a_few_training_steps_with_the_grouped_gemm_give_the_loops_losses():
+def test_a_few_training_steps_with_the_grouped_gemm_give_the_loops_losses(ran):
     # the whole model, several AdamW steps: a difference in any gradient would grow into the losses
     cfg = PRESETS["nano-moe"]
     torch.manual_seed(0)
@@ -177,6 +237,7 @@ def test_a_few_training_steps_with_the_grouped_gemm_give_the_loops_losses():
             opt.step()
             losses.append(loss.item())
         curves.append(losses)
+    assert ran == ["grouped-mm"] * (5 * cfg.n_layer)  # every forward of every layer of the segmented model
     assert curves[0][-1] < curves[0][0]  # it learns
     assert curves[1] == pytest.approx(curves[0], rel=1e-5)
 

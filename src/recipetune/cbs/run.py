@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from rich.progress import Progress
 
 from recipetune.cbs.sweep import SweepError, SweepSpec, Trial
+from recipetune.core.filenames import RESULT
 from recipetune.core.files import write_atomic
 from recipetune.core.measure import RunResult
 from recipetune.workloads.reference import ReferenceWorkload
@@ -204,7 +205,7 @@ def from_reference(trial: Trial, ref: TrialRecord | None, target: float) -> Tria
     if ref is None or ref.status != "ok":
         return None
     try:
-        evals = RunResult.load(Path(ref.folder) / "result.json").evals
+        evals = RunResult.load(Path(ref.folder) / RESULT).evals
     except (OSError, ValueError):
         return None
     reached = next((e for e in evals if e.val_loss <= target), None)

@@ -29,9 +29,12 @@ import numpy as np
 from scipy.optimize import brentq
 
 from recipetune.core.stats import norm_cdf, norm_isf, norm_pdf, norm_sf, quantile
+from recipetune.core.words import LookOutcome
 
 SPENDING = ("obf", "pocock")
-NEVER = 100_000  # "seeds needed" where no number of seeds is likely to show it
+# "Seeds needed" where no number of seeds is likely to show it, and the most any search for a number of seeds
+# goes to: both designs' plans, the guard's plan before the candidate runs.
+NEVER = 100_000
 _GRID = 161  # points of the integration grid below a boundary: 1e-4 accuracy on the boundaries
 
 
@@ -117,16 +120,17 @@ class Spending:
         elif not self.increments:
             cum = self.alpha * self.first
         else:
-            cum = self.alpha * self.first + spent(self.kind, min(fraction, 1.0), self.alpha * (1.0 - self.first))
+            cum = self.alpha * self.first + spent(self.kind, min(fraction, 1.0), self.later)
         self.increments.append(max(cum - sum(self.increments), 0.0))
         self.sizes.append(size)
         c = _boundaries(tuple(n / size for n in self.sizes), tuple(self.increments))[-1]
         return float(norm_sf(c)) if math.isfinite(c) else 0.0
 
     @property
-    def rest(self) -> float:
-        """What the looks after the first may spend in all."""
-        return self.alpha * (1.0 - self.first) if self.increments else self.alpha
+    def later(self) -> float:
+        """What the looks after the first may spend in all: alpha less the first look's share. The last look's
+        critical value is computed at it (a plan is sized for the last look)."""
+        return self.alpha * (1.0 - self.first)
 
 
 def seeds_needed(sigma: float, tolerance: float, level: float, power: float, start: int, cap: int,
@@ -156,16 +160,59 @@ def factor_needed(se: float, tolerance: float, level: float, power: float, two_s
     return max(1.0, (se / target) ** 2) if target > 0 and math.isfinite(se) else math.inf
 
 
-def predictive_power(mean: float, spread: float, margin: float, two_sided: bool = True) -> float:
-    """The chance that the final look's mean difference lies within +-``margin`` (below ``margin``,
-    one-sided): the band in which it shows equivalence, T less its critical value times its error.
-    ``spread``: the standard deviation of that final mean given what is known now (flat prior:
-    sqrt(se_now^2 - se_final^2) when the final look adds to these pairs)."""
-    if margin <= 0.0:
+def predictive_power(mean: float, spread: float, low: float = -math.inf, high: float = math.inf) -> float:
+    """The chance that the final look's mean lies in (``low``, ``high``), the band in which it decides (the
+    parity test's: within T less the last look's critical value times its error; the quality job's: above
+    the threshold plus it), when it is normal around ``mean`` with standard deviation ``spread``: given what
+    is known now (flat prior), sqrt(se_now^2 - se_final^2) where the final look adds to these pairs
+    (``Design.chance``). 0 for an empty band."""
+    if high <= low:
         return 0.0
     spread = max(spread, 1e-12)
-    below = float(norm_cdf((margin - mean) / spread))
-    return below - float(norm_cdf((-margin - mean) / spread)) if two_sided else below
+    if high == math.inf:
+        return float(norm_sf((low - mean) / spread))
+    below = float(norm_cdf((high - mean) / spread))
+    return below - float(norm_cdf((low - mean) / spread)) if low > -math.inf else below
+
+
+class Design:
+    """What a group-sequential design of either job looks with: the parity test over seeds (guard/sequential.py:
+    ``SeedDesign``) and the quality job's gain (``GainDesign`` below). Each says its own outcomes; these are
+    the pieces they share:
+
+    - ``Spending``: the level of each look, the first a share of alpha fixed in advance, the later ones the
+      rest by O'Brien-Fleming or Pocock over the fraction of the plan, the last all that is left;
+    - the plan: the seeds the last look is at, drawn at the first look and raised (never lowered) at the
+      second, at most the budget's (``replan``); a look at the plan or the budget is the last (``level``);
+    - futility: the predictive power that the planned last look decides (``chance``), below ``futility``."""
+
+    def __init__(self, alpha: float, power: float, futility: float, kind: str, first: float):
+        self.spending = Spending(alpha, kind, first)
+        self.power, self.futility = power, futility
+        self.planned = 0  # seeds the plan counts on (at most the budget's)
+        self.needed = 0  # seeds the evidence so far needs, whatever the budget (NEVER: none would do)
+
+    def replan(self, needed: int, cap: int) -> None:
+        """A look that draws the plan: ``needed`` seeds, the plan raised to them (never lowered), at most ``cap``."""
+        self.needed = needed
+        self.planned = min(cap, max(self.planned, needed))
+
+    def level(self, n: int, cap: int) -> tuple[float, bool]:
+        """Record a look at ``n`` seeds: its nominal one-sided level, and whether it is the last (at the plan or
+        at ``cap``), which spends all that is left."""
+        final = n >= cap or n >= self.planned
+        return self.spending.look(n, n / max(self.planned, n), final), final
+
+    def critical(self, sd: float, df: int | None) -> float:
+        """What the planned last look's mean must clear by: its critical value (at ``Spending.later``, on ``df``
+        degrees of freedom) times its error, one pair's ``sd`` over sqrt(planned)."""
+        return quantile(self.spending.later, df) * sd / math.sqrt(self.planned)
+
+    def chance(self, mean: float, sd: float, n: int, low: float = -math.inf, high: float = math.inf) -> float:
+        """Predictive power (flat prior): the planned last look's mean is normal around ``mean``, the mean of the
+        ``n`` seeds so far, with variance sd^2 (1/n - 1/planned), ``sd`` one pair's; the chance it lands in
+        (``low``, ``high``)."""
+        return predictive_power(mean, sd * math.sqrt(max(1.0 / n - 1.0 / self.planned, 0.0)), low, high)
 
 
 # ---------------------------------------------------------------------------- a gain over a threshold
@@ -183,14 +230,14 @@ class GainLook:
     se: float  # its standard error (the pairs' scatter / sqrt(n))
     low: float  # mean - t(level, n - 1) se: the gain is shown above the threshold when this is
     high: float  # mean + t(level, n - 1) se (the interval's other end, for the record)
-    outcome: str  # shown | continue | futility | budget | plan
+    outcome: LookOutcome  # shown | continue | futility | budget | plan
     planned: int  # seeds the plan counts on now (at most the cap)
     needed: int  # seeds that would show the gain seen so far at ``power``, whatever the cap
     next: int  # seeds of the next look ("continue")
     chance: float | None = None  # predictive power that the planned seeds show the gain
 
 
-class GainDesign:
+class GainDesign(Design):
     """A one-sided group-sequential test that a paired gain lies above ``threshold`` (the quality
     job's decision: the best node against the baseline on the test split, over seeds;
     docs/finetune.md, "The decision"). The caller trains the seeds a look asks for and feeds the
@@ -211,10 +258,9 @@ class GainDesign:
 
     def __init__(self, alpha: float, power: float, futility: float, threshold: float, cap: int,
                  kind: str = "obf", first: float = 0.5):
-        self.spending = Spending(alpha, kind, first)
-        self.power, self.futility, self.threshold, self.cap = power, futility, threshold, cap
+        super().__init__(alpha, power, futility, kind, first)
+        self.threshold, self.cap = threshold, cap
         self.looks: list[GainLook] = []
-        self.planned = self.needed = 0
 
     def decide(self, gains: Sequence[float]) -> GainLook:
         n = len(gains)
@@ -224,55 +270,44 @@ class GainDesign:
         sd = 0.0 if sd <= 1e-9 * max(1.0, abs(mean)) else sd  # equal gains (float noise aside)
         first = not self.looks
         if len(self.looks) < 2:  # the plan: drawn at the first look, raised (never lowered) at the second
-            self.needed = self._needed(mean, sd, n + 1 if first else n)
-            self.planned = min(self.cap, max(self.planned, self.needed))
-        final = n >= self.cap or (not first and n >= self.planned)
-        level = self.spending.look(n, n / max(self.planned, n), final)
+            self.replan(self._needed(mean, sd, n + 1 if first else n), self.cap)
+        level, final = self.level(n, self.cap)  # (the first look plans a seed more than it has: never the last)
         # Seeds whose gains are all equal show no scatter, not no noise (a metric on a few hundred rows moves
         # in steps): such a look shows nothing, and the next adds a seed.
         q = quantile(level, n - 1) * sd / math.sqrt(n) if math.isfinite(sd) and sd > 0 else math.inf
-        look = GainLook(len(self.looks) + 1, n, level, mean, sd / math.sqrt(n), mean - q, mean + q, "continue",
-                        self.planned, self.needed, self.planned)
+        look = GainLook(len(self.looks) + 1, n, level, mean, sd / math.sqrt(n), mean - q, mean + q,
+                        LookOutcome.CONTINUE, self.planned, self.needed, self.planned)
         self.looks.append(look)
         if look.low > self.threshold:
-            look.outcome = "shown"
+            look.outcome = LookOutcome.SHOWN
         elif final:
-            look.outcome = "budget" if n < self.needed < NEVER else "plan"
+            look.outcome = LookOutcome.BUDGET if n < self.needed < NEVER else LookOutcome.PLAN
         else:
             look.chance = self._chance(mean, sd, n)
             if look.chance < self.futility:
-                look.outcome = "budget" if self.cap < self.needed < NEVER else "futility"
+                look.outcome = LookOutcome.BUDGET if self.cap < self.needed < NEVER else LookOutcome.FUTILITY
             elif first and self.planned - n >= 4:  # a look halfway, where the plan is long
                 look.next = n + math.ceil((self.planned - n) / 2)
         return look
 
-    @property
-    def rest(self) -> float:
-        """What the looks after the first may spend (the plan is sized for the last of them)."""
-        return self.spending.alpha * (1.0 - self.spending.first)
-
     def resolves(self, sd: float, n: int) -> float:
         """The gain ``n`` seeds show at ``power`` (at the last look's level) when a pair's gain scatters at
         ``sd``: what a plan of n seeds is sized to show."""
-        return (quantile(self.rest, n - 1) + float(norm_isf(1.0 - self.power))) * sd / math.sqrt(n)
+        return (quantile(self.spending.later, n - 1) + float(norm_isf(1.0 - self.power))) * sd / math.sqrt(n)
 
     def _needed(self, mean: float, sd: float, start: int) -> int:
         """Seeds whose bound clears the threshold at ``power`` if ``mean`` is the true gain."""
         gap = mean - self.threshold
         if gap <= 0.0 or not math.isfinite(sd):
             return NEVER
-        return seeds_needed(sd, gap, self.rest, self.power, start, NEVER, two_sided=False)
+        return seeds_needed(sd, gap, self.spending.later, self.power, start, NEVER, two_sided=False)
 
     def _chance(self, mean: float, sd: float, n: int) -> float:
-        """Predictive power (flat prior): the final mean at the planned seeds is normal around the mean
-        so far, variance sd^2 (1/n - 1/planned), and must land above the threshold plus the last look's
-        critical value times its error."""
+        """Predictive power (``Design.chance``): the final mean at the planned seeds must land above the
+        threshold plus the last look's critical value times its error."""
         if sd == 0.0:  # (equal gains: the plan is one more seed; no gain seen, none to expect)
             return 1.0 if mean > self.threshold else 0.0
-        last = self.planned
-        bar = self.threshold + quantile(self.rest, last - 1) * sd / math.sqrt(last)
-        spread = max(sd * math.sqrt(max(1.0 / n - 1.0 / last, 0.0)), 1e-12)
-        return float(norm_sf((bar - mean) / spread))
+        return self.chance(mean, sd, n, low=self.threshold + self.critical(sd, self.planned - 1))
 
     def run(self, draw: Callable[[int], Sequence[float] | None], first: int,
             seen: Callable[[GainLook], None] = lambda look: None) -> GainLook | None:
@@ -283,7 +318,7 @@ class GainDesign:
         while (gains := draw(n)) is not None:
             look = self.decide(gains)
             seen(look)
-            if look.outcome != "continue":
+            if look.outcome != LookOutcome.CONTINUE:
                 return look
             n = look.next
         return self.looks[-1] if self.looks else None

@@ -16,6 +16,8 @@ import numpy as np
 from scipy import special
 from scipy import stats as sps
 
+from recipetune.core.words import EquivalenceOutcome
+
 BOOTSTRAP_SEED = 0  # fixed: the same measurements always give the same interval
 
 # The normal law's functions as scipy.stats computes them (the same special functions, so the same
@@ -77,11 +79,49 @@ class MeanEstimate:
     tau: float  # integrated autocorrelation time: the series holds n / tau independent values
 
 
+def least_squares(x: np.ndarray, y: np.ndarray) -> tuple[Real, np.ndarray]:
+    """The least-squares line of ``y`` on ``x``: its slope and the residuals about it. ``y`` is one series
+    over ``x`` or rows of series over the same ``x``, each fitted on its own (the slopes then an array)."""
+    xc = x - x.mean()
+    yc = y - y.mean(axis=-1, keepdims=True)
+    slope = yc @ xc / float(xc @ xc)
+    return slope, yc - np.expand_dims(slope, -1) * xc
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """A least-squares line through a noisy series (``line_fit``): its slope, the slope's standard error
+    and the residuals' noise about the line."""
+
+    slope: float
+    se: float  # the slope's standard error, widened by the residuals' autocorrelation (inf: too few points)
+    var: float  # residual variance about the line (n - 2 degrees of freedom)
+    tau: float  # the residuals' integrated autocorrelation time (``autocorrelation_time``)
+    n: int
+
+
+def line_fit(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> LineFit:
+    """The least-squares line of ``y`` on ``x``, the one line fit of the guard: a loss curve's slow descent
+    under ``mean_with_error``, the gap's slope under the trend (guard/trend.py). The residuals give the
+    variance and their integrated autocorrelation time tau; the slope's error is sqrt(var tau / Sxx), its
+    standard error were the residuals independent, widened by tau. Below four points no error: slope nan,
+    se inf."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    n = len(xs)
+    if n < 4:
+        return LineFit(math.nan, math.inf, math.nan, math.nan, n)
+    slope, r = least_squares(xs, ys)
+    var = float(r @ r) / (n - 2)
+    tau = autocorrelation_time(r, var)
+    xc = xs - xs.mean()
+    return LineFit(float(slope), math.sqrt(var * tau / float(xc @ xc)), var, tau, n)
+
+
 def mean_with_error(values: Sequence[float]) -> MeanEstimate:
     """Mean of a noisy loss series and its standard error, from the series alone.
 
-    Residuals about a least-squares line (a loss curve's slow descent is not noise) give sigma; their
-    autocorrelations rho_k give the integrated autocorrelation time tau = 1 + 2 sum rho_k, summed
+    Residuals about a least-squares line (``line_fit``: a loss curve's slow descent is not noise) give sigma;
+    their autocorrelations rho_k give the integrated autocorrelation time tau = 1 + 2 sum rho_k, summed
     while rho_k > 0 (the initial positive sequence) and k < n / 3. Slow wander of a run's loss, the
     mark of its own trajectory, shows up as positive rho_k and widens the error. SE = sigma sqrt(tau / n).
     """
@@ -89,11 +129,8 @@ def mean_with_error(values: Sequence[float]) -> MeanEstimate:
     n = len(x)
     if n < 4:
         return MeanEstimate(float(x.mean()) if n else math.nan, math.inf, n, math.nan, math.nan)
-    t = np.arange(n)
-    r = x - np.polyval(np.polyfit(t, x, 1), t)
-    var = float(r @ r) / (n - 2)
-    tau = autocorrelation_time(r, var)
-    return MeanEstimate(float(x.mean()), math.sqrt(var * tau / n), n, math.sqrt(var), tau)
+    fit = line_fit(np.arange(n), x)
+    return MeanEstimate(float(x.mean()), math.sqrt(fit.var * fit.tau / n), n, math.sqrt(fit.var), fit.tau)
 
 
 def autocorrelation_time(r: np.ndarray, var: float) -> float:
@@ -180,7 +217,7 @@ class Equivalence:
     tolerance: float  # T
     detectable: float  # (quantile + z_POWER) * se: the smallest true difference these runs resolve
     two_sided: bool  # a speed change: equivalence; an allowed semantic change: non-inferiority
-    outcome: str  # "equivalent" | "different" | "inconclusive"
+    outcome: EquivalenceOutcome
     source: str  # where se came from
     df: int | None = None
 
@@ -206,7 +243,8 @@ def equivalence(diffs: Sequence[float], ses: Sequence[float] | None, tolerance: 
     else:
         inside, outside = high < tolerance, low > tolerance
     resolved = detectable <= tolerance
-    outcome = "equivalent" if inside and resolved else "different" if outside else "inconclusive"
+    outcome = (EquivalenceOutcome.EQUIVALENT if inside and resolved else
+               EquivalenceOutcome.DIFFERENT if outside else EquivalenceOutcome.INCONCLUSIVE)
     return Equivalence(est.mean, est.se, q, low, high, tolerance, detectable, two_sided, outcome, est.source, est.df)
 
 

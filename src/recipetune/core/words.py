@@ -8,7 +8,9 @@ Python 3.10 has no ``enum.StrEnum``: ``Word`` is ``(str, Enum)`` with str's own 
 ``__format__``, without which Python 3.11 prints ``Decision.APPROVED``.
 
 Here in core/ because the deciders sit in two peer packages that may not import each other (the
-guard's verdict, guard/verdict.py; the quality job's, finetune/decide.py) and both jobs report them.
+guard's verdict, guard/verdict.py; the quality job's, finetune/decide.py) and both jobs report them;
+the outcomes the statistics reach on the way (core/stats.py, core/sequential.py, the guard's parity
+test) beside them, so that a misspelt outcome is an ``AttributeError``, not a silent "look again".
 A trial's status is the engine's: engine/status.py.
 """
 
@@ -30,3 +32,38 @@ class Decision(Word):
     APPROVED = "APPROVED"  # the candidate is better, with the evidence behind it
     KEEP_BASELINE = "KEEP BASELINE"  # nothing beat the baseline beyond its noise
     REJECTED = "REJECTED"  # the candidate breaks what must hold (the speed job: loss parity, the static check)
+
+
+class EquivalenceOutcome(Word):
+    """What one equivalence test shows (core/stats.py: ``Equivalence.outcome``)."""
+
+    EQUIVALENT = "equivalent"  # the bounds lie inside +-T and the runs resolve T
+    DIFFERENT = "different"  # the bounds lie beyond T: shown to differ by more than T
+    INCONCLUSIVE = "inconclusive"  # neither: more seeds or steps would tell
+
+
+class ParityOutcome(Word):
+    """What the parity test shows for one loss measure and for the candidate (verdict.json: ``parity.outcome``)."""
+
+    HOLDS = "holds"  # every measure shown within T: the candidate trains as the baseline does
+    FAILS = "fails"  # a measure shown beyond T, or not comparable: REJECTED
+    INCONCLUSIVE = "inconclusive"  # not shown either way: KEEP BASELINE
+
+
+class LookOutcome(Word):
+    """What a look of a sequential design says besides the test's own outcome (core/sequential.py): the
+    quality job's gain ``SHOWN``, or why the looks go on or end. (The parity test's design decides with
+    ``ParityOutcome.HOLDS`` and ``FAILS``.) verdict.json: the quality job's ``looks[].outcome``."""
+
+    SHOWN = "shown"  # the gain's bound clears the threshold
+    CONTINUE = "continue"  # not decided: the next look at the seeds the design names
+    FUTILITY = "futility"  # the chance that the planned seeds decide is below the futility level
+    BUDGET = "budget"  # the seeds it would need exceed the budget
+    PLAN = "plan"  # the planned seeds did not decide
+
+
+class TrendOutcome(Word):
+    """The gap's slope over the compared window (guard/trend.py; verdict.json: ``parity.trend.outcome``)."""
+
+    FLAT = "flat"  # not shown growing away from zero by more than the margin
+    GROWS = "grows"  # shown growing: not approved on this evidence

@@ -22,13 +22,13 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   inputs use. ``347+588=`` keeps one
   number of ``347+589=``: another sum; ``block number 17`` keeps no varying value of ``block number
   7``: another input of its template; ``SELECT price FROM orders WHERE total > 310`` keeps four of
-  ``... > 311``: a copy. Every input is found through its two rarest token pairs with no token in
-  common (anchors), so one changed token leaves one of them (issue 46: before, only inputs under 2 x
-  ``ngram`` tokens were, and names only; one changed token costs an input of v tokens up to ``ngram``
-  of its v - ``ngram`` + 1 n-grams); an input of several fields (a chat turn and the next) is found
-  field by field, so text added around one of them does not hide it. ``renamed`` (``remove`` |
-  ``keep`` | ``report``) says whether renamed copies count: natural inputs that differ by one name
-  (another function with the same parameters) are reported apart as ``renamed copy``;
+  ``... > 311``: a copy. Every input is found through its two rarest token pairs with no token in common
+  (anchors), so one changed token leaves one of them (n-grams alone would miss it: one changed token
+  costs an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1 n-grams); an input of several
+  fields (a chat turn and the next) is found field by field, so text added around one of them does not
+  hide it. ``renamed`` (``remove`` | ``keep`` | ``report``) says whether renamed copies count: natural
+  inputs that differ by one name (another function with the same parameters) are reported apart as
+  ``renamed copy``;
 - v is shorter than ``min_tokens`` (an input that is almost all shared text) and u's fields hold v
   and nothing else that varies, or u contains the whole evaluation input, shared text included;
 - or their estimated Jaccard similarity reaches ``near_threshold`` (one-permutation MinHash over

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from recipetune.core.filenames import APPROVED, VERDICT
 from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.core.words import Decision
@@ -241,11 +242,11 @@ def conclude(store: CampaignStore, job: str, baseline: Recipe, outcome: Outcome,
     recipe's change from the baseline, as the job words it."""
     winner = outcome.winner
     if winner is not None and outcome.approved is not None:
-        outcome.approved_file = write_atomic(store.folder / "approved.yaml", outcome.approved)
+        outcome.approved_file = write_atomic(store.folder / APPROVED, outcome.approved)
         path = shlex.quote(str(outcome.approved_file))
         outcome.launch = [cmd.replace(APPROVED_FILE, path) for cmd in outcome.launch]
     verdict = outcome.verdict
-    store.write_json("verdict.json", {
+    store.write_json(VERDICT, {
         "job": job, "decision": outcome.decision, "reasons": outcome.reasons,
         "baseline": dict(baseline), "baseline_id": baseline.id,
         "recipe": dict(winner.recipe) if winner else dict(baseline),

@@ -25,11 +25,13 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
+from recipetune.core.filenames import CAMPAIGN, REJECTED
 from recipetune.core.process import kill_orphans
 from recipetune.core.recipe import Recipe
 from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.job import Finished, Job, Outcome, Root, Row, Services
 from recipetune.engine.researcher import Proposer, SearchContext
+from recipetune.engine.status import Refusal
 from recipetune.engine.stopping import Stopping
 from recipetune.engine.store import Refused
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
@@ -68,7 +70,7 @@ class Search:
             stopping.trial_s = float(store.study.user_attrs.get("search_trial_s", 0.0))
         else:
             store.create(self.meta)
-            store.write_json("campaign.json", self.snapshot)
+            store.write_json(CAMPAIGN, self.snapshot)
         root = self.root = self.job.start(self.services)
         self.tree = Tree(self.baseline, root.result, self.cfg.exploration, score=root.score, backup=self.cfg.backup)
         if root.curve and self.cfg.pruning.on and root.score is not None:
@@ -96,7 +98,7 @@ class Search:
 
     def record_rejections(self, context: SearchContext) -> None:
         for i, rej in enumerate(context.drain()):
-            self.store.append_jsonl("rejected_proposals.jsonl", {"time": time.time(), **vars(rej)})
+            self.store.append_jsonl(REJECTED, {"time": time.time(), **vars(rej)})
             self.reporter.row(Row(f"x{time.monotonic_ns()}-{i}", None, "(not a recipe)", "invalid",
                                   rationale=rej.raw[:200], source=rej.source, cause=rej.reason))
 
@@ -147,7 +149,7 @@ class Search:
             self.inflight[started.future] = started
             return
         if isinstance(started, Refused):
-            if started.reason == "claimed":
+            if started.reason == Refusal.CLAIMED:
                 self.elsewhere.add(c.recipe.id)
             else:  # budget: other drivers' runs took every slot
                 self.stopping.slots_taken()

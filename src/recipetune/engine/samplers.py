@@ -121,9 +121,9 @@ def make_sampler(strategy: str, space: SearchSpace, baseline: Recipe, seed: int,
     """The sampler of ``strategy``; ``seed`` should differ per session so a resume draws afresh.
     ``order_seed``: the campaign's own seed, the same in every session (default ``seed``). Optuna's
     GridSampler shuffles its points by its seed and the study keeps only each trial's grid id, so the
-    order must not change on a resume: a session seeded afresh read the ids of points already measured
-    as other points, drew measured points again and counted unmeasured ones as visited (a grid campaign
-    killed 6 times ended KEEP BASELINE where the uninterrupted one approved; benchmarks/kill_resume.py).
+    order must not change on a resume: a session seeded afresh would read the ids of points already
+    measured as other points, draw measured points again and count unmeasured ones as visited, and a
+    killed and resumed grid campaign would decide otherwise than an uninterrupted one (benchmarks/kill_resume.py).
     With ``relations``, it draws only points that keep them. With trials in flight at once, TPE uses
     its constant liar: a running trial counts as a poor result, so the next draw looks elsewhere
     (Optuna's own batch mechanism)."""

@@ -23,6 +23,14 @@ class Status(Word):
     BASELINE = "baseline"  # the tree's root
 
 
+class Refusal(Word):
+    """Why a recipe gets no run (engine/store.py: ``Refused.reason``)."""
+
+    CLAIMED = "claimed"  # a driver, this one included, already has it
+    REJECTED = "rejected"  # the job's check refused it
+    BUDGET = "budget"  # other drivers' runs took every slot of the shared budget
+
+
 # The statuses a node of the tree holds (engine/tree.py: Node.status, engine/job.py: Landing.status).
 NodeStatus = Literal[Status.BASELINE, Status.PASSED, Status.REJECTED, Status.FAILED, Status.PRUNED]
 # A trial's status once its node is in the tree (a resume rebuilds the tree from these).

@@ -51,7 +51,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy as sa
@@ -59,6 +59,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel
 
+from recipetune.core.filenames import STUDY_DB
 from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe
 from recipetune.engine.database import (
@@ -71,6 +72,7 @@ from recipetune.engine.database import (
 )
 from recipetune.engine.drivers import CLAIMS, DRIVER, Drivers
 from recipetune.engine.record import TrialRecord, trial_record
+from recipetune.engine.status import Refusal
 
 STUDY_NAME = "recipetune"
 REFERENCE = "reference"  # the study's user attribute holding the baseline's curve (set_reference)
@@ -117,11 +119,10 @@ class Opened:
 
 @dataclass(frozen=True)
 class Refused:
-    """No run for this recipe (``open_trial``): ``claimed`` (a driver, this one included, already has
-    it), ``rejected`` (the job's check refused it), ``budget`` (other drivers' runs took every slot of
-    the shared budget). ``number``: the trial closed for it, None where none was opened."""
+    """No run for this recipe (``open_trial``), and why (``Refusal``). ``number``: the trial closed for it,
+    None where none was opened."""
 
-    reason: Literal["claimed", "rejected", "budget"]
+    reason: Refusal
     number: int | None
     cause: str
 
@@ -138,7 +139,7 @@ class CampaignStore:
         heartbeat_s: int = 30, db_retry_s: float = 60.0, pruner: optuna.pruners.BasePruner | None = None,
     ):
         self.folder = folder
-        self.url = storage_url or f"sqlite:///{(folder / 'study.db').resolve()}"
+        self.url = storage_url or f"sqlite:///{(folder / STUDY_DB).resolve()}"
         # A database server holds many campaigns: each study is named after its folder. A SQLite
         # file holds one campaign, under the fixed name.
         self.name = STUDY_NAME if self.url.startswith("sqlite") else folder.resolve().name
@@ -286,15 +287,15 @@ class CampaignStore:
             if trial is not None:  # the sampler's trial must be told: it is not run here
                 number = self.begin(recipe, dists, {k: attrs[k] for k in ("parent", "proposer") if k in attrs}, trial)
                 self.finish(number, None, {"status": "duplicate", "ran": False, "cause": CLAIMED})
-            return Refused("claimed", number, CLAIMED)
+            return Refused(Refusal.CLAIMED, number, CLAIMED)
         number = self.begin(recipe, dists, attrs, trial)
         if refusal is not None:
             self.finish(number, None, dict(refusal))
-            return Refused("rejected", number, str(refusal.get("cause", "")))
+            return Refused(Refusal.REJECTED, number, str(refusal.get("cause", "")))
         if not self.drivers.take_run(number, budget):
             self.finish(number, None, {"status": "unrun", "ran": False, "cause": BUDGET_TAKEN})
             self.drivers.unclaim(recipe.id)
-            return Refused("budget", number, BUDGET_TAKEN)
+            return Refused(Refusal.BUDGET, number, BUDGET_TAKEN)
         run_dir = self.run_dir(number, recipe)
         self.set_running(number, {"run_dir": str(run_dir), "ran": True, **(plan or {})})
         return Opened(number, run_dir)

@@ -26,7 +26,7 @@ from recipetune.engine.database import NO_SPACE, DiskFull
 from recipetune.engine.job import Checked, Job, Landing, Progress, Services
 from recipetune.engine.record import Trial, TrialRecord
 from recipetune.engine.samplers import distributions, pruning_bar
-from recipetune.engine.status import Status
+from recipetune.engine.status import Refusal, Status
 from recipetune.engine.stopping import Stopping
 from recipetune.engine.store import Refused
 from recipetune.engine.strategy import Candidate
@@ -89,10 +89,10 @@ class Trials:
                    if checked.refusal else None)
         opened = store.open_trial(c.recipe, self.dists, attrs, c.trial, budget=self.cfg.budget.trials,
                                   plan=checked.plan, refusal=refusal)
-        if isinstance(opened, Refused) and opened.reason == "claimed":
+        if isinstance(opened, Refused) and opened.reason == Refusal.CLAIMED:
             return opened
         c.proposal = proposal
-        if isinstance(opened, Refused) and opened.reason == "budget":
+        if isinstance(opened, Refused) and opened.reason == Refusal.BUDGET:
             return opened
         if isinstance(opened, Refused):  # the job's check refused it: a node at once, nothing ran
             assert opened.number is not None and refusal is not None

@@ -1,11 +1,11 @@
 """The reference route's ``path: base``: a small model pretrained on the stdlib corpus by the reference trainer.
 
-The default (``tiny``, 400 steps of 8 x 256 bytes: 0.8M bytes, a third of the 600 x 16 it was before
-issue 37, chosen as the most a base learns in a first experiment's wait: docs/finetune.md, "The time of
-a first experiment") may ship in ``finetune/base/`` (3 MB, the model, recipe and step, no optimizer
-state; a release artefact, not tracked in git), so a first experiment trains at once; a clone builds
-it on first use, about 137 CPU seconds on one thread. ``base.json`` says what it is, and the
-shipped file is used only when all of it holds here: the file's full sha256, the preset, sequence
+The default (``tiny``, 400 steps of 8 x 256 bytes: 0.8M bytes, chosen as the most a base learns in a
+first experiment's wait: docs/finetune.md, "The time of a first experiment") may ship in
+``finetune/base/`` (3 MB, the model, recipe and step, no optimizer state; a release artefact, not
+tracked in git), so a first experiment trains at once; a clone builds it on first use, about 137 CPU
+seconds on one thread. ``base.json`` says what it is, and the shipped file is used only when all of it
+holds here: the file's full sha256, the preset, sequence
 length and steps asked for, the build settings this version uses (``base_settings``: batch, learning
 rate ...), and the fingerprint of this Python's stdlib corpus (the pretraining text: another Python's
 stdlib is other text, so that base would be a model of other data). Where any of it differs, or for

@@ -78,8 +78,8 @@ def ensure_base(model: ModelSpec) -> None:
     """Build the reference route's base model first where it must be built (neither cached nor a matching
     shipped one: another size, another Python's stdlib, a shipped file that fails its sha256, or
     ``RECIPETUNE_BUILD_BASE=1``), saying why, under a progress bar: the one wait before a first experiment
-    can train (400 steps of 8 x 256 bytes, about 137 CPU s on one thread; the 600 x 16 before issue 37 took
-    1601 s at load 5-9 on this project's 2-core machine)."""
+    can train (400 steps of 8 x 256 bytes, about 137 CPU s on one thread: docs/finetune.md, "The time of a
+    first experiment")."""
     if model.kind != "reference" or model.path != "base":
         return
     from rich import progress as rp

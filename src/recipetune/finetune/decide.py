@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from recipetune.core.recipe import Recipe
 from recipetune.core.sequential import GainDesign
-from recipetune.core.words import Decision
+from recipetune.core.words import Decision, LookOutcome
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.finetune.looks import Contender, LookRecord, SplitLooks, design_of, look_line, pace
 from recipetune.finetune.plan import FinetuneCampaign
@@ -129,12 +129,12 @@ def reasons_for(c: FinetuneCampaign, looks: SplitLooks, last: LookRecord, compet
     head = (f"test {c.experiment.spec.task.metric}: {cand.mean:.4f} vs {base.mean:.4f} over seeds {last.seeds}; gain "
             f"{last.gain:+.4f}, bound {last.low:+.4f} at look {last.look} (level {last.level:.4f}); ")
     bar = f"not shown above {cfg.min_gain:g}"
-    if stop == "shown":
+    if stop == LookOutcome.SHOWN:
         why = f"shown above the threshold {cfg.min_gain:g}"
-    elif stop == "futility":
+    elif stop == LookOutcome.FUTILITY:
         why = (f"{bar}: the chance that {last.planned} seeds show it is {last.chance or 0.0:.0%}, below "
                f"search.futility {cfg.futility:.0%}" + more_needed(c, looks, last))
-    elif stop == "budget":
+    elif stop == LookOutcome.BUDGET:
         why = f"{bar} within search.max_test_seeds ({cfg.max_test_seeds})" + more_needed(c, looks, last)
     elif stop == "time":
         why = (f"{bar}: search.max_test_s ({cfg.max_test_s or 0.0:g} s) ends the looks at {n} seeds"
@@ -156,7 +156,7 @@ def judge(c: FinetuneCampaign, looks: SplitLooks, competed: int, plan: str, val_
     assert base is not None and cand is not None
     stop = looks.stop or last.outcome
     return QualityVerdict(
-        decision=Decision.APPROVED if stop == "shown" else Decision.KEEP_BASELINE,
+        decision=Decision.APPROVED if stop == LookOutcome.SHOWN else Decision.KEEP_BASELINE,
         reasons=reasons_for(c, looks, last, competed),
         metric=c.experiment.spec.task.metric, seeds=last.seeds, baseline=base.values, candidate=cand.values,
         baseline_mean=base.mean, candidate_mean=cand.mean, gain=last.gain, ci_low=last.low, ci_high=last.high,

@@ -1,6 +1,6 @@
 """One experiment: (task, data chain, training recipe) -> data -> fine-tune -> evaluate -> report.
 
-The Experimenter's interface for the search (issue 11): ``load_experiment`` checks a file (nothing
+The Experimenter's interface for the search: ``load_experiment`` checks a file (nothing
 written on bad input), ``Experiment.derive`` makes a child with another chain or recipe (never
 another task, model or evaluation data), ``run_experiment`` runs it into a folder and returns the
 ``ExperimentReport`` (validation only). The test split is opened by ``final.final_evaluation`` alone.
@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from recipetune.core.errors import ConfigError, validation_error
+from recipetune.core.filenames import EXPERIMENT_REPORT
 from recipetune.core.files import apply_overrides, read_yaml, write_atomic
 from recipetune.data.chain import ChainError, DataVersion, run_chain
 from recipetune.data.files import DataFileError
@@ -317,7 +318,7 @@ def train_and_validate(
         peak_mem_bytes=peak_memory_bytes(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         tokens_trained=train_log.tokens, truncated_train_examples=train_log.truncated,
     )
-    (out_dir / "report.json").write_text(report.model_dump_json(indent=2))
+    (out_dir / EXPERIMENT_REPORT).write_text(report.model_dump_json(indent=2))
     return report, (route if status == "ok" else None)
 
 

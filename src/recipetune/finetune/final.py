@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from recipetune.core.filenames import EXPERIMENT_REPORT
 from recipetune.finetune.experiment import Experiment, class_labels, evaluate, prepare_data, train_and_validate
 from recipetune.finetune.results import Evaluation, ExperimentReport, FinalResult
 from recipetune.finetune.task import TEST_KEY
@@ -18,7 +19,7 @@ from recipetune.finetune.task import TEST_KEY
 def _finished(run_dir: Path, experiment_id: str) -> tuple[ExperimentReport, Evaluation] | None:
     """A seed evaluated before (the same experiment): its report and test evaluation."""
     try:
-        report = ExperimentReport.model_validate_json((run_dir / "report.json").read_text())
+        report = ExperimentReport.model_validate_json((run_dir / EXPERIMENT_REPORT).read_text())
         test = Evaluation.model_validate_json((run_dir / "test.json").read_text())
     except (OSError, ValueError):
         return None

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from recipetune.core.errors import ConfigError
+from recipetune.core.filenames import BASELINE, EXPERIMENT_REPORT
 from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Recipe
 from recipetune.core.stats import proportion_ci
@@ -122,10 +123,10 @@ def run_child(file: str, overrides: list[str], child: dict[str, Any], out_dir: s
     (out / STOP_FILE).unlink(missing_ok=True)
     outcome = run_process(argv, log_dir=out, timeout_s=timeout_s, env={"PYTHONUNBUFFERED": "1"},
                           stop_file=out / STOP_FILE)
-    if outcome.stopped and not (out / "report.json").exists():  # (a child that finished meanwhile is kept)
+    if outcome.stopped and not (out / EXPERIMENT_REPORT).exists():  # (a child that finished meanwhile is kept)
         at = json.loads((out / STOP_FILE).read_text())  # the report the pruner stopped it at
         return Pruned(at["checkpoint"], at["of"], at["value"], at["examples"])
-    report = out / "report.json"
+    report = out / EXPERIMENT_REPORT
     if outcome.timed_out:
         return Failed("timeout", f"killed after {timeout_s:.0f}s")
     if report.exists() and outcome.returncode in (0, 1):
@@ -220,7 +221,7 @@ class QualityJob:
 
     def start(self, services: Services) -> Root:
         self.services = services
-        folder, reporter = services.store.folder / "baseline", services.reporter
+        folder, reporter = services.store.folder / BASELINE, services.reporter
         report = self.load(folder)
         if report is None or report.value is None:
             reporter.phase(f"running the baseline experiment ({self.c.experiment.spec.task.name}, "
@@ -288,7 +289,7 @@ class QualityJob:
 
     def load(self, run_dir: Path) -> ExperimentReport | None:
         try:
-            return ExperimentReport.model_validate_json((run_dir / "report.json").read_text())
+            return ExperimentReport.model_validate_json((run_dir / EXPERIMENT_REPORT).read_text())
         except (OSError, ValueError):
             return None
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from recipetune.core.recipe import Recipe
 from recipetune.core.sequential import NEVER, GainDesign, GainLook
+from recipetune.core.words import LookOutcome
 from recipetune.engine.job import Services
 from recipetune.finetune.final import evaluated, final_evaluation
 from recipetune.finetune.plan import FinetuneCampaign, FinetuneSearchConfig
@@ -35,7 +36,7 @@ class LookRecord(BaseModel):
     gain: float  # mean paired test gain (candidate - baseline)
     low: float  # its bound at the look's level: the gain is shown above the threshold when this is
     high: float
-    outcome: str  # shown | continue | futility | budget | plan
+    outcome: LookOutcome  # shown | continue | futility | budget | plan
     planned: int  # seeds the plan counted on after this look
     next: int  # seeds of the next look ("continue")
     needed: int | None  # seeds that would show the gain seen at the stated power (None: none would)
@@ -184,9 +185,10 @@ class SplitLooks:
 def look_line(r: LookRecord, threshold: float) -> str:
     """``look 1: 3 seeds, gain +0.0467, bound +0.0012 at level 0.0125 (threshold 0): continue to 5 seeds
     (plan 5) (chance 64%)``."""
-    what = {"shown": "shown above the threshold", "futility": "stopped for futility",
-            "budget": "stopped: the seeds it would need exceed the budget", "plan": "not shown at the planned seeds",
-            "continue": f"continue to {r.next} seeds (plan {r.planned})"}[r.outcome]
+    what = {LookOutcome.SHOWN: "shown above the threshold", LookOutcome.FUTILITY: "stopped for futility",
+            LookOutcome.BUDGET: "stopped: the seeds it would need exceed the budget",
+            LookOutcome.PLAN: "not shown at the planned seeds",
+            LookOutcome.CONTINUE: f"continue to {r.next} seeds (plan {r.planned})"}[r.outcome]
     chance = f" (chance {r.chance:.0%})" if r.chance is not None else ""
     return (f"look {r.look}: {len(r.seeds)} seeds, gain {r.gain:+.4f}, bound {r.low:+.4f} at level {r.level:.4f} "
             f"(threshold {threshold:g}): {what}{chance}")

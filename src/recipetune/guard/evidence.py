@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from recipetune.core.words import ParityOutcome, TrendOutcome
+
 Mode = Literal["same batches", "other batches", "batches unknown", "equal tokens"]
 
 
@@ -25,7 +27,7 @@ class Measured(BaseModel):
     reference: float  # sigma_M
     reference_kind: str
     se_source: str
-    outcome: Literal["holds", "fails", "inconclusive"]
+    outcome: ParityOutcome
     reason: str = ""
     # Runs longer than the profile's showed a difference beyond noise that is not beyond T: an effect that
     # fades with training looks like this, and a still longer look could only find it smaller (the fade rule).
@@ -47,13 +49,13 @@ class Trend(BaseModel):
     level: float
     margin: float  # nats the gap may gain per horizon (``steps``) before a shown growth blocks approval
     source: str  # what the slope's error rests on
-    outcome: Literal["flat", "grows"]
+    outcome: TrendOutcome
     reason: str = ""
 
     def summary(self) -> str:
         return (f"over {self.steps:,} steps ({self.tokens:,} tokens) the gap's slope over steps {self.first_step:,}-"
                 f"{self.last_step:,} is {self.slope:+.4f} [{self.low:+.4f}, {self.high:+.4f}] nats per 1,000 steps "
-                f"({confidence_label(self.level / 2)} two-sided)")
+                f"({confidence_label(self.level)} two-sided)")
 
 
 # The decisive measure's fields, as verdict.json has always carried them at the evidence's top level (the key
@@ -66,7 +68,8 @@ _ORDER = ("mode", "mode_reason", "passed", "outcome", "reasons", "notes", "seeds
 
 
 def confidence_label(level: float) -> str:
-    """A one-sided level as the confidence its bounds are stated at: 0.0025 -> '99.75%'."""
+    """A level as the confidence its bounds are stated at: a one-sided 0.0025 -> '99.75%'; a two-sided 0.01
+    (alpha / 2 on each side) -> '99%'."""
     return f"{100 * (1 - level):.2f}".rstrip("0").rstrip(".") + "%"
 
 
@@ -77,7 +80,7 @@ class ParityEvidence(BaseModel):
     mode: Mode
     mode_reason: str  # declared, what the fingerprints showed, or that nothing tells
     passed: bool
-    outcome: Literal["holds", "fails", "inconclusive"]
+    outcome: ParityOutcome
     reasons: list[str]
     notes: list[str] = []
     seeds: list[int | None]
@@ -108,8 +111,8 @@ class ParityEvidence(BaseModel):
         flat.setdefault("measure", "training loss")
         data["decisive"] = {"baseline_finals": [], "candidate_finals": [], "mean_diff": 0.0, "se": None, "low": None,
                             "high": None, "tolerance": 0.0, "detectable": None, "reference": 0.0, "reference_kind": "",
-                            "se_source": data.pop("se_source", ""), "outcome": data.get("outcome", "inconclusive"),
-                            **flat}
+                            "se_source": data.pop("se_source", ""),
+                            "outcome": data.get("outcome", ParityOutcome.INCONCLUSIVE), **flat}
         return data
 
     @model_serializer(mode="wrap")

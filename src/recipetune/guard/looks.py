@@ -38,14 +38,15 @@ from recipetune.core.console import Note
 from recipetune.core.fmt import fmt_duration
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
-from recipetune.core.sequential import factor_needed, seeds_needed
+from recipetune.core.sequential import NEVER, factor_needed, seeds_needed
 from recipetune.core.stats import paired
+from recipetune.core.words import LookOutcome, ParityOutcome, TrendOutcome
 from recipetune.guard.baseline import BaselineProfile, GuardError, with_seed
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.loss import MIN_TAIL
 from recipetune.guard.parity import Measurements, ParityEvidence, Sample, judge, measure, seed_note
 from recipetune.guard.runs import Runs, wait_all
-from recipetune.guard.sequential import Decision, Pairs, SeedDesign
+from recipetune.guard.sequential import Pairs, SeedDesign, SeedLook
 from recipetune.workloads.base import Workload
 
 Progress = Callable[[str], None]
@@ -215,20 +216,23 @@ def _by_seeds(v: _Verdict) -> Gathered:
                           pooled=m.mode != "same batches")
         ev = judge(m, p, d.level, pilot=d.pilot)
         line = _look_line(design.looks, f"{n} seed(s)", d.level, ev)
-        if _seeds_stopped(v, n, d, ev, line):
+        stop = _seeds_stop(v, n, d, ev, line)
+        if stop is not None:
+            _stopped(v, ev, stop)
             break
         more = _seeds_runs(v, n, d.next - n)
         if v.settings.max_parity_s is not None and \
                 time.monotonic() - v.started + v.seconds(more) > v.settings.max_parity_s:
             v.say(f"{line}; the next look would end after guard.max_parity_s {v.settings.max_parity_s:g} s: stopped")
             ev.reasons = [_not_shown(ev, _what_more(v, n, d.planned, d.needed, "time"))]
-            d.outcome = "budget"
+            d.outcome = LookOutcome.BUDGET
             break
         aim = ("equivalence is out of reach, a difference beyond T is not: the last look at "
                if d.rejecting else f"plan: {d.planned} seeds, the next look at ")
         v.say(f"{line}; {aim}{d.next} seeds ({more:.0f} more runs, ~{fmt_duration(v.seconds(more))})")
         n = d.next
-    stop = "trend" if _grows(ev) else {"holds": "decided", "fails": "decided"}.get(d.outcome, d.outcome)
+    stop = "trend" if _grows(ev) else {ParityOutcome.HOLDS: "decided", ParityOutcome.FAILS: "decided"}.get(d.outcome,
+                                                                                                       d.outcome)
     return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned), stop,
                     {"pairs": d.planned, "needed": d.needed, "factor": 1.0, "at_once": v.at_once})
 
@@ -238,7 +242,7 @@ def _say_seeds_plan(v: _Verdict, n: int, design: SeedDesign) -> float:
     the runs that plan expects."""
     p = v.settings.parity
     T, sigma = v.profile.loss_tolerance, v.profile.loss_reference
-    other = seeds_needed(math.sqrt(2.0) * sigma, T, design.spending.rest, p.power, n + 1, 10_000, not v.equal_tokens)
+    other = seeds_needed(math.sqrt(2.0) * sigma, T, design.sizing, p.power, n + 1, NEVER, not v.equal_tokens)
     planned = n * v.cand_steps / v.profile.steps + _seeds_runs(v, n, other - n)
     v.say(f"parity plan: T {T:.4f} nats; the first look compares {n} seed(s) ({n} candidate run(s), "
           f"~{fmt_duration(v.seconds(n))}): it decides if the candidate replays the baseline's batches; if they "
@@ -262,24 +266,38 @@ def _seeds_wanted(v: _Verdict, n: int, base: dict[int, RunResult], cand: dict[in
     return wanted
 
 
-def _seeds_stopped(v: _Verdict, n: int, d: Decision, ev: ParityEvidence, line: str) -> bool:
-    """The design decided, or its plan, the run budget or futility ends the looks: say why."""
+@dataclass(frozen=True)
+class Stop:
+    """Why the looks end: the line to say, and the reason the verdict gives instead of the parity test's own
+    (None: the test's reasons say it)."""
+
+    line: str
+    reason: str | None = None
+
+
+def _stopped(v: _Verdict, ev: ParityEvidence, stop: Stop) -> None:
+    """Say why the looks end, and give the verdict that reason."""
+    v.say(stop.line)
+    if stop.reason is not None:
+        ev.reasons = [stop.reason]
+
+
+def _seeds_stop(v: _Verdict, n: int, d: SeedLook, ev: ParityEvidence, line: str) -> Stop | None:
+    """Why this look ends the looks (the design decided, or its plan, the run budget or futility ends them);
+    None where they go on."""
     p = v.settings.parity
-    if d.outcome in ("holds", "fails"):
-        v.say(f"{line}; the gap grows over the window: stopped" if _grows(ev) else line)
-        return True
-    if d.outcome in ("plan", "budget"):
+    if d.outcome in (ParityOutcome.HOLDS, ParityOutcome.FAILS):
+        return Stop(f"{line}; the gap grows over the window: stopped" if _grows(ev) else line)
+    if d.outcome in (LookOutcome.PLAN, LookOutcome.BUDGET):
         why = _what_more(v, n, d.planned, d.needed, d.outcome)
-        v.say(f"{line}; {why}: stopped")
-        ev.reasons = [_not_shown(ev, why)]
-        return True
-    if d.outcome == "futility":
-        v.say(f"{line}; the chance that {d.planned} seeds show equivalence is {100 * (d.chance or 0):.0f}%, "
-              f"below parity.futility {100 * p.futility:.0f}%: stopped")
-        ev.reasons = [_not_shown(ev, f"{d.planned} seeds would show equivalence with a chance of "
-                                     f"{100 * (d.chance or 0):.0f}% (parity.futility {100 * p.futility:.0f}%)")]
-        return True
-    return False
+        return Stop(f"{line}; {why}: stopped", _not_shown(ev, why))
+    if d.outcome == LookOutcome.FUTILITY:
+        chance = f"{100 * (d.chance or 0):.0f}%"
+        return Stop(f"{line}; the chance that {d.planned} seeds show equivalence is {chance}, below parity.futility "
+                    f"{100 * p.futility:.0f}%: stopped",
+                    _not_shown(ev, f"{d.planned} seeds would show equivalence with a chance of {chance} "
+                                   f"(parity.futility {100 * p.futility:.0f}%)"))
+    return None
 
 
 def _not_shown(ev: ParityEvidence, why: str) -> str:
@@ -327,8 +345,8 @@ def _by_steps(v: _Verdict) -> Gathered:
             return ended
         need, what = _steps_need(v, m, factor, rest)
         # The plan never shrinks (as the seeds' plan): the first look's error sized it, and a middle look
-        # that reads smaller by chance would otherwise end the looks short of it (nanoGPT's 32 x 1: planned at
-        # 9x by its first look, re-planned at 7x by its 3x pair; issue 45 saw such a last look fall short of T).
+        # that reads smaller by chance would otherwise end the looks short of it, at a last look too short
+        # to show the difference within T.
         own = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
         target = max(plan, own)
         plan = target
@@ -340,7 +358,8 @@ def _by_steps(v: _Verdict) -> Gathered:
         nxt = float(math.ceil(math.sqrt(target))) if look == 1 and target >= 4 else target
         cost = v.cost(v.baseline, round(v.profile.steps * nxt)) + v.cost(v.candidate, round(v.cand_steps * nxt))
         planned = round(planned + 2 * nxt)
-        if _steps_over_budget(v, ev, line, nxt, cost, what):
+        if (over := _steps_over_budget(v, ev, line, nxt, cost, what)) is not None:
+            _stopped(v, ev, over)
             return _steps_gathered(v, ev, planned, "budget", factor)
         kept = f" (kept: this look alone says {own:g}x)" if own < target else ""
         v.say(f"{line}; plan: {target:g}x the steps{kept}, the next pair at {nxt:g}x "
@@ -374,7 +393,7 @@ def _steps_gathered(v: _Verdict, ev: ParityEvidence, planned: int, stop: str, fa
 def _steps_ended(v: _Verdict, m: Measurements, ev: ParityEvidence, line: str, factor: float,
                  planned: int) -> Gathered | None:
     """The look decided, or the fade rule or the trend ends the verdict: longer runs cannot change it."""
-    if ev.outcome != "inconclusive" or m.problems:
+    if ev.outcome != ParityOutcome.INCONCLUSIVE or m.problems:
         v.say(line)
         return _steps_gathered(v, ev, planned, "decided", factor)
     if any(x.fades for x in ev.measures) or _grows(ev):
@@ -398,16 +417,17 @@ def _steps_need(v: _Verdict, m: Measurements, factor: float, rest: float) -> tup
     return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
 
 
-def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, cost: float, what: str) -> bool:
-    """The next pair would pass guard.max_parity_runs or guard.max_parity_s: say so and stop."""
+def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, cost: float,
+                       what: str) -> Stop | None:
+    """Why the looks end where the next pair would pass guard.max_parity_runs or guard.max_parity_s; None
+    within both."""
     late = v.settings.max_parity_s is not None and \
         time.monotonic() - v.started + v.seconds(cost) > v.settings.max_parity_s
     if cost > v.settings.max_parity_runs - v.spent() + 1e-9 or late:
         cap = "guard.max_parity_s" if late else f"guard.max_parity_runs ({v.settings.max_parity_runs})"
-        v.say(f"{line}; runs {nxt:g}x as long would exceed {cap}: stopped")
-        ev.reasons = [_not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}")]
-        return True
-    return False
+        return Stop(f"{line}; runs {nxt:g}x as long would exceed {cap}: stopped",
+                    _not_shown(ev, f"{cap} does not allow the pair of runs {nxt:g}x as long; {what}"))
+    return None
 
 
 def _grows(ev: ParityEvidence) -> bool:
@@ -416,8 +436,9 @@ def _grows(ev: ParityEvidence) -> bool:
     no verdict on the gap's trend either, and the next look tests both again (until issue 50 a steps
     verdict stopped at its first, 1x look whenever one noisy pair's slope read "grows", its reason the
     level's "cannot resolve T", and never ran the longer pairs that resolve T)."""
-    return (ev.outcome == "inconclusive" and ev.trend is not None and ev.trend.outcome == "grows"
-            and bool(ev.measures) and all(x.outcome == "holds" for x in ev.measures))
+    return (ev.outcome == ParityOutcome.INCONCLUSIVE and ev.trend is not None
+            and ev.trend.outcome == TrendOutcome.GROWS
+            and bool(ev.measures) and all(x.outcome == ParityOutcome.HOLDS for x in ev.measures))
 
 
 def _look_line(look: int, what: str, level: float, ev: ParityEvidence) -> str:

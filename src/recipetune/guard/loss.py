@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,30 +65,73 @@ def replicas(a: RunResult, b: RunResult) -> bool:
     return gap < REPLICA_RATIO * stats.step_noise([la[t] for t in late])
 
 
-def tail_measure(base: RunResult, cand: RunResult, total: float, share: float) -> tuple[float, float, float, int]:
-    """(baseline M, candidate M, se of their difference, fewest records in a tail).
+class Aligned(NamedTuple):
+    """The steps two tails both logged, in order, and each run's loss at them."""
 
-    Where both runs logged the same steps, the difference is taken step by step and its error comes
-    from the difference series: when the batches were the same, batch difficulty cancels and the error
+    steps: list[int]
+    base: np.ndarray
+    cand: np.ndarray
+
+
+def aligned(bt: Sequence[StepRecord], ct: Sequence[StepRecord]) -> Aligned | None:
+    """The two tails step by step, where both logged the same steps: at least ``MIN_TAIL`` common steps and
+    80% of the longer tail (then batch difficulty cancels in the difference when the batches were replayed);
+    None where they logged other steps, and each tail is read on its own. The one alignment rule of the
+    loss measure (``tail_measure``) and the gap's slope (guard/trend.py)."""
+    b, c = {s.step: s.loss for s in bt}, {s.step: s.loss for s in ct}
+    common = sorted(b.keys() & c.keys())
+    if len(common) >= MIN_TAIL and len(common) >= 0.8 * max(len(bt), len(ct)):
+        return Aligned(common, np.array([b[t] for t in common]), np.array([c[t] for t in common]))
+    return None
+
+
+class TailMeasure(NamedTuple):
+    """The loss measure M of a pair of runs over their tails."""
+
+    base: float  # the baseline's M
+    cand: float  # the candidate's M
+    se: float  # the standard error of their difference
+    shortest: int  # the fewest records in a tail
+
+
+def tail_measure(base: RunResult, cand: RunResult, total: float, share: float) -> TailMeasure:
+    """The pair's M over the last ``share`` of ``total`` tokens.
+
+    Where both runs logged the same steps (``aligned``), the difference is taken step by step and its error
+    comes from the difference series: when the batches were the same, batch difficulty cancels and the error
     is tiny; when they were not, the series carries both runs' noise and its error says so (valid either
     way). Otherwise (other logging steps, or equal tokens over other step sizes) each tail's error, in
     quadrature."""
     bt, ct = tail(base, total, share), tail(cand, total, share)
     shortest = min(len(bt), len(ct))
-    b, c = {s.step: s.loss for s in bt}, {s.step: s.loss for s in ct}
-    common = sorted(b.keys() & c.keys())
-    if len(common) >= MIN_TAIL and len(common) >= 0.8 * max(len(bt), len(ct)):
-        d = stats.mean_with_error([c[t] - b[t] for t in common])
-        bm = float(np.mean([b[t] for t in common]))
-        return bm, bm + d.mean, d.se, shortest
+    both = aligned(bt, ct)
+    if both is not None:
+        d = stats.mean_with_error(both.cand - both.base)
+        bm = float(np.mean(both.base))
+        return TailMeasure(bm, bm + d.mean, d.se, shortest)
     eb, ec = stats.mean_with_error([s.loss for s in bt]), stats.mean_with_error([s.loss for s in ct])
-    return eb.mean, ec.mean, float(math.hypot(eb.se, ec.se)), shortest
+    return TailMeasure(eb.mean, ec.mean, float(math.hypot(eb.se, ec.se)), shortest)
+
+
+def tolerance_of(sigma: float, settings: ParitySettings) -> float:
+    """T from sigma, the baseline's seed-to-seed standard deviation of M: ``parity.tolerance`` x sigma, at
+    least ``parity.floor``; ``parity.margin`` states T instead where set. The one rule: the verdict's T
+    (``tolerance``), and wherever T is derived from a spread measured otherwise (watch's fallback)."""
+    return settings.margin if settings.margin is not None else max(settings.floor, settings.tolerance * sigma)
+
+
+class Tolerance(NamedTuple):
+    """T on a loss measure, the spread it is a multiple of, and how that spread was measured."""
+
+    T: float
+    sigma: float
+    how: str  # "guard.parity.margin" where the campaign states T
 
 
 def tolerance(runs: Sequence[RunResult], settings: ParitySettings, use_val: bool, total: float | None,
-              independent: bool) -> tuple[float, float, str]:
-    """(T, sigma, how): T = parity.tolerance x sigma, the baseline's own seed-to-seed standard deviation
-    of M over ``runs`` (cut at ``total`` tokens), at least parity.floor; parity.margin states T instead.
+              independent: bool) -> Tolerance:
+    """T on M over ``runs`` (cut at ``total`` tokens), from sigma, the baseline's own seed-to-seed standard
+    deviation of M (``tolerance_of``: parity.tolerance x sigma, at least parity.floor, or parity.margin).
 
     For the training-loss measure sigma is the larger of the seeds' sample standard deviation and the
     runs' within-run standard error of M, the part of the variation that sampling within a run alone
@@ -111,5 +155,5 @@ def tolerance(runs: Sequence[RunResult], settings: ParitySettings, use_val: bool
             how = "within-run standard error of the baseline's training-loss measure" + (
                 f" (its {len(ests)} seeds' std is {seeds:.4f})" if seeds else "")
     if settings.margin is not None:
-        return settings.margin, sigma, "guard.parity.margin"
-    return max(settings.floor, settings.tolerance * sigma), sigma, how
+        how = "guard.parity.margin"
+    return Tolerance(tolerance_of(sigma, settings), sigma, how)

@@ -28,6 +28,7 @@ import numpy as np
 from recipetune.core import stats
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import SPEED
+from recipetune.core.words import EquivalenceOutcome, ParityOutcome, TrendOutcome
 from recipetune.guard.baseline import BaselineProfile
 from recipetune.guard.config import ParitySettings
 from recipetune.guard.evidence import Measured, Mode, ParityEvidence, confidence_label
@@ -40,7 +41,7 @@ from recipetune.guard.loss import (
     tokens,
     tolerance,
 )
-from recipetune.guard.trend import judge_trend, pair_slope
+from recipetune.guard.trend import Slope, judge_trend, pair_slope
 
 
 def semantic_edits(profile: BaselineProfile, recipe: dict) -> list[str]:
@@ -160,7 +161,7 @@ class Measurements:
     steps_compared: int
     gap: float | None
     noise: dict[str, float]
-    slopes: list[tuple[float, float, int, int]]  # per pair: the gap's slope over the tail, its error, the window
+    slopes: list[Slope]  # per pair: the gap's slope over the tail, its error, the window
     tokens_compared: int
 
     @property
@@ -279,28 +280,30 @@ def judge(m: Measurements, settings: ParitySettings, level: float | None = None,
     measures = [_judge(x, settings, m.independent, m.two_sided, level, longer, pilot) for x in m.samples]
     reasons: list[str] = []
     if m.problems:
-        outcome = "fails"
+        outcome = ParityOutcome.FAILS
         reasons = [f"the loss measure is not comparable: {p}" for p in m.problems]
     elif not measures:  # too short, and no validation loss to fall back on: more seeds cannot help
-        outcome = "inconclusive"
+        outcome = ParityOutcome.INCONCLUSIVE
         reasons.append(f"the runs are too short to tell: fewer than {MIN_TAIL} logged losses in {m.share}; "
                        "raise guard.parity.steps")
     else:
-        outcome = ("fails" if any(x.outcome == "fails" for x in measures) else
-                   "inconclusive" if any(x.outcome == "inconclusive" for x in measures) else "holds")
+        outcome = (ParityOutcome.FAILS if any(x.outcome == ParityOutcome.FAILS for x in measures) else
+                   ParityOutcome.INCONCLUSIVE if any(x.outcome == ParityOutcome.INCONCLUSIVE for x in measures)
+                   else ParityOutcome.HOLDS)
         reasons = [x.reason for x in measures if x.outcome == outcome and x.reason]
     train = next((x for x in measures if x.measure.startswith("training loss")), None)
     trend = None if train is None or m.problems else judge_trend(
-        m.slopes, m.independent, m.mode == "same batches", m.two_sided, train.tolerance, train.mean_diff,
-        m.steps_compared, m.tokens_compared, settings.trend_alpha, settings.trend_margin)
-    if outcome == "holds" and trend is not None and trend.outcome == "grows":
-        outcome, reasons = "inconclusive", [trend.reason]  # the trend is part of parity: not approved
+        m.slopes, independent=m.independent, replayed=m.mode == "same batches", two_sided=m.two_sided,
+        tolerance=train.tolerance, mean_diff=train.mean_diff, steps=m.steps_compared, tokens=m.tokens_compared,
+        alpha=settings.trend_alpha, margin=settings.trend_margin)
+    if outcome == ParityOutcome.HOLDS and trend is not None and trend.outcome == TrendOutcome.GROWS:
+        outcome, reasons = ParityOutcome.INCONCLUSIVE, [trend.reason]  # the trend is part of parity: not approved
     d = _decisive(measures, outcome) or Measured(
         measure=f"training loss (mean over {m.share})", baseline_finals=[], candidate_finals=[], mean_diff=0.0,
         se=None, low=None, high=None, tolerance=0.0, detectable=None, reference=0.0, reference_kind="", se_source="",
         outcome=outcome)
     return ParityEvidence(
-        mode=m.mode, mode_reason=m.mode_reason, passed=outcome == "holds", outcome=outcome, reasons=reasons,
+        mode=m.mode, mode_reason=m.mode_reason, passed=outcome == ParityOutcome.HOLDS, outcome=outcome, reasons=reasons,
         notes=list(m.notes), seeds=m.seeds, steps_compared=m.steps_compared, decisive=d, two_sided=m.two_sided,
         alpha=settings.alpha, level=level, too_short=not m.samples and not m.problems, measures=measures, gap=m.gap,
         window=settings.window, noise=m.noise, trend=trend,
@@ -325,8 +328,9 @@ def _judge(x: Sample, settings: ParitySettings, independent: bool, two_sided: bo
     origin = "guard.parity.margin" if settings.margin is not None else f"{settings.tolerance:g} x {x.how} {x.sigma:.4f}"
     t_text = f"T = {T:.4f} ({origin})"
     reason, fades = "", False
-    outcome = {"equivalent": "holds", "different": "fails", "inconclusive": "inconclusive"}[test.outcome]
-    if outcome == "fails":
+    outcome = {EquivalenceOutcome.EQUIVALENT: ParityOutcome.HOLDS, EquivalenceOutcome.DIFFERENT: ParityOutcome.FAILS,
+               EquivalenceOutcome.INCONCLUSIVE: ParityOutcome.INCONCLUSIVE}[test.outcome]
+    if outcome == ParityOutcome.FAILS:
         direction = "worse" if test.diff > 0 else "better than the baseline, which a speed change cannot be"
         what = "trains differently" if two_sided else "trains worse"
         reason = (f"the candidate {what}: final {name} {test.diff:+.4f} nats vs the baseline ({direction}), "
@@ -337,13 +341,13 @@ def _judge(x: Sample, settings: ParitySettings, independent: bool, two_sided: bo
         # an effect that fades with training (a lost share of the gradient does: the nanoGPT fixture's
         # stale gradient read +0.053 [+0.026, +0.081] at 3x and +0.015 [-0.000, +0.031], inside T, at 7x).
         # Not approved on that evidence, and a still longer look could only find it smaller: the verdict ends.
-        outcome, fades = "inconclusive", True
+        outcome, fades = ParityOutcome.INCONCLUSIVE, True
         reason = (f"over {longer:g}x the profile's steps the candidate's final {name} differs from the baseline's "
                   f"beyond noise ({test.diff:+.4f} nats, {bounds}), not beyond {t_text}: T is the spread of "
                   "shorter runs, a longer look could only find the difference smaller, as an effect that fades "
                   "with training is; not approved on that evidence (expose a seed knob so that runs of the "
                   "campaign's length can be compared)")
-    elif outcome == "inconclusive":
+    elif outcome == ParityOutcome.INCONCLUSIVE:
         # Not a regression: say the difference first, and the runs' resolution apart from it (a summary read
         # "difference 0.1814 vs T = 0.0533" off "smallest detectable difference 0.1814 vs T" as a loss shown worse).
         reason = (f"the runs cannot resolve T: final {name} {test.diff:+.4f} nats vs the baseline, {bounds}: shown "
@@ -356,7 +360,7 @@ def _judge(x: Sample, settings: ParitySettings, independent: bool, two_sided: bo
         outcome=outcome, reason=reason, fades=fades)
 
 
-def _decisive(measures: list[Measured], outcome: str) -> Measured | None:
+def _decisive(measures: list[Measured], outcome: ParityOutcome) -> Measured | None:
     """The measure the outcome rests on: one that failed; else the one furthest from resolving T."""
     same = [m for m in measures if m.outcome == outcome] or measures
     if not same:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from recipetune.core.console import Note
 from recipetune.core.errors import ConfigError
+from recipetune.core.filenames import RESULT, STORE_FILE
 from recipetune.core.files import FileLock, write_atomic
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
@@ -46,7 +47,6 @@ from recipetune.workloads.fingerprint import changes
 
 _LOCK = threading.Lock()
 _INFLIGHT: dict[Path, Future[RunResult]] = {}  # runs being trained for some verdict of this process
-STORE_FILE = "store.json"  # the folder's workload: a runs folder holds the runs of one trainer
 FINGERPRINT_FILE = "fingerprint.json"  # in a stored run: the fingerprint it was made with
 MANIFESTS = "manifests"  # fingerprint -> its manifest, to say what changed since
 POLL_S = 0.5  # how often a run waiting for another process's looks again
@@ -56,7 +56,7 @@ _OURS = re.compile(r"[0-9a-f]{20}(\.lock(\.break)?)?|store\.json(\.tmp.*)?|manif
 def stored(path: Path, recipe: Recipe) -> RunResult | None:
     """The finished, successful run stored at ``path`` for ``recipe``, if there is one."""
     try:
-        result = RunResult.model_validate_json((path / "result.json").read_text())
+        result = RunResult.model_validate_json((path / RESULT).read_text())
     except (OSError, ValueError):
         return None
     return result if result.ok and result.recipe == dict(recipe) else None
@@ -248,7 +248,7 @@ class Runs:
 
     def _load(self, path: Path, recipe: Recipe) -> RunResult | None:
         """``stored``, under the run's lock: a result that cannot be read is set aside, with a note."""
-        file = path / "result.json"
+        file = path / RESULT
         try:
             text = file.read_text()
         except OSError:
@@ -256,7 +256,7 @@ class Runs:
         try:
             result = RunResult.model_validate_json(text)
         except ValueError:
-            aside = file.with_name(f"result.json.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
+            aside = file.with_name(f"{RESULT}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
             file.replace(aside)
             self._say(f"the stored result {file} was corrupt or cut off ({len(text)} bytes): set aside as "
                       f"{aside.name}, and the run trained again", self._set_aside)
@@ -268,7 +268,7 @@ class Runs:
         the fingerprint it was made with, the fingerprint's manifest, and the folder's workload."""
         assert self.folder is not None and self._code is not None
         if Path(result.out_dir).resolve() != path.resolve():
-            write_atomic(path / "result.json", result.model_dump_json())
+            write_atomic(path / RESULT, result.model_dump_json())
         manifest = self.folder / MANIFESTS / f"{self._code}.json"
         if not manifest.exists():
             write_atomic(manifest, json.dumps(self._manifest, indent=1, sort_keys=True))

@@ -1,8 +1,8 @@
 """The parity test's group-sequential design: how much evidence, when to look, when to stop.
 
 docs/guard.md ("A planned design") states the maths; ``SeedDesign`` below plans and judges the seeds mode
-look by look on the pieces both jobs share (core/sequential.py: alpha spending, boundaries, seeds needed,
-predictive power, with their sources), no runs, no files."""
+look by look on the ``Design`` both jobs share (core/sequential.py: alpha spending, the plan, predictive
+power, seeds needed, with their sources), no runs, no files."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from recipetune.core.sequential import Spending, predictive_power, seeds_needed
+from recipetune.core.sequential import NEVER, Design, predictive_power, seeds_needed
 from recipetune.core.stats import Equivalence, equivalence, paired, quantile
+from recipetune.core.words import EquivalenceOutcome, LookOutcome, ParityOutcome
 
 # ---------------------------------------------------------------------------- the seeds design
 
@@ -29,11 +30,11 @@ class Pairs:
 
 
 @dataclass
-class Decision:
+class SeedLook:
     """What the design says at one look."""
 
     level: float  # the look's nominal one-sided level
-    outcome: str  # holds | fails | continue | futility | plan | budget
+    outcome: ParityOutcome | LookOutcome  # holds | fails | continue | futility | plan | budget
     pairs: int  # seeds compared at this look
     planned: int  # seeds the plan now counts on (at most the budget's)
     needed: int  # seeds the measures need at their scatter, whatever the budget
@@ -44,7 +45,7 @@ class Decision:
     tests: list[Equivalence] = field(default_factory=list)
 
 
-class SeedDesign:
+class SeedDesign(Design):
     """The seeds mode of the parity test (guard/looks.py), look by look, as a state machine: the
     caller runs the seeds a look asks for and feeds each measure's pairs; the design says the look's
     level, whether the test is decided, and how many seeds the next look compares.
@@ -69,13 +70,10 @@ class SeedDesign:
 
     def __init__(self, alpha: float, power: float, futility: float, kind: str = "obf", first: float = 0.2,
                  two_sided: bool = True, independent: bool = True):
-        self.spending = Spending(alpha, kind, first)
-        self.power, self.futility = power, futility
+        super().__init__(alpha, power, futility, kind, first)  # (needed: the seeds the measures need at their scatter)
         self.two_sided, self.independent = two_sided, independent
         self.looks = 0
         self.pilot = 0  # pairs of the first look
-        self.planned = 0  # seeds the plan counts on (at most the budget's)
-        self.needed = 0  # seeds the measures need at their scatter
         self.rejecting = False  # the plan was redrawn to show a difference beyond T
         self.pool = False  # this look pools the pairs' scatter with the profile's prediction (the first, if asked)
 
@@ -89,57 +87,68 @@ class SeedDesign:
             sd = math.sqrt(((est.n - 1) * sd**2 + df * prior**2) / (est.n - 1 + df))
         return sd
 
-    def decide(self, measures: Sequence[Pairs], cap: int, pooled: bool) -> Decision:
+    @property
+    def sizing(self) -> float:
+        """The level the plan is sized at: all of alpha until the first look is recorded (the plan the first look
+        draws, and the one said before the candidate runs, are those of a single test at alpha), then what the
+        looks after the first may spend (``Spending.later``)."""
+        return self.spending.later if self.spending.increments else self.spending.alpha
+
+    def decide(self, measures: Sequence[Pairs], cap: int, pooled: bool) -> SeedLook:
         self.looks += 1
         n = len(measures[0].diffs)
-        rest = self.spending.rest
+        rest = self.sizing
         if self.looks == 1:
             self.pilot = n
         # The plan and every chance below judge by one scatter: pooled at the first look only where the
-        # caller says the batches may differ. (The chances once pooled regardless: with replayed batches,
-        # a plan of 7 seeds drawn from the pairs was judged at the other-batches scatter, 1.5x theirs,
-        # and an equivalent 2.4x speed-up on an H200 was stopped for futility at 1%: 5 seeds approve it.)
+        # caller says the batches may differ. (Pooled regardless, a plan drawn from replayed batches' pairs
+        # would be judged at the other batches' larger scatter, and an equivalent candidate that a few more
+        # seeds approve stopped for futility.)
         self.pool = pooled and self.looks == 1
         if self.looks <= 2 and not self.rejecting:  # the plan: made at the first look, raised at the second
             sds = [self.sd(x, self.pool) for x in measures]
             start = max(n, self.pilot + 1)
-            needs = [seeds_needed(sd, x.tolerance, rest, self.power, start, 100_000, self.two_sided, self.pilot)
-                     if math.isfinite(sd) else 100_000 for x, sd in zip(measures, sds, strict=True)]
-            self.needed = max(needs) if self.looks == 1 else max(self.needed, *needs)
-            self.planned = min(cap, max(self.planned, self.needed))
-        final = n >= cap or n >= self.planned
-        level = self.spending.look(n, n / max(self.planned, n), final)
+            needs = [seeds_needed(sd, x.tolerance, rest, self.power, start, NEVER, self.two_sided, self.pilot)
+                     if math.isfinite(sd) else NEVER for x, sd in zip(measures, sds, strict=True)]
+            self.replan(max(needs) if self.looks == 1 else max(self.needed, *needs), cap)
+        level, final = self.level(n, cap)
         # A look after the first judges by the scatter of the pairs after it, save the look a rejection
         # was planned for: its pairs' mean lies beyond T whatever their scatter, so every pair counts.
         pilot = self.pilot if self.looks > 1 and not self.rejecting else 0
         tests = [equivalence(x.diffs, x.ses, x.tolerance, level, self.independent, self.two_sided, pilot)
                  for x in measures]
         outcomes = {t.outcome for t in tests}
-        decision = Decision(level, "continue", n, self.planned, self.needed, self.planned, tests=tests, pilot=pilot)
-        if "different" in outcomes:
-            decision.outcome = "fails"
-        elif outcomes == {"equivalent"}:
-            decision.outcome = "holds"
+        decision = SeedLook(level, LookOutcome.CONTINUE, n, self.planned, self.needed, self.planned, tests=tests,
+                            pilot=pilot)
+        if EquivalenceOutcome.DIFFERENT in outcomes:
+            decision.outcome = ParityOutcome.FAILS
+        elif outcomes == {EquivalenceOutcome.EQUIVALENT}:
+            decision.outcome = ParityOutcome.HOLDS
         elif final:
-            decision.outcome = "budget" if self.needed > n else "plan"
+            decision.outcome = LookOutcome.BUDGET if self.needed > n else LookOutcome.PLAN
         elif self.needed > self.planned and min(self._power(x) for x in measures) < 0.5:
-            decision.outcome = "budget"  # the budget's seeds would show even an exact equivalent less often than not
+            # the budget's seeds would show even an exact equivalent less often than not
+            decision.outcome = LookOutcome.BUDGET
         else:
             decision.chance = min(self._chance(x, n) for x in measures)
             if decision.chance < self.futility:
-                decision.outcome = "futility"
+                decision.outcome = LookOutcome.FUTILITY
             else:
                 half = math.ceil(self.planned / 2)
                 decision.next = half if self.looks == 1 and half - self.pilot - 1 >= 3 else self.planned
-        if decision.outcome in ("budget", "futility") and not final:  # (the last look has spent all of alpha)
-            # Equivalence is out of reach; a difference beyond T may not be: a poison at 4 T whose first
-            # three pairs scatter widely is shown REJECTED by a few more, not kept as "not shown".
-            reach = [m for x in measures if (m := self._to_reject(x, n, cap)) is not None]
-            if reach:
-                self.rejecting = True
-                self.planned = decision.planned = decision.next = min(reach)
-                decision.outcome, decision.rejecting = "continue", True
+        if decision.outcome in (LookOutcome.BUDGET, LookOutcome.FUTILITY) and not final:  # (the last: all spent)
+            self._chase(decision, measures, n, cap)
         return decision
+
+    def _chase(self, decision: SeedLook, measures: Sequence[Pairs], n: int, cap: int) -> None:
+        """Equivalence is out of reach; a difference beyond T may not be: a poison at 4 T whose first three pairs
+        scatter widely is shown REJECTED by a few more, not kept as "not shown". Where a measure's difference
+        is in reach (``_to_reject``), the plan becomes the seeds that show it and the looks go on."""
+        reach = [m for x in measures if (m := self._to_reject(x, n, cap)) is not None]
+        if reach:
+            self.rejecting = True
+            self.planned = decision.planned = decision.next = min(reach)
+            decision.outcome, decision.rejecting = LookOutcome.CONTINUE, True
 
     def _to_reject(self, x: Pairs, n: int, cap: int) -> int | None:
         """The fewest seeds (more than ``n``, at most ``2 n`` and ``cap``) whose one-sided bound shows this
@@ -154,9 +163,17 @@ class SeedDesign:
         # at most as many seeds again, and a rejection says more than a KEEP (the knob breaks training).
         for m in range(n + 1, min(cap, 2 * n) + 1):
             df = m - 1 if est.df is not None else None
-            if quantile(self.spending.rest, df) * sd / math.sqrt(m) <= gap:
+            if quantile(self.spending.later, df) * sd / math.sqrt(m) <= gap:
                 return m
         return None
+
+    def _band(self, margin: float) -> tuple[float, float]:
+        """Where the last look's mean shows equivalence: within +-``margin`` (below it, one-sided), ``margin``
+        being T less the last look's critical value times its error; none where that is not positive (the
+        last look cannot resolve T, whatever its mean)."""
+        if margin <= 0.0:
+            return 0.0, 0.0
+        return -margin if self.two_sided else -math.inf, margin
 
     def _power(self, x: Pairs) -> float:
         """The chance that the planned seeds show equivalence if the candidate trained exactly like the
@@ -166,16 +183,14 @@ class SeedDesign:
             return 0.0
         se = sd / math.sqrt(self.planned)
         df = self.planned - self.pilot - 1 if paired(x.diffs, x.ses, self.independent).df is not None else None
-        return predictive_power(0.0, se, x.tolerance - quantile(self.spending.rest, df) * se, self.two_sided)
+        return predictive_power(0.0, se, *self._band(x.tolerance - quantile(self.spending.later, df) * se))
 
     def _chance(self, x: Pairs, n: int) -> float:
-        """Predictive power of one measure: its mean difference at the planned seeds, given the ``n``
-        so far (normal, variance sd^2 (1/n - 1/planned)), inside the band the last look needs."""
+        """Predictive power of one measure (``Design.chance``): its mean difference at the planned seeds, given
+        the ``n`` so far, inside the band the last look needs."""
         sd = self.sd(x, self.pool)
         if not math.isfinite(sd):
             return 0.0
         est = paired(x.diffs, x.ses, self.independent)
-        last = self.planned
-        df = last - self.pilot - 1 if est.df is not None else None
-        margin = x.tolerance - quantile(self.spending.rest, df) * sd / math.sqrt(last)
-        return predictive_power(est.mean, sd * math.sqrt(max(1.0 / n - 1.0 / last, 0.0)), margin, self.two_sided)
+        df = self.planned - self.pilot - 1 if est.df is not None else None
+        return self.chance(est.mean, sd, n, *self._band(x.tolerance - self.critical(sd, df)))

@@ -16,10 +16,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from recipetune.core.filenames import VERDICT
 from recipetune.core.files import write_atomic
 from recipetune.core.fmt import fmt_duration
 from recipetune.core.recipe import Recipe
-from recipetune.core.words import Decision
+from recipetune.core.words import Decision, ParityOutcome
 from recipetune.execute.executor import Executor
 from recipetune.guard.baseline import BaselineProfile, profile_baseline, trusted_aa
 from recipetune.guard.config import GuardConfig
@@ -141,7 +142,7 @@ def final_verdict(
     verdict.horizon = evidence.horizon()
     verdict.notes += [f"loss parity mode: {evidence.mode}, because {evidence.mode_reason}", *evidence.notes]
     if not evidence.passed:  # REJECTED when shown different; KEEP BASELINE when the runs cannot tell
-        verdict.decision = Decision.KEEP_BASELINE if evidence.outcome == "inconclusive" else Decision.REJECTED
+        verdict.decision = Decision.REJECTED if evidence.outcome == ParityOutcome.FAILS else Decision.KEEP_BASELINE
         verdict.reasons = evidence.reasons
         return _finish(verdict, out_dir)
 
@@ -215,5 +216,5 @@ def _decide_speed(verdict: Verdict, speed: SpeedEvidence, loss: str) -> None:
 
 def _finish(verdict: Verdict, out_dir: Path) -> Verdict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    verdict.save(out_dir / "verdict.json")
+    verdict.save(out_dir / VERDICT)
     return verdict

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from recipetune.core.filenames import BASELINE_REPORT, CAMPAIGN, EXPERIMENT_REPORT, FINALISTS, PROFILE, RESULT, VERDICT
 from recipetune.core.measure import RunResult
 from recipetune.engine.status import Status
 from recipetune.report import sources as src
@@ -131,7 +132,7 @@ def _export_trial(ex: _Exporter, folder: Path, files: src.CampaignFiles, t: Tria
                "peak_mem_bytes": t.peak_mem_bytes, "step_time_s": t.step_time_s, "validation": t.value,
                "gain": t.gain, "time_s": t.time_s}
     run_dir = src.trial_dir(folder, rec)
-    names = ("result.json", "metrics.jsonl", "recipe.json", "error.txt", src.EXPERIMENT_REPORT, "predictions.jsonl")
+    names = (RESULT, "metrics.jsonl", "recipe.json", "error.txt", EXPERIMENT_REPORT, "predictions.jsonl")
     paths = [run_dir / n for n in names] if run_dir else []
     ex.run(f"#{t.number} {t.change}", tags, rec.attrs.get(src.A_RECIPE) or {}, figures,
            files.results.get(t.number), paths, STATE[t.status], parent)
@@ -155,8 +156,8 @@ def export(folder: Path, tracking_uri: str, experiment: str | None = None) -> in
         parent = ex.run(f"campaign {folder.resolve().name}: {report.decision}",
                         {"recipetune.key": "campaign", "decision": report.decision, "headline": report.headline[:5000]},
                         {"baseline." + k: v for k, v in report.baseline.recipe.items()}, _campaign_figures(report),
-                        None, [folder / n for n in (src.VERDICT, src.FINALISTS, src.PROFILE, src.CONFIG,
-                                                    src.BASELINE_REPORT)], "FINISHED")
+                        None, [folder / n for n in (VERDICT, FINALISTS, PROFILE, CAMPAIGN,
+                                                    BASELINE_REPORT)], "FINISHED")
     _export_baselines(ex, files, done, parent)
     new = 0
     for t in report.trials:

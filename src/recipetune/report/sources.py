@@ -1,6 +1,6 @@
-"""Where a campaign folder keeps what the report reads: the one module that knows the store's names.
+"""What the report reads from a campaign folder: the study, the decision and the files beside them.
 
-``speed/job.py``, ``speed/decide.py`` and the guard write these; a rename there costs one line here.
+Their names are core/filenames.py's, where the jobs and the guard that write them name them too.
 Everything is read, nothing is written, and a missing optional file reads as empty.
 """
 
@@ -14,21 +14,21 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from recipetune.core.filenames import (
+    BASELINE_REPORT,
+    CAMPAIGN,
+    FINALISTS,
+    PROFILE,
+    REJECTED,
+    RESULT,
+    STUDY_DB,
+    VERDICT,
+)
 from recipetune.core.measure import RunResult
 from recipetune.core.stats import smooth as guard_smooth  # the guard's smoothing: the report shows what it judged
 from recipetune.engine.record import Figures, Trial, TrialRecord
 from recipetune.engine.store import CampaignStore
 
-STUDY_DB = "study.db"
-CONFIG = "campaign.json"  # the campaign's settings (CampaignConfig), overrides applied
-PROFILE = "baseline_profile.json"  # guard.baseline.BaselineProfile
-VERDICT = "verdict.json"  # the campaign's decision; its "verdict" is the winner's guard.verdict.Verdict
-FINALISTS = "verdicts.json"  # [{candidate_id, trial, screened_speedup, verdict}], one per finalist
-REJECTED = "rejected_proposals.jsonl"  # proposals that never became a recipe
-RESULT = "result.json"  # a run's measure.RunResult, in its folder
-# The quality job (finetune/job.py, finetune/decide.py): each experiment's finetune.results.ExperimentReport.
-BASELINE_REPORT = "baseline/report.json"
-EXPERIMENT_REPORT = "report.json"  # in a trial's folder
 SPEED, QUALITY = "speed", "quality"  # the campaign's job (meta "job"; campaigns older than the quality job: speed)
 
 # Trial user attributes read by key (the others through the job's typed record: ``stored``).
@@ -130,7 +130,7 @@ def read_campaign(folder: Path) -> CampaignFiles:
     if not folder.is_dir():
         raise NotACampaign(f"{folder} is not a folder; expected a campaign folder written by "
                            "`recipetune tune` or `recipetune finetune`")
-    config = _json(folder / CONFIG) or {}
+    config = _json(folder / CAMPAIGN) or {}
     storage = (config.get("search") or {}).get("storage")
     if storage is None and not (folder / STUDY_DB).is_file():
         raise NotACampaign(f"{folder} is not a campaign folder: it has no {STUDY_DB} "

@@ -19,13 +19,12 @@ import yaml
 
 from recipetune.config import Campaign
 from recipetune.core.console import Note
+from recipetune.core.filenames import FINALISTS, RUNS_FOLDER
 from recipetune.core.recipe import Recipe
 from recipetune.core.words import Decision
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.engine.tree import Node
 from recipetune.guard.verdict import cost_text
-
-RUNS_FOLDER = "guard-runs"  # in a campaign's folder: the parity runs its verdicts store and reuse
 
 if TYPE_CHECKING:
     from recipetune.guard.baseline import BaselineProfile
@@ -43,7 +42,7 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
     if not finalists:
         reasons = ["no candidate passed screening with a speed-up above 1.0x"]
         return _conclude(campaign, services, Outcome(Decision.KEEP_BASELINE, reasons, tree, runs=runs))
-    previous = {v["candidate_id"]: v for v in store.read_json("verdicts.json") or []}
+    previous = {v["candidate_id"]: v for v in store.read_json(FINALISTS) or []}
     verdicts: list[tuple[Node, Verdict]] = []
     saved: list[dict] = []
     # The finalists are judged side by side, each verdict in a thread of this driver: its parity runs
@@ -73,7 +72,7 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
             verdicts.append((n, verdict))
             saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.score,
                           "verdict": verdict.model_dump(mode="json")})
-            store.write_json("verdicts.json", saved)  # after each: a resume does not redo a finished verdict
+            store.write_json(FINALISTS, saved)  # after each: a resume does not redo a finished verdict
     approved = [(n, v) for n, v in verdicts if v.decision == Decision.APPROVED]
     if not approved:
         reasons = [f"{n.recipe.describe_diff(baseline)}: {v.decision}: {'; '.join(v.reasons)}{_spent(v)}"

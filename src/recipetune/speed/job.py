@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recipetune.core.filenames import BASELINE, PROFILE, RESULT, RUNS_FOLDER
 from recipetune.core.measure import RunResult, StepRecord, default_warmup_steps, robust_rate
 from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Recipe
@@ -133,7 +134,7 @@ class SpeedJob:
     def start(self, services: Services) -> Root:
         self.services = services
         store, reporter = services.store, services.reporter
-        saved = store.folder / "baseline_profile.json"
+        saved = store.folder / PROFILE
         if saved.exists():
             self.profile = self.guard.load_profile(saved.read_text())
             reporter.phase("baseline profile loaded from the previous session")
@@ -145,10 +146,10 @@ class SpeedJob:
             # On the executor: the baseline is measured on the same kind of placement as the trials.
             self.profile = services.executor.call(
                 self.guard.profile_baseline, self.workload, self.baseline, steps, self.settings,
-                store.folder / "baseline", progress=reporter.phase,
-                runs_folder=store.folder / decide.RUNS_FOLDER,  # each run kept as it ends: a kill loses one
+                store.folder / BASELINE, progress=reporter.phase,
+                runs_folder=store.folder / RUNS_FOLDER,  # each run kept as it ends: a kill loses one
             ).result()
-            store.write_json("baseline_profile.json", self.profile)
+            store.write_json(PROFILE, self.profile)
         profile = self.profile
         reporter.phase(f"baseline {self.baseline.id}: {profile.tokens_per_s:,.0f} tokens/s per device, "
                        f"noise {100 * profile.throughput_noise:.1f}%")
@@ -251,9 +252,9 @@ class SpeedJob:
         return Landing(status, speedup, value, cause, figures, result)
 
     def load(self, run_dir: Path) -> RunResult | None:
-        if (run_dir / "result.json").exists():
+        if (run_dir / RESULT).exists():
             with contextlib.suppress(ValueError, OSError):
-                return RunResult.load(run_dir / "result.json")
+                return RunResult.load(run_dir / RESULT)
         return None
 
     def row(self, key: str, number: int | None, recipe: Recipe, t: Trial[SpeedFigures]) -> Row:

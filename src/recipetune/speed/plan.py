@@ -15,6 +15,7 @@ from typing import Any
 
 from recipetune.config import Campaign
 from recipetune.core.errors import ConfigError
+from recipetune.core.filenames import RUNS_FOLDER
 from recipetune.core.recipe import INVARIANT, SEMANTIC, KnobError, SearchSpace
 from recipetune.core.relations import MAX_CHECKS, Problem, Relation, Relations
 from recipetune.engine import plan as planning
@@ -114,9 +115,9 @@ def plan(campaign: Campaign, folder: Path, resume: bool = False) -> Plan:
     space = check_space(campaign)
     batch = batch_rule(campaign)
     meta = campaign_meta(campaign, space, batch)
-    # Where the guard keeps its runs (speed/decide.py: RUNS_FOLDER): a file there, a folder this user
+    # Where the guard keeps its runs (RUNS_FOLDER): a file there, a folder this user
     # cannot write, or another trainer's runs is bad input now, not a traceback after the search.
-    check_runs_folder(folder / "guard-runs", campaign.workload, "--out")
+    check_runs_folder(folder / RUNS_FOLDER, campaign.workload, "--out")
     proposer, store = open_campaign(campaign.config.search, campaign.config.execute, campaign.path, folder, resume,
                                     meta, RESUME_KEYS, space, campaign.baseline, campaign.workload.relations(),
                                     PLAYBOOK)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,6 +35,7 @@ from recipetune.config import Campaign, CampaignConfig, check_recipe, load_campa
 from recipetune.core import options as opt
 from recipetune.core.console import Note, fail
 from recipetune.core.errors import ConfigError
+from recipetune.core.filenames import RUNS_FOLDER
 from recipetune.core.files import parse_override
 from recipetune.core.fmt import fmt_duration, fmt_pct
 from recipetune.core.recipe import Recipe
@@ -230,13 +232,13 @@ def verify(
     failed to run).
     """
     console = Console(stderr=json_output)  # with --json, stdout carries the JSON alone
-    base, cand, candidate, refused, runs, to_candidate = _read_inputs(
-        baseline_file, candidate_file, overrides or [], out, runs, executor, ray_address)
+    inputs = _read_inputs(baseline_file, candidate_file, overrides or [], out, runs, executor, ray_address)
+    base, candidate = inputs.base, inputs.candidate
     settings = base.config.guard
     allow = base.config.search.allow_semantic
-    report = refused or static_report(base.workload, base.baseline, candidate, allow)
+    report = inputs.refused or static_report(base.workload, base.baseline, candidate, allow)
     if report.violations:
-        _refuse(report, base, cand, candidate, to_candidate, json_output, console)
+        _refuse(report, inputs, json_output, console)
 
     out_dir = out or Path("runs") / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{candidate.id}"
     try:
@@ -249,7 +251,7 @@ def verify(
         with Printer(console) as printer:
             verdict = final_verdict(base.workload, base.baseline, candidate, settings, out_dir,
                                     allow_semantic=allow, progress=printer, executor=runner,
-                                    runs_folder=runs)
+                                    runs_folder=inputs.runs)
     except GuardError as e:
         raise fail(e, NO_VERDICT) from None
     finally:
@@ -258,10 +260,22 @@ def verify(
     raise typer.Exit(EXIT[verdict.decision])
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What verify read from its command line, checked: nothing has run yet."""
+
+    base: Campaign  # the baseline's campaign file, with the settings overrides
+    cand: Campaign  # the candidate's campaign file, as written
+    candidate: Recipe  # its recipe with the command line's knob=value edits
+    refused: StaticReport | None  # the static checks' report where an edit breaks a rule, else None
+    runs: Path  # the folder of parity runs
+    to_candidate: list[str]  # the knob=value edits, as typed
+
+
 def _read_inputs(
     baseline_file: Path, candidate_file: Path, overrides: list[str], out: Path | None, runs: Path | None,
     executor: str | None, ray_address: str | None,
-) -> tuple[Campaign, Campaign, Recipe, StaticReport | None, Path, list[str]]:
+) -> _Inputs:
     """Both campaign files, the candidate's recipe with its edits, and the runs folder; bad input of any
     of them exits 2 before anything runs."""
     try:
@@ -271,20 +285,19 @@ def _read_inputs(
         cand = load_campaign(candidate_file, [])  # the file as written; the edits are the candidate's
         _check_same_workload(base, cand)
         candidate, refused = _candidate(cand, to_candidate)
-        runs = runs or (out.parent if out else Path("runs")) / "guard-runs"
+        runs = runs or (out.parent if out else Path("runs")) / RUNS_FOLDER
         check_runs_folder(runs, base.workload)  # a file, unwritable, another trainer's: exit 2, nothing ran
     except ConfigError as e:
         raise fail(e) from None
-    return base, cand, candidate, refused, runs, to_candidate
+    return _Inputs(base, cand, candidate, refused, runs, to_candidate)
 
 
-def _refuse(report: StaticReport, base: Campaign, cand: Campaign, candidate: Recipe, to_candidate: list[str],
-            json_output: bool, console: Console) -> NoReturn:
+def _refuse(report: StaticReport, inputs: _Inputs, json_output: bool, console: Console) -> NoReturn:
     """The static checks refuse the candidate: show the verdict and exit REJECTED, nothing run."""
-    verdict = static_verdict(report, base.baseline, candidate, base.config.guard, "")
+    verdict = static_verdict(report, inputs.base.baseline, inputs.candidate, inputs.base.config.guard, "")
     _show(verdict, json_output, console)
-    edited = f" with {' '.join(to_candidate)}" if to_candidate else ""
-    raise fail(f"{cand.path}{edited}: the candidate breaks {len(report.violations)} rule(s); nothing was run",
+    edited = f" with {' '.join(inputs.to_candidate)}" if inputs.to_candidate else ""
+    raise fail(f"{inputs.cand.path}{edited}: the candidate breaks {len(report.violations)} rule(s); nothing was run",
                EXIT[verdict.decision])
 
 

@@ -30,6 +30,7 @@ from rich.console import Console
 from recipetune.config import Campaign, load_campaign
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
+from recipetune.core.filenames import PROFILE, RESULT, RUNS_FOLDER
 from recipetune.core.files import write_atomic
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import INVARIANT
@@ -39,7 +40,6 @@ from recipetune.workloads import log_formats
 from recipetune.workloads.command import CommandWorkload, substitute
 
 EXIT_ALARM = 5
-PROFILE, RUNS_FOLDER = "baseline_profile.json", "guard-runs"  # a campaign folder's (speed/job.py, decide.py)
 
 
 class WatchInput(ValueError):
@@ -141,7 +141,7 @@ def stored_baseline(campaign: Campaign, folder: Path) -> Baseline:
         dof = len(profile.seeds) - 1 if seeded else None
         runs += profile.runs
     base = {k: v for k, v in campaign.baseline.items() if k != "seed"}
-    for result_file in sorted((folder / RUNS_FOLDER).glob("*/result.json")):
+    for result_file in sorted((folder / RUNS_FOLDER).glob(f"*/{RESULT}")):
         try:
             r = RunResult.model_validate_json(result_file.read_text())
         except (OSError, ValueError):

@@ -190,9 +190,21 @@ class Run:
             self.metrics.flush()
 
 
+@dataclass
+class BuiltModel:
+    """What ``build_model`` sets up: the model as called and as owned, and what parallelizing it made."""
+
+    model: torch.nn.Module  # what is called
+    owner: torch.nn.Module  # what owns the parameters (the model itself, or the pipeline's stages)
+    pipe: Pipeline | None  # the pipeline schedule, with pp > 1
+    mesh: Any  # the device mesh, with a sharded layout
+    a2a: A2ATimer  # the experts' all-to-all timer
+    n_params: int  # parameters of the whole model, before any split
+
+
 def build_model(r: dict[str, Any], d: Dist, cfg: ModelConfig, per_rank: int, tokens_per_rank: int,
-                ckpt: dict | None) -> tuple[torch.nn.Module, torch.nn.Module, Pipeline | None, Any, A2ATimer, int]:
-    """(model called, parameter owner, pipeline or None, device mesh, all-to-all timer, parameter count)."""
+                ckpt: dict | None) -> BuiltModel:
+    """The model on this rank, loaded from ``ckpt`` if given, cut into stages and parallelized as the layout says."""
     layout = d.layout
     # Same init on every rank: DDP broadcasts rank 0's weights, FSDP, TP, EP and PP keep each rank's share.
     torch.manual_seed(r["seed"])
@@ -211,10 +223,10 @@ def build_model(r: dict[str, Any], d: Dist, cfg: ModelConfig, per_rank: int, tok
             parallelize(stage, r, layout, d.device, mesh, a2a)
         pipe = Pipeline(stages, r, layout, mesh, d.device, d.rank, tokens_per_rank)
         owner = torch.nn.ModuleList(stages)
-        return owner, owner, pipe, mesh, a2a, n_params
+        return BuiltModel(owner, owner, pipe, mesh, a2a, n_params)
     # float8, TP, EP, AC, compile, then FSDP or DDP; `model` is what is called, `raw_model` owns the params
     model = parallelize(raw_model, r, layout, d.device, mesh, a2a)
-    return model, raw_model, None, mesh, a2a, n_params
+    return BuiltModel(model, raw_model, None, mesh, a2a, n_params)
 
 
 def build(recipe: dict[str, Any], out_dir: Path, init_from: Path | None, save_checkpoint: Path | None,
@@ -237,10 +249,10 @@ def build(recipe: dict[str, Any], out_dir: Path, init_from: Path | None, save_ch
     tokens_per_rank = per_rank * r["seq_len"]
 
     ckpt = torch.load(init_from, map_location=d.device, weights_only=False) if init_from else None
-    model, owner, pipe, mesh, a2a, n_params = build_model(r, d, cfg, per_rank, tokens_per_rank, ckpt)
-    optimizer = make_optimizer(owner, r)
+    m = build_model(r, d, cfg, per_rank, tokens_per_rank, ckpt)
+    optimizer = make_optimizer(m.owner, r)
     scaler = torch.amp.GradScaler(d.device.type, enabled=r["dtype"] == "fp16")
-    ewa = EWA(owner, r["ewa_decay"]) if r["ewa_decay"] > 0 else None
+    ewa = EWA(m.owner, r["ewa_decay"]) if r["ewa_decay"] > 0 else None
     start_step = 0
     if ckpt:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -258,9 +270,9 @@ def build(recipe: dict[str, Any], out_dir: Path, init_from: Path | None, save_ch
     autocast = torch.autocast(d.device.type, dtype=DTYPES[r["dtype"]]) if r["dtype"] != "fp32" else nullcontext()
     if d.main:
         (out_dir / "run.json").write_text(json.dumps(
-            run_info(r, d.device, d.world, layout, cfg, n_params, corpus, n_micro, start_step), indent=2))
-    run = Run(r, d, cfg, per_rank, tokens_per_rank // layout.cp, n_micro, model, owner, pipe, mesh, a2a,
-              optimizer, scaler, ewa, NoiseScaleTracker() if r["noise_scale"] else None, start_step, autocast,
+            run_info(r, d.device, d.world, layout, cfg, m.n_params, corpus, n_micro, start_step), indent=2))
+    run = Run(r, d, cfg, per_rank, tokens_per_rank // layout.cp, n_micro, m.model, m.owner, m.pipe, m.mesh,
+              m.a2a, optimizer, scaler, ewa, NoiseScaleTracker() if r["noise_scale"] else None, start_step, autocast,
               (out_dir / "metrics.jsonl").open("a") if d.main else None)
     return run, sampler, loader, val_batches
 

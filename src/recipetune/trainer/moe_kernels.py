@@ -7,7 +7,7 @@ compute the same maths; they differ in how many kernels they launch and how much
 - ``loop``: one pair of matmuls per expert in a Python loop (E launches per matmul, no wasted work);
 - ``padded`` (the knob's "grouped"): every group scattered into [E, width, d], width the largest group, and
   three batched matmuls: three launches, but E * width rows of work, ``expert_imbalance`` times the real
-  work (an H200 ran moe-8x's padded experts at 0.75x the loop at imbalance 4, docs/benchmarks.md);
+  work, which an imbalanced router makes slower than the loop (docs/benchmarks.md, "MoE experts without padding");
 - ``segmented``: no padding. In bf16, where torch has it, one grouped GEMM (``torch._grouped_mm``) per
   matmul over the groups' offsets: CUTLASS kernels on CUDA compute capability >= 9.0, torch's own loop of
   matmuls elsewhere. Otherwise (fp32, fp16, an older torch) the loop's matmuls, which are already one per

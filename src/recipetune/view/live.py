@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from recipetune.core.console import fail
 from recipetune.core.errors import missing_extra
+from recipetune.core.filenames import STUDY_DB
 from recipetune.core.recipe import Recipe
 from recipetune.core.words import Decision
 from recipetune.engine.job import Outcome, Reporter, Row
@@ -261,8 +262,8 @@ def decision_panel(outcome: Outcome, lines: list[Text], folder: Path, store: Cam
         url = make_url(store.url).render_as_string(hide_password=True)
         lines.append(Text(f"{outcome.runs} runs; study '{store.name}' in {url}  (optuna-dashboard {url})", style="dim"))
     else:
-        lines.append(Text(f"{outcome.runs} runs; study: {folder / 'study.db'}  (optuna-dashboard sqlite:///"
-                          f"{(folder / 'study.db').resolve()}); report: recipetune report {folder}", style="dim"))
+        lines.append(Text(f"{outcome.runs} runs; study: {folder / STUDY_DB}  (optuna-dashboard sqlite:///"
+                          f"{(folder / STUDY_DB).resolve()}); report: recipetune report {folder}", style="dim"))
     if outcome.approved_file:
         lines.append(Text(f"{approved}: {outcome.approved_file}"))
         for cmd in outcome.launch:

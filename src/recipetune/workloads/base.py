@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipetune.core.filenames import RESULT
 from recipetune.core.measure import (
     EXIT_CODES,
     EvalRecord,
@@ -219,7 +220,7 @@ def build_result(
         out_dir=str(out_dir),
         environment=run_info.get("environment") or environment_fingerprint(),
     )
-    result.save(out_dir / "result.json")
+    result.save(out_dir / RESULT)
     return result
 
 

@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from recipetune.core import expr, meanings
+from recipetune.core.filenames import RESULT
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import Knob, KnobError, KnobSet, Recipe
@@ -406,7 +407,7 @@ class CommandWorkload(Workload):
             # The run may have trained fine, but recipetune cannot measure it: say why.
             update = {"status": "crash", "cause": problem, "stderr_tail": outcome.stderr_tail}
             result = result.model_copy(update=update)
-            result.save(out_dir / "result.json")
+            result.save(out_dir / RESULT)
         return result
 
     def steps_so_far(self, recipe: Recipe, steps: int, out_dir: Path) -> list[StepRecord]:

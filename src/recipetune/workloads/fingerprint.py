@@ -36,12 +36,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
+from recipetune.core.filenames import PROFILE, RESULT, RUNS_FOLDER, STORE_FILE, STUDY_DB
+
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", ".tox", ".nox",
              ".mypy_cache", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "site-packages",
-             "wandb", "mlruns", "runs", "guard-runs"}
+             "wandb", "mlruns", "runs", RUNS_FOLDER}
 DATA_DIRS = {"data", "datasets", "dataset"}
 # Files that mark a folder recipetune wrote (a run, a campaign, a runs store): no trainer code there.
-WRITTEN_MARKS = ("result.json", "study.db", "store.json", "baseline_profile.json")
+WRITTEN_MARKS = (RESULT, STUDY_DB, STORE_FILE, PROFILE)
 SMALL = 1 << 20  # an argv-named file under 1 MiB is hashed; a larger one is data, by size and time
 
 QUERY = """
