@@ -89,20 +89,26 @@ def test_aa_is_not_approved(campaign):
 
 
 @pytest.mark.slow
-def test_tune_from_2x16_proposes_no_accumulation_and_never_rejects_it(tmp_path):
-    # The analyst knows the flags through `means:`; its first proposal is the coupled move 32 x 1.
-    # Its loss parity is decided by the losses alone; its speed-up by timing, which a busy machine
-    # can make too noisy to approve (A/A ratios of -0.37 and +0.43 in one CI run: a 2.9x speed-up
-    # with a 49% noise margin). So the test asks for the verdict the losses fix, and for the speed
-    # verdict only what timing cannot change: the guard keeps the baseline for noise and says so,
-    # never rejects it. (Approved on a quiet machine: docs/own-trainer.md.)
+def test_tune_at_the_examples_defaults_approves_less_accumulation_on_its_losses(tmp_path):
+    # `recipetune tune examples/nanogpt-campaign.yaml` as it stands (issue 50): the analyst knows the flags
+    # through `means:` and proposes less accumulation; the finalist, an equivalent on other batches, is never
+    # judged a loss regression: its parity holds once longer pairs resolve T (the trainer has no seed knob).
+    # Its speed-up is timing's, which a busy machine can make too noisy to approve (A/A ratios of -0.37 and
+    # +0.43 in one CI run: a 2.9x speed-up with a 49% noise margin; 3.87x, CI [1.03, 14.6] under a 36.6%
+    # margin at load 13): then the guard keeps the baseline for noise and says so, never rejects it. On a
+    # quiet machine APPROVED: 5.60x, CI [3.32, 9.44], 5 parity runs in 62 s, 6 speed runs in 26 s, the
+    # campaign 2 min 11 s (docs/own-trainer.md).
     folder = tmp_path / "campaign"
-    res = CliRunner().invoke(app, ["tune", str(CAMPAIGN), *ONE_SEED, "--budget", "1", "--out", str(folder)])
+    res = CliRunner().invoke(app, ["tune", str(CAMPAIGN), "--out", str(folder)])
     assert res.exit_code == 0, res.output[-2000:]
     finalist = json.loads(next((folder / "final").glob("*/verdict.json")).read_text())
-    assert finalist["change"] == "batch_size=32, grad_accum=1", finalist["change"]
-    assert finalist["parity"]["outcome"] == "holds"
-    assert finalist["parity"]["detectable"] <= finalist["parity"]["tolerance"]
+    cand = finalist["candidate"]
+    assert cand["grad_accum"] < 16 and cand["batch_size"] * cand["grad_accum"] == 32, finalist["change"]
+    par = finalist["parity"]
+    assert par["outcome"] == "holds" and par["detectable"] <= par["tolerance"], finalist["reasons"]
+    looks = [n for n in finalist["notes"] if n.startswith("parity look ")]
+    assert len(looks) >= 2 and finalist["cost"]["parity_runs"] == 1 + 2 * (len(looks) - 1)  # what it spent
+    assert finalist["cost"]["parity_s"] > 0 and finalist["cost"]["speed_runs"] >= 6
     speed = finalist["speed"]
     if finalist["decision"] == "APPROVED":
         assert speed["ci_low"] > 1 + speed["noise_margin"]

@@ -156,6 +156,7 @@ class Verdict(BaseModel):
     pairs: list[dict] = []
     baseline: dict = {}
     candidate: dict = {}
+    cost: dict = {}
 
 
 CALLS: dict[str, int] = {"profile": 0, "final": 0}
@@ -196,7 +197,9 @@ def fake_final_verdict(workload, baseline, candidate, settings, out_dir, allow_s
     decision = "APPROVED" if speedup > 1.05 else "KEEP BASELINE"
     return Verdict(decision=decision, reasons=[f"measured {speedup:.2f}x"], speedup=speedup,
                    ci_low=speedup * 0.97, ci_high=speedup * 1.03, parity={"gap": 0.0, "tolerance": 0.5},
-                   baseline=dict(baseline), candidate=dict(candidate))
+                   baseline=dict(baseline), candidate=dict(candidate),
+                   cost={"parity_runs": 5.0, "parity_reused": 1.0, "parity_s": 62.2, "speed_runs": 6.0,
+                         "speed_s": 26.1})
 
 
 class FakeGuard:
@@ -270,6 +273,8 @@ def test_mcts_campaign_searches_stores_and_approves(tmp_path, monkeypatch):
     # The tree grew below the root: some trial's parent is another trial's recipe.
     assert any(r.attrs["parent"] in ids for r in recs)
     assert outcome.decision == "APPROVED" and outcome.winner is not None and outcome.winner.score > 1
+    # what the decision spent is part of it: the final verdict's runs and seconds
+    assert "the final verdict's cost: parity 5 run(s) trained, 1 reused, 62 s; speed 6 runs, 26 s" in outcome.reasons
     assert outcome.winner is outcome.tree.best() or outcome.winner.score <= outcome.tree.best().score
     verdict = json.loads((store.folder / "verdict.json").read_text())
     assert verdict["decision"] == "APPROVED" and verdict["recipe_id"] == outcome.winner.id

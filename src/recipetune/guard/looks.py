@@ -13,7 +13,8 @@ look, and says what it expects to spend:
   fixed share of alpha, the later ones the rest by O'Brien-Fleming or Pocock spending). A look whose
   predictive power to show equivalence within the plan is below ``parity.futility`` stops the verdict:
   not shown equivalent.
-- **steps** (identical repeats: no seed knob, a constant seed inside): only longer runs add evidence.
+- **steps** (identical repeats: no seed knob, a constant seed inside; also repeats that differ by float
+  noise only, guard/loss.py: replicas): only longer runs add evidence.
   One candidate run at the profile's length; if it cannot tell, pairs up to the length the plan says
   resolves T (at most ``parity.max_steps_factor`` times), one at the geometric middle first when that
   length is 4x or more (an effect that fades with training still shows there), the rest of alpha
@@ -301,9 +302,9 @@ def _seeds_stop(v: _Verdict, n: int, d: SeedLook, ev: ParityEvidence, line: str)
 
 def _not_shown(ev: ParityEvidence, why: str) -> str:
     bounds = "" if ev.low is None else f", one-sided bounds [{ev.low:+.4f}, {ev.high:+.4f}]"
+    resolve = "no difference" if ev.detectable is None else f"{ev.detectable:.4f} nats at best"
     return (f"not shown equivalent: final {ev.final_metric} {ev.mean_diff:+.4f} nats vs the baseline{bounds}, "
-            f"T {ev.tolerance:.4f}, smallest detectable difference "
-            f"{'unbounded' if ev.detectable is None else f'{ev.detectable:.4f}'}; {why}")
+            f"T {ev.tolerance:.4f}; these runs resolve {resolve} (the smallest difference they detect); {why}")
 
 
 def _what_more(v: _Verdict, n: int, planned: int, need: int, why: str) -> str:
@@ -377,10 +378,10 @@ def _by_steps(v: _Verdict) -> Gathered:
 def _say_steps_plan(v: _Verdict) -> None:
     """Say before the candidate runs what the steps' looks may spend: only longer runs add evidence."""
     p = v.settings.parity
-    v.say(f"parity plan: T {v.profile.loss_tolerance:.4f} nats; the baseline's repeats are identical, so only longer "
-          f"runs add evidence: one candidate run at {v.cand_steps} steps, then, if it cannot tell, pairs up to the "
-          f"length that resolves T (at most {p.max_steps_factor}x); at most {v.settings.max_parity_runs} run(s) of "
-          f"{v.profile.steps} steps (guard.max_parity_runs)")
+    v.say(f"parity plan: T {v.profile.loss_tolerance:.4f} nats; the baseline's repeats are identical (or differ "
+          f"by float noise only), so only longer runs add evidence: one candidate run at {v.cand_steps} steps, "
+          f"then, if it cannot tell, pairs up to the length that resolves T (at most {p.max_steps_factor}x); at most "
+          f"{v.settings.max_parity_runs} run(s) of {v.profile.steps} steps (guard.max_parity_runs)")
 
 
 def _steps_gathered(v: _Verdict, ev: ParityEvidence, planned: int, stop: str, factor: float) -> Gathered:
@@ -431,8 +432,13 @@ def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, c
 
 def _grows(ev: ParityEvidence) -> bool:
     """The parity test held on the mean but the gap is shown to grow (guard/trend.py): not approved, and more
-    of the same evidence cannot change that."""
-    return ev.outcome == ParityOutcome.INCONCLUSIVE and ev.trend is not None and ev.trend.outcome == TrendOutcome.GROWS
+    of the same evidence cannot change that. Only where the level held: a look that cannot resolve T yet is
+    no verdict on the gap's trend either, and the next look tests both again (until issue 50 a steps
+    verdict stopped at its first, 1x look whenever one noisy pair's slope read "grows", its reason the
+    level's "cannot resolve T", and never ran the longer pairs that resolve T)."""
+    return (ev.outcome == ParityOutcome.INCONCLUSIVE and ev.trend is not None
+            and ev.trend.outcome == TrendOutcome.GROWS
+            and bool(ev.measures) and all(x.outcome == ParityOutcome.HOLDS for x in ev.measures))
 
 
 def _look_line(look: int, what: str, level: float, ev: ParityEvidence) -> str:

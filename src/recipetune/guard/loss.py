@@ -38,10 +38,31 @@ def has_final_val(run: RunResult) -> bool:
 
 def independent_repeats(seeds: Sequence[int | None], runs: Sequence[RunResult]) -> bool:
     """Whether the baseline's repeats are independent samples: distinct seeds, or a trainer without a
-    seed knob whose repeats differ (it seeds itself); identical repeats are one sample."""
+    seed knob whose repeats differ (it seeds itself); identical repeats are one sample, and so are
+    repeats that differ by float noise only (``replicas``)."""
     if seeds and seeds[0] is not None:
         return len(set(seeds)) > 1
-    return len(runs) > 1 and any(r.losses() != runs[0].losses() for r in runs[1:])
+    return len(runs) > 1 and any(not replicas(runs[0], r) for r in runs[1:])
+
+
+REPLICA_RATIO = 0.5  # independent runs differ step by step by ~1.4x the step noise; float noise by ~0
+
+
+def replicas(a: RunResult, b: RunResult) -> bool:
+    """Two runs of one recipe that trained on the same batches: over the second half of the steps both
+    logged, their losses differ step by step by less than ``REPLICA_RATIO`` x the logged loss's
+    step-to-step noise. A constant seed replays the batches; a GPU's nondeterministic kernels then move
+    the losses by far less than another batch does, and such repeats are no more a sample than
+    identical ones (run on other batches, two runs differ by about sqrt(2) x that noise)."""
+    la, lb = {s.step: s.loss for s in a.steps}, {s.step: s.loss for s in b.steps}
+    common = sorted(la.keys() & lb.keys())
+    if la == lb:
+        return True
+    late = common[len(common) // 2:]
+    if len(late) < 3:
+        return False
+    gap = float(np.sqrt(np.mean([(lb[t] - la[t]) ** 2 for t in late])))
+    return gap < REPLICA_RATIO * stats.step_noise([la[t] for t in late])
 
 
 class Aligned(NamedTuple):

@@ -58,6 +58,11 @@ def seed_note(profile: BaselineProfile) -> tuple[bool, str]:
     if independent:
         return True, ("the workload has no seed knob; its repeats differ (the trainer seeds itself), "
                       "so they count as independent repeats")
+    if any(r.losses() != profile.runs[0].losses() for r in profile.runs[1:]):
+        return False, ("the workload has no seed knob and its repeats differ by float noise only (far less than "
+                       "another batch moves the loss: it seeds itself with a constant, on nondeterministic "
+                       "kernels): they trained on the same batches, so they are one sample; one run per recipe is "
+                       "compared, its noise estimated within the run")
     return False, ("the workload has no seed knob and its repeats are identical (it seeds itself with a "
                    "constant): one run per recipe is compared, its noise estimated within the run")
 
@@ -176,7 +181,7 @@ def measure(
     independent, note = seed_note(profile)
     pairs = list(zip(baselines, candidates, strict=True))
     if not independent:
-        pairs = pairs[:1]  # identical repeats: one more copy of the same run adds nothing
+        pairs = pairs[:1]  # identical repeats (or float-noise replicas): another copy adds nothing
     mode, why, problems = _comparable(profile, pairs, settings, equal_tokens)
     train_b, train_c, ses, shortest, slopes, noise = _tails(pairs, settings)
     compared = min(min(tokens(b)[-1], tokens(c)[-1]) for b, c in pairs)  # T over the same run length
@@ -343,8 +348,11 @@ def _judge(x: Sample, settings: ParitySettings, independent: bool, two_sided: bo
                   "with training is; not approved on that evidence (expose a seed knob so that runs of the "
                   "campaign's length can be compared)")
     elif outcome == ParityOutcome.INCONCLUSIVE:
-        reason = (f"the runs cannot resolve T: final {name} {test.diff:+.4f} nats vs the baseline, {bounds}, "
-                  f"smallest detectable difference {test.detectable:.4f} vs {t_text}")
+        # Not a regression: say the difference first, and the runs' resolution apart from it (a summary read
+        # "difference 0.1814 vs T = 0.0533" off "smallest detectable difference 0.1814 vs T" as a loss shown worse).
+        reason = (f"the runs cannot resolve T: final {name} {test.diff:+.4f} nats vs the baseline, {bounds}: shown "
+                  f"neither different nor within {t_text}; these runs resolve {test.detectable:.4f} nats at best "
+                  "(the smallest difference they detect)")
     return Measured(
         measure=name, baseline_finals=x.baseline_finals, candidate_finals=x.candidate_finals, mean_diff=test.diff,
         se=_finite(test.se), low=_finite(test.low), high=_finite(test.high), tolerance=T,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from recipetune.core.filenames import VERDICT
 from recipetune.core.files import write_atomic
+from recipetune.core.fmt import fmt_duration
 from recipetune.core.recipe import Recipe
 from recipetune.core.words import Decision, ParityOutcome
 from recipetune.execute.executor import Executor
@@ -60,6 +61,16 @@ class Verdict(BaseModel):
 
     def save(self, path: Path) -> None:
         write_atomic(path, self.model_dump_json(indent=2))
+
+
+def cost_text(cost: dict[str, float]) -> str:
+    """What a verdict spent (``Verdict.cost``), in words; '' before anything ran. A verdict states its cost."""
+    if not cost:
+        return ""
+    speed = f"; speed {cost['speed_runs']:.0f} runs, {fmt_duration(cost.get('speed_s'))}" \
+        if "speed_runs" in cost else ""
+    return (f"parity {cost.get('parity_runs', 0):.0f} run(s) trained, {cost.get('parity_reused', 0):.0f} reused, "
+            f"{fmt_duration(cost.get('parity_s'))}{speed}")
 
 
 def tokens_per_step(workload: Workload, recipe: Recipe) -> int | None:

@@ -24,6 +24,7 @@ from recipetune.core.recipe import Recipe
 from recipetune.core.words import Decision
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.engine.tree import Node
+from recipetune.guard.verdict import cost_text
 
 if TYPE_CHECKING:
     from recipetune.guard.baseline import BaselineProfile
@@ -74,14 +75,20 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
             store.write_json(FINALISTS, saved)  # after each: a resume does not redo a finished verdict
     approved = [(n, v) for n, v in verdicts if v.decision == Decision.APPROVED]
     if not approved:
-        reasons = [f"{n.recipe.describe_diff(baseline)}: {v.decision}: {'; '.join(v.reasons)}" for n, v in verdicts]
+        reasons = [f"{n.recipe.describe_diff(baseline)}: {v.decision}: {'; '.join(v.reasons)}{_spent(v)}"
+                   for n, v in verdicts]
         return _conclude(campaign, services, Outcome(Decision.KEEP_BASELINE, reasons, tree, verdicts=verdicts,
                                                      runs=runs))
     winner, verdict = max(approved, key=lambda nv: nv[1].speedup or 0.0)
-    outcome = Outcome(Decision.APPROVED, list(verdict.reasons), tree, winner, verdict, verdicts, runs=runs,
+    spent = [f"the final verdict's cost: {cost_text(verdict.cost)}"] if cost_text(verdict.cost) else []
+    outcome = Outcome(Decision.APPROVED, [*verdict.reasons, *spent], tree, winner, verdict, verdicts, runs=runs,
                       approved=approved_text(campaign, winner.recipe, verdict),
                       launch=launch_commands(campaign, winner.recipe, services.store.folder / "approved-run"))
     return _conclude(campaign, services, outcome)
+
+
+def _spent(verdict: Verdict) -> str:
+    return f" (cost: {cost_text(verdict.cost)})" if cost_text(verdict.cost) else ""
 
 
 def _conclude(campaign: Campaign, services: Services, outcome: Outcome) -> Outcome:

@@ -44,7 +44,7 @@ from recipetune.execute.factory import make_executor
 from recipetune.guard.baseline import GuardError
 from recipetune.guard.runs import check_folder as check_runs_folder
 from recipetune.guard.static import StaticReport, static_report
-from recipetune.guard.verdict import Verdict, final_verdict, static_verdict
+from recipetune.guard.verdict import Verdict, cost_text, final_verdict, static_verdict
 
 STYLE = {Decision.APPROVED: "bold green", Decision.KEEP_BASELINE: "bold yellow", Decision.REJECTED: "bold red"}
 # 2: bad input; 1: no verdict (GuardError, a crash)
@@ -200,11 +200,7 @@ def _closing_parts(verdict: Verdict) -> list:
     """What the verdict spent, its notes, and the invariants it checked."""
     parts: list = []
     if verdict.cost:
-        c = verdict.cost
-        speed = f"; speed {c['speed_runs']:.0f} runs, {fmt_duration(c.get('speed_s'))}" if "speed_runs" in c else ""
-        parts.append(Text(f"\ncost: parity {c.get('parity_runs', 0):.0f} run(s) trained, "
-                          f"{c.get('parity_reused', 0):.0f} reused, {fmt_duration(c.get('parity_s'))}{speed}",
-                          style="dim"))
+        parts.append(Text(f"\ncost: {cost_text(verdict.cost)}", style="dim"))
     if verdict.notes:
         parts.append(Text("\nnotes", style="bold"))
         parts += [Text(f"  - {n}") for n in verdict.notes]
