@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from recipetune.config import SearchConfig
 from recipetune.core.recipe import Knob, KnobSet, SearchSpace
-from recipetune.core.words import Decision, EquivalenceOutcome, LookOutcome, ParityOutcome, TrendOutcome
+from recipetune.core.words import Decision, EquivalenceOutcome, LookOutcome, LooksStop, ParityOutcome, TrendOutcome
 from recipetune.engine.config import Pruning
 from recipetune.engine.samplers import distributions
 from recipetune.engine.status import FINISHED, Refusal, Status
@@ -24,7 +24,7 @@ from recipetune.guard.evidence import Measured
 SRC = Path(__file__).resolve().parents[1] / "src" / "recipetune"
 
 
-OUTCOMES = [*EquivalenceOutcome, *ParityOutcome, *LookOutcome, *TrendOutcome, *Refusal]
+OUTCOMES = [*EquivalenceOutcome, *ParityOutcome, *LookOutcome, *TrendOutcome, *LooksStop, *Refusal]
 
 
 @pytest.mark.parametrize("word", [*Status, *Decision, *OUTCOMES], ids=str)
@@ -52,6 +52,12 @@ def test_the_outcomes_are_the_strings_verdicts_have_always_written():
     assert [w.value for w in LookOutcome] == ["shown", "continue", "futility", "budget", "plan"]
     assert [w.value for w in TrendOutcome] == ["flat", "grows"]
     assert [w.value for w in Refusal] == ["claimed", "rejected", "budget"]  # why a recipe gets no run
+    # why the looks ended (verdict.json: stop), the speed verdict's and the quality verdict's
+    assert [w.value for w in LooksStop] == ["decided", "trend", "futility", "budget", "plan", "time", "too short",
+                                            "failed"]
+    # a look's outcome that ends the looks is written as the stop it names: the two families agree
+    assert {LooksStop(o) for o in (LookOutcome.FUTILITY, LookOutcome.BUDGET, LookOutcome.PLAN)} == {
+        LooksStop.FUTILITY, LooksStop.BUDGET, LooksStop.PLAN}
 
 
 LOOK = {"look": 1, "seeds": [0, 1, 2], "level": 0.0125, "gain": 0.05, "low": 0.01, "high": 0.09, "planned": 5,

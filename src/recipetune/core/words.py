@@ -62,6 +62,20 @@ class LookOutcome(Word):
     PLAN = "plan"  # the planned seeds did not decide
 
 
+class LooksStop(Word):
+    """Why a design's looks ended (verdict.json: the speed verdict's ``stop``, the quality verdict's ``stop``).
+    The quality job's stop is its last look's ``LookOutcome`` or ``TIME``; the same strings."""
+
+    DECIDED = "decided"  # the test showed its outcome (parity holds or fails)
+    TREND = "trend"  # the level held, but the gap is shown growing over the window
+    FUTILITY = "futility"  # the chance that the planned looks decide is below the futility level
+    BUDGET = "budget"  # the runs (seeds) it would need exceed the budget
+    PLAN = "plan"  # the planned looks did not decide
+    TIME = "time"  # the time budget (guard.max_parity_s, search.max_test_s) ends the looks
+    TOO_SHORT = "too short"  # the runs are too short to measure: more of them cannot change it
+    FAILED = "failed"  # a candidate run failed
+
+
 class TrendOutcome(Word):
     """The gap's slope over the compared window (guard/trend.py; verdict.json: ``parity.trend.outcome``)."""
 

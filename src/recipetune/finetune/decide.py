@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from recipetune.core.recipe import Recipe
 from recipetune.core.sequential import GainDesign
-from recipetune.core.words import Decision, LookOutcome
+from recipetune.core.words import Decision, LookOutcome, LooksStop
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.finetune.looks import Contender, LookRecord, SplitLooks, design_of, look_line, pace
 from recipetune.finetune.plan import FinetuneCampaign
@@ -136,7 +136,7 @@ def reasons_for(c: FinetuneCampaign, looks: SplitLooks, last: LookRecord, compet
                f"search.futility {cfg.futility:.0%}" + more_needed(c, looks, last))
     elif stop == LookOutcome.BUDGET:
         why = f"{bar} within search.max_test_seeds ({cfg.max_test_seeds})" + more_needed(c, looks, last)
-    elif stop == "time":
+    elif stop == LooksStop.TIME:
         why = (f"{bar}: search.max_test_s ({cfg.max_test_s or 0.0:g} s) ends the looks at {n} seeds"
                + more_needed(c, looks, last))
     else:
@@ -163,7 +163,7 @@ def judge(c: FinetuneCampaign, looks: SplitLooks, competed: int, plan: str, val_
         confidence=1.0 - 2.0 * last.level,
         normalised_gain=normalised_gain(min(1.0, max(0.0, cand.mean)), min(1.0, max(0.0, base.mean))),
         validation_baseline=val_base, validation_candidate=val_cand, threshold=c.cfg.min_gain, competed=competed,
-        plan=plan, looks=looks.records, decided_at=None if stop == "time" else last.look, stop=stop,
+        plan=plan, looks=looks.records, decided_at=None if stop == LooksStop.TIME else last.look, stop=stop,
         runs_trained=looks.trained, runs_reused=2 * len(last.seeds) - looks.trained, minutes=looks.minutes,
         max_seeds=c.cfg.max_test_seeds)
 

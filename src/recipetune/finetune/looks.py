@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from recipetune.core.recipe import Recipe
 from recipetune.core.sequential import NEVER, GainDesign, GainLook
-from recipetune.core.words import LookOutcome
+from recipetune.core.words import LookOutcome, LooksStop
 from recipetune.engine.job import Services
 from recipetune.finetune.final import evaluated, final_evaluation
 from recipetune.finetune.plan import FinetuneCampaign, FinetuneSearchConfig
@@ -99,7 +99,7 @@ class SplitLooks:
     seeds: list[int] = field(default_factory=list)
     records: list[LookRecord] = field(default_factory=list)
     trained: int = 0  # runs the looks trained (the others compared were kept by an earlier session)
-    stop: str = ""  # "time" where the budget ended the looks
+    stop: LooksStop | str = ""  # LooksStop.TIME where the time budget ended the looks
     _drawn: tuple[list[int], int, float] = ([], 0, 0.0)  # the last draw: seeds, runs trained, seconds
     _started: float = 0.0
 
@@ -142,7 +142,7 @@ class SplitLooks:
         seeds, todo = self.seeds[:n], self.pending(n)
         runs, ahead, budget = sum(map(len, todo)), self.eta(todo), self.c.cfg.max_test_s
         if budget is not None and runs and time.monotonic() - self._started + (ahead or 0.0) > budget:
-            self.stop = "time"
+            self.stop = LooksStop.TIME
             return None
         if runs:
             when = f", ~{ahead / 60:.1f} min at the two recipes' pace" if ahead is not None else ""

@@ -40,7 +40,7 @@ from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
 from recipetune.core.sequential import NEVER, factor_needed, seeds_needed
 from recipetune.core.stats import paired
-from recipetune.core.words import LookOutcome, ParityOutcome, TrendOutcome
+from recipetune.core.words import LookOutcome, LooksStop, ParityOutcome, TrendOutcome
 from recipetune.guard.baseline import BaselineProfile, GuardError, with_seed
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.loss import MIN_TAIL
@@ -60,7 +60,7 @@ class Gathered:
     looks: list[str]  # the plan and what each look showed, for the verdict's notes
     reused: int = 0  # runs found stored (earlier verdicts in the same folder) or in flight for another verdict
     planned: int = 0  # runs the plan made before the candidate ran expected, were its batches other
-    stop: str = ""  # why the looks ended: decided, futility, budget, plan, too short, failed
+    stop: LooksStop | str = ""  # why the looks ended ("": not run)
     plan: dict = field(default_factory=dict)  # the last plan: pairs, factor, runs and seconds still to go
 
 
@@ -201,7 +201,7 @@ def _by_seeds(v: _Verdict) -> Gathered:
     while True:
         got = v.gather(_seeds_wanted(v, n, base, cand), design.looks + 1)
         if isinstance(got, str):
-            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, round(planned), "failed")
+            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, round(planned), LooksStop.FAILED)
         for (side, k), result in got.items():
             (base if side == "baseline" else cand)[k] = result
         m = measure(v.profile, [cand[k] for k in range(n)], p, v.equal_tokens, [base[k] for k in range(n)])
@@ -209,7 +209,7 @@ def _by_seeds(v: _Verdict) -> Gathered:
             ev = judge(m, p, p.alpha)
             v.say(_look_line(design.looks + 1, f"{n} seed(s)", p.alpha, ev))
             return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned),
-                            "decided" if m.problems else "too short")
+                            LooksStop.DECIDED if m.problems else LooksStop.TOO_SHORT)
         # The first look pools the pairs' scatter with the profile's prediction unless the batches are
         # known to be the same (guard/sequential.py: SeedDesign).
         d = design.decide([_pairs(m, x, v.profile) for x in m.samples], _seed_cap(v, n),
@@ -223,16 +223,17 @@ def _by_seeds(v: _Verdict) -> Gathered:
         more = _seeds_runs(v, n, d.next - n)
         if v.settings.max_parity_s is not None and \
                 time.monotonic() - v.started + v.seconds(more) > v.settings.max_parity_s:
-            v.say(f"{line}; the next look would end after guard.max_parity_s {v.settings.max_parity_s:g} s: stopped")
-            ev.reasons = [_not_shown(ev, _what_more(v, n, d.planned, d.needed, "time"))]
+            _stopped(v, ev, Stop(f"{line}; the next look would end after guard.max_parity_s "
+                                 f"{v.settings.max_parity_s:g} s: stopped",
+                                 _not_shown(ev, _what_more(v, n, d.planned, d.needed, LooksStop.TIME))))
             d.outcome = LookOutcome.BUDGET
             break
         aim = ("equivalence is out of reach, a difference beyond T is not: the last look at "
                if d.rejecting else f"plan: {d.planned} seeds, the next look at ")
         v.say(f"{line}; {aim}{d.next} seeds ({more:.0f} more runs, ~{fmt_duration(v.seconds(more))})")
         n = d.next
-    stop = "trend" if _grows(ev) else {ParityOutcome.HOLDS: "decided", ParityOutcome.FAILS: "decided"}.get(d.outcome,
-                                                                                                       d.outcome)
+    stop = LooksStop.TREND if _grows(ev) else (
+        LooksStop.DECIDED if d.outcome in (ParityOutcome.HOLDS, ParityOutcome.FAILS) else LooksStop(d.outcome))
     return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, round(planned), stop,
                     {"pairs": d.planned, "needed": d.needed, "factor": 1.0, "at_once": v.at_once})
 
@@ -310,12 +311,12 @@ def _not_shown(ev: ParityEvidence, why: str) -> str:
 def _what_more(v: _Verdict, n: int, planned: int, need: int, why: str) -> str:
     """What a verdict stopped short of its plan would have needed."""
     more = f"about {need} seeds ({_seeds_runs(v, n, need - n):.0f} more runs) would resolve T"
-    if why == "time":
+    if why == LooksStop.TIME:
         return f"guard.max_parity_s ({v.settings.max_parity_s:g} s) ends the looks at {n} seeds; {more}"
-    if why == "budget" and planned > n:
+    if why == LooksStop.BUDGET and planned > n:
         return (f"guard.max_parity_runs ({v.settings.max_parity_runs}) allows {planned} seeds, too few to show "
                 f"even an exact equivalent more often than not; {more}")
-    if why == "budget":
+    if why == LooksStop.BUDGET:
         return f"guard.max_parity_runs ({v.settings.max_parity_runs}) allowed {n} seeds; {more}"
     return f"the planned {n} seeds did not show it" + (f"; {more}" if need > n else "")
 
@@ -334,7 +335,7 @@ def _by_steps(v: _Verdict) -> Gathered:
     _say_steps_plan(v)
     got = v.gather([Wanted("candidate", 0, v.candidate, v.cand_steps, v.out_dir / "parity" / name)], 1)
     if isinstance(got, str):
-        return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, 1, "failed")
+        return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, 1, LooksStop.FAILED)
     m = measure(v.profile, list(got.values()), p, v.equal_tokens, v.profile.runs[:1])
     ev = judge(m, p, first)
     line = _look_line(1, "1x the steps", first, ev)
@@ -353,14 +354,14 @@ def _by_steps(v: _Verdict) -> Gathered:
         if look == 3 or target <= factor:
             v.say(line)
             ev.reasons.append(f"after {look} look(s): {what} (guard.parity.max_steps_factor {p.max_steps_factor})")
-            return _steps_gathered(v, ev, planned, "plan" if look == 3 else "budget", factor)
+            return _steps_gathered(v, ev, planned, LooksStop.PLAN if look == 3 else LooksStop.BUDGET, factor)
         # From the profile's length, a pair between when the plan is 4x or more (geometric middle).
         nxt = float(math.ceil(math.sqrt(target))) if look == 1 and target >= 4 else target
         cost = v.cost(v.baseline, round(v.profile.steps * nxt)) + v.cost(v.candidate, round(v.cand_steps * nxt))
         planned = round(planned + 2 * nxt)
         if (over := _steps_over_budget(v, ev, line, nxt, cost, what)) is not None:
             _stopped(v, ev, over)
-            return _steps_gathered(v, ev, planned, "budget", factor)
+            return _steps_gathered(v, ev, planned, LooksStop.BUDGET, factor)
         kept = f" (kept: this look alone says {own:g}x)" if own < target else ""
         v.say(f"{line}; plan: {target:g}x the steps{kept}, the next pair at {nxt:g}x "
               f"({round(v.cand_steps * nxt)} steps, ~{fmt_duration(v.seconds(cost))})")
@@ -369,7 +370,7 @@ def _by_steps(v: _Verdict) -> Gathered:
                   Wanted("candidate", 0, v.candidate, round(v.cand_steps * nxt), v.out_dir / "parity" / sub / name)]
         got = v.gather(longer, look)
         if isinstance(got, str):
-            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, planned, "failed")
+            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, planned, LooksStop.FAILED)
         m = measure(v.profile, [got["candidate", 0]], p, v.equal_tokens, [got["baseline", 0]])
         ev = judge(m, p, rest / 2, longer=factor)
         line = _look_line(look, f"{factor:g}x the steps", rest / 2, ev)
@@ -384,7 +385,7 @@ def _say_steps_plan(v: _Verdict) -> None:
           f"{v.settings.max_parity_runs} run(s) of {v.profile.steps} steps (guard.max_parity_runs)")
 
 
-def _steps_gathered(v: _Verdict, ev: ParityEvidence, planned: int, stop: str, factor: float) -> Gathered:
+def _steps_gathered(v: _Verdict, ev: ParityEvidence, planned: int, stop: LooksStop, factor: float) -> Gathered:
     """What the steps' looks gathered, ended by ``stop`` at runs ``factor`` times the profile's length."""
     return Gathered(ev, "", v.runs.launched, v.notes, v.runs.reused, planned, stop,
                     {"pairs": 1, "factor": factor, "at_once": v.at_once})
@@ -395,12 +396,12 @@ def _steps_ended(v: _Verdict, m: Measurements, ev: ParityEvidence, line: str, fa
     """The look decided, or the fade rule or the trend ends the verdict: longer runs cannot change it."""
     if ev.outcome != ParityOutcome.INCONCLUSIVE or m.problems:
         v.say(line)
-        return _steps_gathered(v, ev, planned, "decided", factor)
+        return _steps_gathered(v, ev, planned, LooksStop.DECIDED, factor)
     if any(x.fades for x in ev.measures) or _grows(ev):
         why = ("a gap shown growing over the window blocks approval" if _grows(ev) else
                f"a difference shown beyond noise at {factor:g}x blocks approval at any longer look")
         v.say(f"{line}; {why}: stopped")
-        return _steps_gathered(v, ev, planned, "trend" if _grows(ev) else "decided", factor)
+        return _steps_gathered(v, ev, planned, LooksStop.TREND if _grows(ev) else LooksStop.DECIDED, factor)
     return None
 
 
@@ -433,9 +434,8 @@ def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, c
 def _grows(ev: ParityEvidence) -> bool:
     """The parity test held on the mean but the gap is shown to grow (guard/trend.py): not approved, and more
     of the same evidence cannot change that. Only where the level held: a look that cannot resolve T yet is
-    no verdict on the gap's trend either, and the next look tests both again (until issue 50 a steps
-    verdict stopped at its first, 1x look whenever one noisy pair's slope read "grows", its reason the
-    level's "cannot resolve T", and never ran the longer pairs that resolve T)."""
+    no verdict on the gap's trend either, and the next look tests both again (one noisy pair's slope must
+    not end a verdict before the longer pairs that resolve T have run)."""
     return (ev.outcome == ParityOutcome.INCONCLUSIVE and ev.trend is not None
             and ev.trend.outcome == TrendOutcome.GROWS
             and bool(ev.measures) and all(x.outcome == ParityOutcome.HOLDS for x in ev.measures))

@@ -183,20 +183,19 @@ def measure(
     if not independent:
         pairs = pairs[:1]  # identical repeats (or float-noise replicas): another copy adds nothing
     mode, why, problems = _comparable(profile, pairs, settings, equal_tokens)
-    train_b, train_c, ses, shortest, slopes, noise = _tails(pairs, settings)
+    t = _tails(pairs, settings)
     compared = min(min(tokens(b)[-1], tokens(c)[-1]) for b, c in pairs)  # T over the same run length
     share = f"the last {100 * settings.tail:.0f}% of the tokens"
-    notes = [note, f"step-to-step noise of the logged loss: baseline {np.mean(noise['baseline']):.4f}, candidate "
-                   f"{np.mean(noise['candidate']):.4f} nats"]
-    samples = _samples(profile, settings, pairs, (train_b, train_c, ses), shortest, compared, independent, share,
-                       notes)
+    notes = [note, f"step-to-step noise of the logged loss: baseline {np.mean(t.noise['baseline']):.4f}, candidate "
+                   f"{np.mean(t.noise['candidate']):.4f} nats"]
+    samples = _samples(profile, settings, pairs, t, compared, independent, share, notes)
     return Measurements(
         mode=mode, mode_reason=why, independent=independent, two_sided=not equal_tokens, problems=problems,
-        samples=samples, tail_records=shortest, notes=notes, share=share,
+        samples=samples, tail_records=t.shortest, notes=notes, share=share,
         seeds=[b.recipe.get("seed") for b, _ in pairs] if profile.seeds[0] is not None else [None] * len(pairs),
         steps_compared=min(len(b.steps) for b, _ in pairs), gap=_gap(pairs, settings, equal_tokens),
-        noise={k: float(np.mean(v)) for k, v in noise.items()},
-        slopes=[x for x in slopes if x is not None] if all(x is not None for x in slopes) else [],
+        noise={k: float(np.mean(v)) for k, v in t.noise.items()},
+        slopes=[x for x in t.slopes if x is not None] if all(x is not None for x in t.slopes) else [],
         tokens_compared=int(compared),
     )
 
@@ -214,8 +213,19 @@ def _comparable(profile: BaselineProfile, pairs: list[_RunPair], settings: Parit
     return mode, why, problems
 
 
-def _tails(pairs: list[_RunPair], settings: ParitySettings) -> tuple[
-        list[float], list[float], list[float], int, list, dict[str, list[float]]]:
+@dataclass(frozen=True)
+class _Tails:
+    """Each pair's training loss over the tail of the tokens both ran."""
+
+    baseline: list[float]  # the baseline run's mean over the tail, per pair
+    candidate: list[float]  # the candidate run's
+    ses: list[float]  # the difference's within-run standard error
+    shortest: int  # the fewest logged losses in a tail
+    slopes: list  # the gap's slope over the tail (guard/trend.py: pair_slope), None where it has none
+    noise: dict[str, list[float]]  # each side's step-to-step noise, per pair
+
+
+def _tails(pairs: list[_RunPair], settings: ParitySettings) -> _Tails:
     """Each pair's training loss over the tail of the tokens both ran: the two means, the difference's
     within-run error, the fewest logged losses, the gap's slope and each side's step-to-step noise."""
     train_b, train_c, ses, shortest, slopes = [], [], [], MIN_TAIL, []
@@ -230,12 +240,11 @@ def _tails(pairs: list[_RunPair], settings: ParitySettings) -> tuple[
         slopes.append(pair_slope(base, cand, total, settings.tail))
         noise["baseline"].append(stats.step_noise([s.loss for s in tail(base, total, settings.tail)]))
         noise["candidate"].append(stats.step_noise([s.loss for s in tail(cand, total, settings.tail)]))
-    return train_b, train_c, ses, shortest, slopes, noise
+    return _Tails(train_b, train_c, ses, shortest, slopes, noise)
 
 
-def _samples(profile: BaselineProfile, settings: ParitySettings, pairs: list[_RunPair],
-             train: tuple[list[float], list[float], list[float]], shortest: int, compared: float, independent: bool,
-             share: str, notes: list[str]) -> list[Sample]:
+def _samples(profile: BaselineProfile, settings: ParitySettings, pairs: list[_RunPair], train: _Tails,
+             compared: float, independent: bool, share: str, notes: list[str]) -> list[Sample]:
     """Two measures where the trainer gives both: the training loss over the tail (paired step by step: the
     sharpest where the batches were replayed) and the validation loss at the end of the same tokens on the
     same held-out data (what a loss over other examples cannot fake), measurable when repeats are
@@ -245,9 +254,10 @@ def _samples(profile: BaselineProfile, settings: ParitySettings, pairs: list[_Ru
         has_final_val(b) and has_final_val(c) and abs(tokens(b)[-1] - tokens(c)[-1]) < b.steps[-1].tokens
         for b, c in pairs)
     samples: list[Sample] = []
-    if shortest >= MIN_TAIL:
+    if train.shortest >= MIN_TAIL:
         T, sigma, how = tolerance(profile.runs, settings, False, compared, independent)
-        samples.append(Sample(f"training loss (mean over {share})", *train, T, sigma, how))
+        samples.append(Sample(f"training loss (mean over {share})", train.baseline, train.candidate, train.ses,
+                              T, sigma, how))
     elif with_val:
         notes.append(f"fewer than {MIN_TAIL} logged losses in {share}: the validation loss alone is the measure")
     if with_val:

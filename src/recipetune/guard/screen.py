@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from recipetune.core.measure import RunResult
+from recipetune.core.words import ParityOutcome
 from recipetune.guard.baseline import BaselineProfile
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.parity import compare, semantic_edits
@@ -40,8 +41,8 @@ def screen(profile: BaselineProfile, candidate: RunResult, settings: GuardConfig
     # A screening run that cannot resolve T goes on: only the final verdict, with its looks, may
     # approve, and it never approves what it cannot tell.
     return Screening(
-        passed=evidence.outcome != "fails",
-        reasons=evidence.reasons if evidence.outcome == "fails" else [],
+        passed=evidence.outcome != ParityOutcome.FAILS,
+        reasons=evidence.reasons if evidence.outcome == ParityOutcome.FAILS else [],
         speedup=speedup,
         loss_gap=evidence.mean_diff,
         loss_tolerance=evidence.tolerance,
