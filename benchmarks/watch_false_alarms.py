@@ -2,7 +2,7 @@
 
 Each simulated run is a loss curve ``2 + 3 / sqrt(step)`` with its seed's offset (sd ``offset``), batch
 noise (sd ``noise`` per step), EMA-smoothed or not; it is watched against 3 baseline curves drawn the
-same way (another seed each), with the design the command uses (guard/drift.py: plan, Monitor; the
+same way (another seed each), with the design the command uses (guard/drift.py: plan; guard/monitor.py: Monitor; the
 blocks tuned for a drift of 1 T per 100 steps, T the seed offset's sd): an alarm on either side, above
 or below the baselines. The noise settings: the fixture trainer's, the
 reference trainer's nano runs as measured by benchmarks/watch_reference.py (per-step noise 0.18 nats,
@@ -22,6 +22,7 @@ from scipy.signal import lfilter
 
 from recipetune.core.stats import proportion_ci
 from recipetune.guard import drift
+from recipetune.guard.monitor import Monitor, direction
 
 SETTINGS = [  # (name, offset sd, per-point noise sd, EMA over the logged points, steps between points)
     ("fixture, raw", 0.01, 0.03, 0.0, 1),
@@ -48,11 +49,11 @@ def rate(n: int, steps: int, offset: float, noise: float, ema: float, every: int
     for _ in range(n):
         base = [curve(rng, t, offset, noise, ema) for _ in range(3)]
         plan = drift.plan(base, t[:50], 50, None, max(3, -(-WINDOW // every)), rate=offset / HORIZON)
-        monitor = drift.Monitor(plan, offset)
+        monitor = Monitor(plan, offset)
         monitor.feed(curve(rng, t, offset, noise, ema))
         if monitor.alarm is not None:
             alarms += 1
-            sides[drift.direction(monitor.alarm.gap)] += 1
+            sides[direction(monitor.alarm.gap)] += 1
         blocks.append(plan.noise.block_points)
     return alarms, blocks, sides
 

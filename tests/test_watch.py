@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from recipetune.cli import app
 from recipetune.core.stats import proportion_ci
 from recipetune.guard import drift
+from recipetune.guard.monitor import Measure, Monitor, Outcome, direction
 
 runner = CliRunner()
 TRAINER = Path(__file__).parent / "fixtures" / "watch_trainer.py"
@@ -122,7 +123,7 @@ def test_false_alarms_over_simulated_long_runs(ema: float) -> None:
         run = drift.Curve.of(t, simulate(rng, steps, 0.01, 0.03, ema), "run")
         plan = drift.plan(base, t[:50], 50, None, 10, rate=0.01 / HORIZON)  # tuned for 1 T per horizon
         blocks.add(plan.noise.block_points)
-        monitor = drift.Monitor(plan, 0.01)
+        monitor = Monitor(plan, 0.01)
         monitor.feed(run)
         alarms += monitor.alarm is not None
     rate, low, _ = proportion_ci(alarms, 200)
@@ -399,12 +400,12 @@ def test_without_a_profile_T_is_the_verdicts_rule_parity_margin_included(tmp_pat
 
 
 def test_the_decision_is_a_typed_word_with_its_strings_on_disk() -> None:
-    assert [o.value for o in drift.Outcome] == ["ALARM", "NO ALARM"]
-    assert json.dumps({"decision": drift.Outcome.NO_ALARM}) == '{"decision": "NO ALARM"}'
-    assert f"{drift.Outcome.ALARM} at step 3" == "ALARM at step 3"
-    assert drift.direction(-0.1) == "below" and drift.Measure("val_loss").said == "validation loss"
+    assert [o.value for o in Outcome] == ["ALARM", "NO ALARM"]
+    assert json.dumps({"decision": Outcome.NO_ALARM}) == '{"decision": "NO ALARM"}'
+    assert f"{Outcome.ALARM} at step 3" == "ALARM at step 3"
+    assert direction(-0.1) == "below" and Measure("val_loss").said == "validation loss"
     with pytest.raises(AttributeError):
-        drift.Outcome.ALARMED  # noqa: B018 (a misspelt outcome is an error, not a string)
+        Outcome.ALARMED  # noqa: B018 (a misspelt outcome is an error, not a string)
 
 
 # ------------------------------------------------------------------------------------- bad input

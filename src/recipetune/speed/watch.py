@@ -5,11 +5,12 @@ stream of such a run (finished, or growing with ``--follow``) the way the campai
 workload writes them (the reference trainer's ``metrics.jsonl``, a command workload's JSONL or log
 lines through its regex preset), and compares it block by block with the baseline's curve: the
 ``--baseline`` metrics files (e.g. last month's production run of the baseline recipe), or without
-them the campaign folder's stored baseline runs (the profile, ``guard-runs/``). The test is
-guard/drift.py's: a gap beyond noise on either side (a loss above the baseline's, or below it: data
-repeated or leaked), a false-alarm chance of ``--alpha`` over the whole compared length, the noise the
-guard measured (docs/guard.md, "After approval: recipetune watch"). The validation loss is judged
-where the run and its baselines record one (``--measure``), the training loss otherwise.
+them the campaign folder's stored baseline runs (the profile, ``guard-runs/``), as speed/watch_read.py
+reads them. The test is guard/drift.py's design, fed through guard/monitor.py: a gap beyond noise on
+either side (a loss above the baseline's, or below it: data repeated or leaked), a false-alarm chance
+of ``--alpha`` over the whole compared length, the noise the guard measured (docs/guard.md, "After
+approval: recipetune watch"). The validation loss is judged where the run and its baselines record one
+(``--measure``), the training loss otherwise.
 
 Exit codes: 0 no alarm, 5 alarm, 2 bad input (a missing file, a stream with no loss, a baseline of
 another workload or recipe, steps that do not line up; nothing written).
@@ -32,182 +33,25 @@ from rich.console import Console
 from recipetune.config import Campaign, load_campaign
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
-from recipetune.core.filenames import PROFILE, RESULT, RUNS_FOLDER
 from recipetune.core.files import write_atomic
-from recipetune.core.measure import RunResult
-from recipetune.core.recipe import INVARIANT
 from recipetune.guard import drift
-from recipetune.guard.baseline import BaselineProfile
-from recipetune.guard.drift import Measure, Outcome
 from recipetune.guard.loss import tolerance_of
-from recipetune.workloads import log_formats
-from recipetune.workloads.command import CommandWorkload, substitute
+from recipetune.guard.monitor import Event, Measure, Monitor, Outcome, direction
+from recipetune.speed.watch_read import (
+    Baseline,
+    Stream,
+    WatchInput,
+    check_recipe,
+    check_tokens,
+    ended,
+    given_baseline,
+    metrics_files,
+    no_loss,
+    read_curves,
+    stored_baseline,
+)
 
 EXIT_ALARM = 5
-
-
-class WatchInput(ValueError):
-    """Bad input: a message naming the file and what is wrong (exit 2)."""
-
-
-# ------------------------------------------------------------------------------------ reading curves
-
-
-def metrics_files(campaign: Campaign, path: Path) -> list[Path]:
-    """The files holding a run's metrics: ``path`` itself, or where the workload writes them in a run folder."""
-    if not path.exists():
-        raise WatchInput(f"{path}: no such file or folder")
-    if path.is_file():
-        return [path]
-    w = campaign.workload
-    if isinstance(w, CommandWorkload):
-        if w.spec.metrics.jsonl:
-            return [path / Path(substitute(w.spec.metrics.jsonl, {"out_dir": "", **_blank(w)})).name]
-        return [path / "stdout.log", path / "stderr.log"]
-    return [path / "metrics.jsonl"]
-
-
-def _blank(w: CommandWorkload) -> dict[str, str]:
-    names = {*w.knobs(), "steps", "recipe_json", "python"}
-    return dict.fromkeys(names, "")
-
-
-@dataclass(frozen=True)
-class Stream:
-    """What one run's metrics hold for the watch: its training loss, its validation loss (often none)."""
-
-    loss: drift.Curve
-    val: drift.Curve
-    tokens: int | None  # tokens per step
-
-    def curve(self, measure: Measure) -> drift.Curve:
-        return self.val if measure is Measure.VAL_LOSS else self.loss
-
-
-def read_curves(campaign: Campaign, path: Path, files: list[Path]) -> Stream:
-    """The training and validation loss curves of the run in ``files``; a torn last line waits."""
-    w = campaign.workload
-    tps = w.tokens_per_step(campaign.baseline) if isinstance(w, CommandWorkload) else None
-    try:
-        if isinstance(w, CommandWorkload) and w.preset is not None:
-            steps, evals = log_formats.read_logs(files, w.preset, tps, w.n_devices(campaign.baseline))
-        else:
-            steps, evals = log_formats.read_jsonl(files[0], tps, w.n_devices(campaign.baseline))
-    except (log_formats.MetricsError, OSError, UnicodeError) as e:
-        raise WatchInput(f"{path}: {e}") from None
-    return Stream(drift.Curve.of([s.step for s in steps], [s.loss for s in steps], str(path)),
-                  drift.Curve.of([e.step for e in evals], [e.val_loss for e in evals], str(path)),
-                  steps[0].tokens if steps else None)
-
-
-def _no_loss(campaign: Campaign, path: Path) -> WatchInput:
-    w = campaign.workload
-    how = (f"log lines matching the '{w.preset.name}' preset" if isinstance(w, CommandWorkload) and w.preset
-           else "JSON lines with step and loss")
-    return WatchInput(f"{path}: no training loss in it ({how}, as the campaign's {w.kind} workload writes them)")
-
-
-def _check_recipe(campaign: Campaign, folder: Path, what: str) -> None:
-    """A run folder's recipe.json, where there is one, must be a recipe of the campaign's workload with
-    the baseline's invariants (model, data, sequence length): another workload's run is bad input."""
-    file = folder / "recipe.json"
-    if not file.is_file():
-        return
-    try:
-        recipe = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return
-    _same_experiment(campaign, recipe, f"{what} ({file})")
-
-
-def _same_experiment(campaign: Campaign, recipe: dict[str, Any], what: str) -> None:
-    knobs = campaign.workload.knobs()
-    foreign = sorted(set(recipe) - set(knobs))
-    if foreign:
-        raise WatchInput(f"{what} is a run of another workload: knob(s) {', '.join(foreign[:5])} are not the "
-                         f"campaign's {campaign.workload.kind} workload's")
-    for name, knob in knobs.items():
-        if knob.role == INVARIANT and name != "seed" and name in recipe and recipe[name] != campaign.baseline[name]:
-            raise WatchInput(f"{what} trains another experiment: {name} = {recipe[name]!r}, the campaign's "
-                             f"baseline has {campaign.baseline[name]!r}")
-
-
-@dataclass
-class Baseline:
-    curves: list[drift.Curve]  # the training loss
-    val_curves: list[drift.Curve]  # the validation loss (empty curves where a run recorded none)
-    tokens: list[int | None]
-    sigma_m: float | None  # the guard's seed-to-seed spread (the profile), where there is one
-    sigma_dof: int | None  # its degrees of freedom (None: the within-run error decided it)
-    tolerance: float | None  # the profile's T
-    sources: list[str]
-
-
-def stored_baseline(campaign: Campaign, folder: Path) -> Baseline:
-    """The campaign folder's profile and the stored runs of the baseline recipe (any seed)."""
-    runs: list[RunResult] = []
-    sigma = tol = dof = None
-    profile_file = folder / PROFILE
-    if profile_file.is_file():
-        try:
-            profile = BaselineProfile.model_validate_json(profile_file.read_text())
-        except (OSError, ValueError) as e:
-            raise WatchInput(f"{profile_file}: not a baseline profile ({str(e).splitlines()[0]})") from None
-        _same_experiment(campaign, profile.recipe, f"the baseline profile {profile_file}")
-        sigma, tol = profile.loss_reference, profile.loss_tolerance
-        seeded = profile.loss_reference_kind.startswith("seed-to-seed")
-        dof = len(profile.seeds) - 1 if seeded else None
-        runs += profile.runs
-    base = {k: v for k, v in campaign.baseline.items() if k != "seed"}
-    for result_file in sorted((folder / RUNS_FOLDER).glob(f"*/{RESULT}")):
-        try:
-            r = RunResult.model_validate_json(result_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if r.ok and {k: v for k, v in r.recipe.items() if k != "seed"} == base:
-            runs.append(r)
-    unique: dict[tuple, RunResult] = {}
-    for r in runs:  # the profile's runs are stored in guard-runs/ too
-        unique.setdefault((r.recipe.get("seed"), len(r.steps), tuple(r.losses()[:3])), r)
-    if not unique:
-        raise WatchInput(f"{folder}: no baseline to compare with: no {PROFILE} nor stored runs of the baseline "
-                         f"recipe {campaign.baseline.id} in {RUNS_FOLDER}/; give --baseline METRICS (a run of the "
-                         "baseline recipe) or --folder (the campaign's folder)")
-    curves = [drift.Curve.of([s.step for s in r.steps], r.losses(), r.out_dir) for r in unique.values()]
-    vals = [drift.Curve.of([e.step for e in r.evals], [e.val_loss for e in r.evals], r.out_dir)
-            for r in unique.values()]
-    tokens = [r.steps[0].tokens if r.steps else None for r in unique.values()]
-    return Baseline(curves, vals, tokens, sigma, dof, tol, [c.source for c in curves])
-
-
-def given_baseline(campaign: Campaign, paths: list[Path], folder: Path) -> Baseline:
-    curves, vals, tokens = [], [], []
-    for path in paths:
-        files = metrics_files(campaign, path)
-        if not any(f.exists() for f in files):
-            raise WatchInput(f"{path}: holds no {', '.join(f.name for f in files)}")
-        _check_recipe(campaign, path if path.is_dir() else path.parent, f"the baseline {path}")
-        stream = read_curves(campaign, path, files)
-        if len(stream.loss.steps) == 0:
-            raise _no_loss(campaign, path)
-        curves.append(stream.loss)
-        vals.append(stream.val)
-        tokens.append(stream.tokens)
-    sigma = tol = dof = None
-    if (folder / PROFILE).is_file():  # the guard's measured spread, where the campaign has one
-        stored = stored_baseline(campaign, folder)
-        sigma, dof, tol = stored.sigma_m, stored.sigma_dof, stored.tolerance
-    return Baseline(curves, vals, tokens, sigma, dof, tol, [str(p) for p in paths])
-
-
-def check_tokens(baseline: Baseline, run_tokens: int | None, run: Path) -> None:
-    for source, tps in zip(baseline.sources, baseline.tokens, strict=True):
-        if tps is not None and run_tokens is not None and tps != run_tokens:
-            raise WatchInput(f"{run}: {run_tokens} tokens per step, the baseline {source} {tps}: a run of another "
-                             "batch or sequence length (or workload) cannot be compared step by step")
-
-
-# ------------------------------------------------------------------------------------ the session
 
 
 AUTO = "auto"  # --measure: the validation loss where the run and its baselines record one
@@ -225,11 +69,11 @@ class Session:
     persist: int
     measure: str = AUTO  # asked for: AUTO, or a Measure's value
     following: bool = False
-    monitor: drift.Monitor | None = None
+    monitor: Monitor | None = None
     measure_why: str = ""  # why the judged curve is the one judged
     points: int = 0  # the run's logged losses read, at the last read
 
-    def begin(self, stream: Stream, final: bool) -> drift.Monitor | None:
+    def begin(self, stream: Stream, final: bool) -> Monitor | None:
         """The plan, once the run has logged enough to tell its logging interval and which loss it is
         judged on (None: not yet, a growing run may still log its first validation losses)."""
         check_tokens(self.baseline, stream.tokens, self.run)
@@ -247,7 +91,7 @@ class Session:
         curves, run, sigma_m, dof = ((b.val_curves, stream.val, None, None) if measure is Measure.VAL_LOSS else
                                      (b.curves, stream.loss, b.sigma_m, b.sigma_dof))
         plan = self._plan(curves, run, sigma_m, dof, tol / parity.steps)
-        self.monitor = drift.Monitor(plan, tol, measure)
+        self.monitor = Monitor(plan, tol, measure)
         return self.monitor
 
     def _plan(self, curves: list[drift.Curve], run: drift.Curve, sigma_m: float | None,
@@ -294,7 +138,7 @@ class Session:
             raise WatchInput(f"{self.run}: --measure val_loss: {loss.split(': ', 1)[1]}")
         return Measure.LOSS, self._plan(b.curves, stream.loss, b.sigma_m, b.sigma_dof), loss
 
-    def read(self, final: bool = False) -> tuple[Stream, list[drift.Event]]:
+    def read(self, final: bool = False) -> tuple[Stream, list[Event]]:
         stream = read_curves(self.campaign, self.run, self.files)
         self.points = len(stream.loss.steps)
         if self.monitor is None:
@@ -305,11 +149,6 @@ class Session:
             return stream, diverged
         return stream, self.monitor.feed(stream.curve(self.monitor.measure))
 
-
-def ended(run: Path) -> bool:
-    """The run's end marker: the status file its trainer writes when it stops (the reference trainer's)."""
-    folder = run if run.is_dir() else run.parent
-    return (folder / "status.json").exists()
 
 
 class Lines:
@@ -332,7 +171,7 @@ class Lines:
     def say(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False)
 
-    def plan(self, m: drift.Monitor, per_horizon: str) -> None:
+    def plan(self, m: Monitor, per_horizon: str) -> None:
         p, n = m.plan, m.plan.noise
         self.every = max(1, len(p.blocks) // 20)
         self.say(f"comparing the {m.measure.said} at steps {p.blocks[0][0]}-{p.blocks[-1][-1]} "
@@ -342,7 +181,7 @@ class Lines:
                  f"(gap {p.bounds.min():.4f}-{p.bounds.max():.4f} nats, T = {m.tolerance:.4f}); "
                  f"false-alarm chance {100 * p.alpha:.0f}% over them; {per_horizon}")
 
-    def show(self, events: list[drift.Event], m: drift.Monitor | None, step: int) -> None:
+    def show(self, events: list[Event], m: Monitor | None, step: int) -> None:
         for e in events:
             self.blocks += e.kind == "block"
             if e.kind == "block" and self.status is None and self.blocks % self.every == 0:
@@ -353,7 +192,7 @@ class Lines:
             s, gap, bound = m.gaps[-1]
             self.status.update(f"step {step}: gap {gap:+.4f} nats at step {s}, boundary {bound:.4f}, "
                                f"{m.done}/{len(m.plan.blocks)} blocks, "
-                               f"{drift.direction(m.side) if m.streak else 'within'}")
+                               f"{direction(m.side) if m.streak else 'within'}")
 
 
 def follow(session: Session, lines: Lines, keep_following: bool, poll_s: float) -> str:
@@ -373,12 +212,12 @@ def follow(session: Session, lines: Lines, keep_following: bool, poll_s: float) 
             return f"the baseline's curve: its last whole block ends at step {int(m.plan.blocks[-1][-1])}"
         if not keep_following or done_before:
             if m is None:
-                raise _no_loss(session.campaign, session.run)
+                raise no_loss(session.campaign, session.run)
             return "the run's status file (it has ended)" if done_before else "the end of the metrics file"
         time.sleep(poll_s)
 
 
-def per_horizon(session: Session, m: drift.Monitor) -> str:
+def per_horizon(session: Session, m: Monitor) -> str:
     """The delay the design promises for a drift of 1 T per the guard's horizon (docs/guard.md)."""
     horizon = session.campaign.config.guard.parity.steps
     d = drift.delay_steps(m.plan, m.tolerance / horizon)
@@ -450,7 +289,7 @@ def watch(
         files = metrics_files(campaign, run_metrics)
         if not follow_ and not any(f.exists() for f in files):
             raise WatchInput(f"{run_metrics}: holds no {', '.join(f.name for f in files)}")
-        _check_recipe(campaign, run_metrics if run_metrics.is_dir() else run_metrics.parent, f"the run {run_metrics}")
+        check_recipe(campaign, run_metrics if run_metrics.is_dir() else run_metrics.parent, f"the run {run_metrics}")
         base = given_baseline(campaign, baseline, where) if baseline else stored_baseline(campaign, where)
         start = start_step if start_step is not None else max(1, round((1 - parity.tail) * parity.steps))
         if measure not in MEASURE_CHOICES:
