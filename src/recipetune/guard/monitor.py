@@ -10,6 +10,7 @@ alarms at once. No statistics are computed here: the plan holds them.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +56,7 @@ class Event:
     gap: float  # that block's mean gap (nats): run - baseline
     bound: float  # the gap beyond which a block counts, on either side (h x sd), nats
     message: str = ""
+    measure: Measure = Measure.LOSS  # the curve whose block caused it
 
 
 
@@ -86,7 +88,8 @@ class Monitor:
         bad = curve.steps[~np.isfinite(curve.loss)]
         if not len(bad) or self.alarm is not None:
             return []
-        self.alarm = Event("alarm", int(bad[0]), math.inf, math.nan, f"non-finite {measure.said} at step {int(bad[0])}")
+        self.alarm = Event("alarm", int(bad[0]), math.inf, math.nan, f"non-finite {measure.said} at step {int(bad[0])}",
+                           measure)
         return [self.alarm]
 
     def feed(self, run: Curve) -> list[Event]:
@@ -95,8 +98,20 @@ class Monitor:
         if diverged := self.diverged(run, self.measure):
             return diverged
         while not self.finished and last >= self.plan.blocks[self.done][-1]:
-            events += self._judge(self.done, run)
-            self.done += 1
+            events += self.judge_next(run)
+        return events
+
+    @property
+    def next_end(self) -> int:
+        """The last step of the next block to judge (the monitor is not finished)."""
+        return int(self.plan.blocks[self.done][-1])
+
+    def judge_next(self, run: Curve) -> list[Event]:
+        """Judge the next block (the run has logged through its last step)."""
+        events = self._judge(self.done, run)
+        self.done += 1
+        for e in events:
+            e.measure = self.measure
         return events
 
     def _judge(self, k: int, run: Curve) -> list[Event]:
@@ -169,3 +184,64 @@ class Monitor:
             "gaps": [{"step": s, "gap": g, "bound": b} for s, g, b in self.gaps],
         }
 
+
+@dataclass
+class Monitors:
+    """Several loss measures of one run, each through its own monitor (its plan's ``alpha`` a share of
+    the whole run's: with ``alpha / k`` each, an equivalent run alarms on any of the k with chance at
+    most ``alpha``, whatever their correlation), judged block by block in step order across them (a
+    tie: in the order given), so that the first alarm on any ends the watch at the same block in a
+    finished run and in a followed one."""
+
+    monitors: list[Monitor]
+
+    def __iter__(self) -> Iterator[Monitor]:
+        return iter(self.monitors)
+
+    @property
+    def alarmed(self) -> Monitor | None:
+        return next((m for m in self.monitors if m.alarm is not None), None)
+
+    @property
+    def alarm(self) -> Event | None:
+        m = self.alarmed
+        return m.alarm if m is not None else None
+
+    @property
+    def decider(self) -> Monitor:
+        """The monitor whose finding decides: the one that alarmed, else the first."""
+        return self.alarmed or self.monitors[0]
+
+    @property
+    def finished(self) -> bool:
+        return self.alarm is not None or all(m.finished for m in self.monitors)
+
+    @property
+    def last_step(self) -> int:
+        """The last step any plan covers."""
+        return max(int(m.plan.blocks[-1][-1]) for m in self.monitors)
+
+    def feed(self, runs: dict[Measure, Curve], final: bool) -> list[Event]:
+        """Judge every block the run has logged since the last call, in step order across the measures.
+        A block waits for its own measure's point at its last step while an earlier-ending block of
+        another measure waits (``final``: the stream is whole, nothing more will come: a measure that
+        will not reach its next block is left there). A non-finite training loss alarms at once, judged
+        or not (on the first monitor where the training loss is not one of them)."""
+        for measure in dict.fromkeys([Measure.LOSS, *(m.measure for m in self.monitors)]):
+            owner = next((m for m in self.monitors if m.measure is measure), self.monitors[0])
+            if measure in runs and (diverged := owner.diverged(runs[measure], measure)):
+                return diverged
+        events: list[Event] = []
+        left = [m for m in self.monitors if not m.finished]
+        while left and self.alarm is None:
+            first = min(left, key=lambda m: m.next_end)  # min keeps the order given on a tie
+            run = runs[first.measure]
+            if len(run.steps) and run.steps[-1] >= first.next_end:
+                events += first.judge_next(run)
+                if first.finished:
+                    left.remove(first)
+            elif final:
+                left.remove(first)  # its curve ends before its next block: nothing more to judge there
+            else:
+                break  # wait for it: a later block of another measure is judged after it
+        return events
