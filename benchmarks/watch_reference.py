@@ -10,8 +10,9 @@ late step (issue 50): the same recipe and seed whose data loader, from step --re
 cached set of 16 batches (tests/fixtures/repeating_trainer.py patches the sampler in its own process:
 the trainer has no such knob), so its training loss falls below the baseline's while its validation
 loss rises. Every run validates every --eval-interval steps. Then watches each run against the
-baseline seeds, on the validation loss (the default where the runs record one) and on the training
-loss (--measure loss), and prints what each finding says.
+baseline seeds, on both losses (the default where the runs record a validation loss: each at
+alpha / 2), on the validation loss alone (--measure val_loss) and on the training loss alone
+(--measure loss), and prints what each finding says.
 
     python benchmarks/watch_reference.py --runs /tmp/watch-runs --steps 1000 --warmup 150 --decay 500 --repeat-from 500
 """
@@ -96,13 +97,14 @@ def main() -> None:
              (f"data repetition: 16 cached batches from step {args.repeat_from} (seed 0, equal before) vs seeds 0-2",
               repeat, base)]
     for i, (name, run, baselines) in enumerate(cases):
-        for measure in ("auto", "loss"):
+        for measure in ("auto", "val_loss", "loss"):
             print(f"{name}, --measure {measure}:", flush=True)
             f = watch(file, run, baselines, args.runs / f"finding-{i}-{measure}.json", "--measure", measure)
             if "decision" in f:
-                d = f["design"]
-                print(f"    -> {f['decision']} on {f['measure']}; {f['delay']}; h {d['h']:.2f}, {d['blocks']} blocks "
-                      f"of {d['block_points']}; noise {json.dumps(f['noise'])}")
+                for x in [f, *f["also_judged"]]:
+                    d = x["design"]
+                    print(f"    -> {f['decision']} on {x['measure']}; {x['delay']}; h {d['h']:.2f}, alpha "
+                          f"{d['alpha']}, {d['blocks']} blocks of {d['block_points']}; noise {json.dumps(x['noise'])}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from recipetune.cli import app
 from recipetune.core.stats import proportion_ci
 from recipetune.guard import drift
+from recipetune.guard.monitor import Measure, Monitor, Outcome, direction
 
 runner = CliRunner()
 TRAINER = Path(__file__).parent / "fixtures" / "watch_trainer.py"
@@ -122,7 +123,7 @@ def test_false_alarms_over_simulated_long_runs(ema: float) -> None:
         run = drift.Curve.of(t, simulate(rng, steps, 0.01, 0.03, ema), "run")
         plan = drift.plan(base, t[:50], 50, None, 10, rate=0.01 / HORIZON)  # tuned for 1 T per horizon
         blocks.add(plan.noise.block_points)
-        monitor = drift.Monitor(plan, 0.01)
+        monitor = Monitor(plan, 0.01)
         monitor.feed(run)
         alarms += monitor.alarm is not None
     rate, low, _ = proportion_ci(alarms, 200)
@@ -191,12 +192,13 @@ REPEAT_FROM = 300
 
 
 def repeating(folder: Path, name: str, per_horizon: float, T: float, seed: int = 9, steps: int = 1200,
-              **options: float) -> Path:
+              val_rate: float | None = None, **options: float) -> Path:
     """From step 300 the loader cycles 16 cached batches: the training loss falls ``per_horizon`` T per
-    100 steps below its curve, the validation loss (where logged) rises as much."""
+    100 steps below its curve, the validation loss (where logged) rises as much, or ``val_rate`` nats
+    per step."""
     rate = per_horizon * T / HORIZON
     return train(folder / name, steps=steps, seed=seed, repeat_from=REPEAT_FROM, repeat_rate=rate,
-                 repeat_val_rate=rate, **options)
+                 repeat_val_rate=rate if val_rate is None else val_rate, **options)
 
 
 def beyond_after(found: dict, step: int) -> bool:
@@ -224,27 +226,98 @@ def test_data_repetition_lowers_the_training_loss_and_alarms_below(tmp_path: Pat
     assert "training loss is below the baseline's" in out
 
 
-def test_data_repetition_on_the_validation_loss_where_the_runs_record_one(tmp_path: Path) -> None:
-    """Where the run and its baselines log validation lines, the validation loss is judged (the finding
-    says so): repetition raises it, an alarm above; the equivalent with validation lines stays quiet;
-    ``--measure loss`` judges the same runs on the training loss (below); a run without validation
-    lines against baselines with them is judged on the training loss, and says why."""
+def test_both_losses_where_the_runs_record_a_validation_loss(tmp_path: Path) -> None:
+    """Where the run and its baselines log validation lines, both losses are judged, each at alpha / 2
+    (the finding's ``measures``; each design's ``alpha``): the equivalent with validation lines stays
+    quiet on both; a run without validation lines against baselines with them is judged on the
+    training loss alone, at the whole alpha, and says why; ``--measure val_loss`` where the run has
+    none is bad input."""
     file = campaign(tmp_path)
     base = baselines(tmp_path, steps=1200, val_every=10)
     code, calm, out = watch(file, train(tmp_path / "calm", steps=1200, seed=9, val_every=10), *base)
-    assert code == 0 and calm["measure"] == "val_loss", out
-    assert "validation loss" in calm["measure_why"] and calm["design"]["interval_steps"] == 10
-    run = repeating(tmp_path, "repeat", 2.0, calm["tolerance_T"], val_every=10)
-    code, found, out = watch(file, run, *base)
-    assert code == 5 and found["measure"] == "val_loss", out
-    assert found["alarm"]["direction"] == "above" and beyond_after(found, REPEAT_FROM)
-    assert "validation loss is above the baseline's" in out
-    code, found, out = watch(file, run, *base, "--measure", "loss")
-    assert code == 5 and found["measure"] == "loss" and found["alarm"]["direction"] == "below", out
+    assert code == 0 and calm["measures"] == ["loss", "val_loss"] and calm["measure"] == "loss", out
+    (val,) = calm["also_judged"]
+    assert val["measure"] == "val_loss" and val["alarm"] is None and val["design"]["interval_steps"] == 10
+    assert calm["design"]["alpha"] == val["design"]["alpha"] == 0.025 and calm["alpha"] == 0.05
+    assert val["blocks_judged"] == val["design"]["blocks"] and calm["blocks_judged"] == calm["design"]["blocks"]
+    assert "both losses" in calm["measure_why"] and "and on the validation loss over" in out
     code, found, out = watch(file, train(tmp_path / "no-val", steps=1200, seed=9), *base)
-    assert code == 0 and found["measure"] == "loss" and "no validation loss" in found["measure_why"], out
+    assert code == 0 and found["measures"] == ["loss"] and found["design"]["alpha"] == 0.05, out
+    assert "no validation loss" in found["measure_why"]
     code, _, out = watch(file, train(tmp_path / "no-val-2", steps=1200, seed=8), *base, "--measure", "val_loss")
     assert code == 2 and "--measure val_loss" in out
+
+
+def val_T(found: dict) -> float:
+    return next(x for x in [found, *found["also_judged"]] if x["measure"] == "val_loss")["tolerance_T"]
+
+
+@pytest.mark.parametrize("per_horizon", [1.0, 2.0])
+def test_a_drift_seen_only_on_the_training_loss(tmp_path: Path, per_horizon: float) -> None:
+    """What judging the validation loss alone missed: the cached batches lower the training loss (1 or
+    2 T per 100 steps from step 300) and leave the validation loss where it was. Judged on both losses
+    (the default with validation lines), the training loss alarms below, never from a block before
+    step 300; judged on the validation loss alone (``--measure val_loss``, the default before) the same
+    run gives no alarm."""
+    file = campaign(tmp_path)
+    base = baselines(tmp_path, steps=1200, val_every=10)
+    code, calm, out = watch(file, train(tmp_path / "calm", steps=1200, seed=9, val_every=10), *base)
+    assert code == 0, out
+    run = repeating(tmp_path, "repeat", per_horizon, calm["tolerance_T"], val_rate=0.0, val_every=10)
+    code, found, out = watch(file, run, *base)
+    assert code == 5 and found["measure"] == "loss" and found["measures"] == ["loss", "val_loss"], out
+    assert found["alarm"]["direction"] == "below" and beyond_after(found, REPEAT_FROM)
+    assert found["also_judged"][0]["alarm"] is None
+    assert "training loss is below the baseline's" in out
+    code, alone, out = watch(file, run, *base, "--measure", "val_loss")
+    assert code == 0 and alone["measures"] == ["val_loss"], out
+
+
+@pytest.mark.parametrize("per_horizon", [2.0, 3.0])
+def test_a_drift_seen_only_on_the_validation_loss(tmp_path: Path, per_horizon: float) -> None:
+    """The other way: the loader cycles 16 cached batches from step 300 and the validation loss rises
+    (2 or 3 of its own T per 100 steps) while the training loss keeps its curve (the cached batches'
+    own noise only). Judged on both losses, the validation loss alarms above, never from a block
+    before step 300; the training loss alone (``--measure loss``) gives no alarm."""
+    file = campaign(tmp_path)
+    base = baselines(tmp_path, steps=1200, val_every=10)
+    code, calm, out = watch(file, train(tmp_path / "calm", steps=1200, seed=9, val_every=10), *base)
+    assert code == 0, out
+    run = repeating(tmp_path, "repeat", 0.0, 0.0, val_rate=per_horizon * val_T(calm) / HORIZON, val_every=10)
+    code, found, out = watch(file, run, *base)
+    assert code == 5 and found["measure"] == "val_loss" and found["alarm"]["direction"] == "above", out
+    assert beyond_after(found, REPEAT_FROM) and found["also_judged"][0]["measure"] == "loss"
+    assert "validation loss is above the baseline's" in out
+    code, alone, out = watch(file, run, *base, "--measure", "loss")
+    assert code == 0 and alone["measures"] == ["loss"], out
+
+
+def test_both_losses_alarm_at_the_earlier_of_the_two(tmp_path: Path) -> None:
+    """The issue-50 repetition where the runs log validation lines: the training loss falls below its
+    curve, the validation loss rises above it. Judged on both, the alarm is exactly the earlier of
+    what each loss alone gives at alpha / 2 (``--measure loss --alpha 0.025``, ``--measure val_loss
+    --alpha 0.025``: the same plans), with its loss and side; each alone alarms on its own side. The
+    training loss falling 2 T per 100 steps alarms first (step 593 against 910); falling 1 T while the
+    validation loss rises 3 of its T, the validation loss does (670 against 831)."""
+    file = campaign(tmp_path)
+    base = baselines(tmp_path, steps=1200, val_every=10)
+    code, calm, _ = watch(file, train(tmp_path / "calm", steps=1200, seed=9, val_every=10), *base)
+    assert code == 0
+    deciders = []
+    for loss_rate, val_rate in ((2.0, 2.0), (1.0, 3.0)):  # T per 100 steps, each loss's own T
+        run = repeating(tmp_path, f"repeat-{loss_rate}-{val_rate}", loss_rate, calm["tolerance_T"], val_every=10,
+                        val_rate=val_rate * val_T(calm) / HORIZON)
+        code, both, out = watch(file, run, *base)
+        assert code == 5, out
+        code_l, loss, _ = watch(file, run, *base, "--measure", "loss", "--alpha", "0.025")
+        code_v, val, _ = watch(file, run, *base, "--measure", "val_loss", "--alpha", "0.025")
+        assert code_l == 5 and code_v == 5
+        assert loss["alarm"]["direction"] == "below" and val["alarm"]["direction"] == "above"
+        first = min((loss, val), key=lambda f: f["alarm"]["step"])
+        assert both["measure"] == first["measure"] and both["alarm"] == first["alarm"], both["alarm"]
+        assert beyond_after(both, REPEAT_FROM)
+        deciders.append(both["measure"])
+    assert deciders == ["loss", "val_loss"]  # each loss decides once: its drift is the faster
 
 
 @pytest.mark.parametrize("val_every", [0, 10])
@@ -256,6 +329,8 @@ def test_data_repetition_followed_live(tmp_path: Path, val_every: int) -> None:
     code, calm, _ = watch(file, train(tmp_path / "calm", steps=1200, seed=9, val_every=val_every), *base)
     assert code == 0
     whole = repeating(tmp_path, "whole", 3.0, calm["tolerance_T"], val_every=val_every)
+    code, finished, _ = watch(file, whole, *base)
+    assert code == 5
     lines = (whole / "metrics.jsonl").read_text().splitlines(keepends=True)
     live = tmp_path / "live"
     live.mkdir()
@@ -275,8 +350,9 @@ def test_data_repetition_followed_live(tmp_path: Path, val_every: int) -> None:
     finally:
         writer.join()
     assert code == 5, out
-    assert found["measure"] == ("val_loss" if val_every else "loss")
-    assert found["alarm"]["direction"] == ("above" if val_every else "below") and beyond_after(found, REPEAT_FROM)
+    assert found["measures"] == (["loss", "val_loss"] if val_every else ["loss"])
+    assert found["measure"] == finished["measure"] and found["alarm"] == finished["alarm"]  # the same block
+    assert beyond_after(found, REPEAT_FROM)
 
 
 def test_data_repetition_with_persist_1(tmp_path: Path) -> None:
@@ -399,12 +475,12 @@ def test_without_a_profile_T_is_the_verdicts_rule_parity_margin_included(tmp_pat
 
 
 def test_the_decision_is_a_typed_word_with_its_strings_on_disk() -> None:
-    assert [o.value for o in drift.Outcome] == ["ALARM", "NO ALARM"]
-    assert json.dumps({"decision": drift.Outcome.NO_ALARM}) == '{"decision": "NO ALARM"}'
-    assert f"{drift.Outcome.ALARM} at step 3" == "ALARM at step 3"
-    assert drift.direction(-0.1) == "below" and drift.Measure("val_loss").said == "validation loss"
+    assert [o.value for o in Outcome] == ["ALARM", "NO ALARM"]
+    assert json.dumps({"decision": Outcome.NO_ALARM}) == '{"decision": "NO ALARM"}'
+    assert f"{Outcome.ALARM} at step 3" == "ALARM at step 3"
+    assert direction(-0.1) == "below" and Measure("val_loss").said == "validation loss"
     with pytest.raises(AttributeError):
-        drift.Outcome.ALARMED  # noqa: B018 (a misspelt outcome is an error, not a string)
+        Outcome.ALARMED  # noqa: B018 (a misspelt outcome is an error, not a string)
 
 
 # ------------------------------------------------------------------------------------- bad input

@@ -10,8 +10,8 @@ with five losses raised by 2 nats (the trainer has no knob that makes a loss spi
 repetition (issue 50) is the same recipe and seed whose loader, from step 200, cycles a cached set of
 16 batches (tests/fixtures/repeating_trainer.py patches the sampler in its own process): identical
 before, then its training loss falls below the baseline's and its validation loss rises. Every run
-validates every 20 steps: the watch judges the validation loss by default, the training loss with
-``--measure loss``; each case is held in both.
+validates every 20 steps: the watch judges both losses by default (each at alpha / 2), one with
+``--measure loss`` or ``val_loss``; each case is held in each.
 """
 
 from __future__ import annotations
@@ -62,27 +62,33 @@ def losses(run: Path, key: str = "loss") -> list[float]:
     return [r[key] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if key in r]
 
 
-@pytest.mark.parametrize("measure", ["val_loss", "loss"])
+@pytest.mark.parametrize("measure", ["auto", "val_loss", "loss"])
 def test_the_equivalent_on_other_batches_gives_no_alarm(runs: tuple[Path, dict[str, Path]], measure: str) -> None:
     file, out = runs
     code, found, text = watch(file, out["other"], *baselines(out), "--measure", measure)
     assert code == 0, text
-    assert found["alarm"] is None and found["blocks_judged"] == found["design"]["blocks"]
-    assert found["measure"] == measure
+    assert found["measures"] == (["loss", "val_loss"] if measure == "auto" else [measure])
+    for judged in [found, *found["also_judged"]]:
+        assert judged["alarm"] is None and judged["blocks_judged"] == judged["design"]["blocks"]
 
 
 def test_data_repetition_from_a_late_step_alarms_both_ways(runs: tuple[Path, dict[str, Path]]) -> None:
     """The issue-50 trainer: identical to seed 0 until step 200, then 16 cached batches cycled. On the
-    validation loss (the default: the runs record one) it alarms above; on the training loss, below;
-    neither before the repetition begins."""
+    validation loss alone (``--measure val_loss``) it alarms above; on the training loss alone, below;
+    neither before the repetition begins. Judged on both (the default), the alarm is the earlier of
+    the two at alpha / 2 each: the training loss's, below, before the validation loss alone alarms."""
     file, out = runs
     assert losses(out["repeat"])[:REPEAT_FROM] == losses(out["base-0"])[:REPEAT_FROM]
-    code, found, text = watch(file, out["repeat"], *baselines(out))
-    assert code == 5 and found["measure"] == "val_loss", text
-    assert found["alarm"]["direction"] == "above" and beyond_after(found, REPEAT_FROM)
-    code, found, text = watch(file, out["repeat"], *baselines(out), "--measure", "loss")
+    code, val, text = watch(file, out["repeat"], *baselines(out), "--measure", "val_loss")
+    assert code == 5 and val["measure"] == "val_loss", text
+    assert val["alarm"]["direction"] == "above" and beyond_after(val, REPEAT_FROM)
+    code, loss, text = watch(file, out["repeat"], *baselines(out), "--measure", "loss")
     assert code == 5, text
-    assert found["alarm"]["direction"] == "below" and beyond_after(found, REPEAT_FROM)
+    assert loss["alarm"]["direction"] == "below" and beyond_after(loss, REPEAT_FROM)
+    code, both, text = watch(file, out["repeat"], *baselines(out))
+    assert code == 5 and both["measures"] == ["loss", "val_loss"], text
+    assert both["measure"] == "loss" and both["alarm"]["direction"] == "below" and beyond_after(both, REPEAT_FROM)
+    assert both["alarm"]["step"] < val["alarm"]["step"], (both["alarm"]["step"], val["alarm"]["step"])
 
 
 @pytest.mark.parametrize("measure", ["val_loss", "loss"])

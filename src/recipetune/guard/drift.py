@@ -1,8 +1,10 @@
-"""After approval: does a training run of the approved recipe drift away from the baseline's curve?
+"""After approval: does a training run of the approved recipe drift away from the baseline's curve? The design.
 
-The statistics of ``recipetune watch`` (docs/guard.md, "After approval: recipetune watch"): curves in,
-events and a finding out; no files, no runs. A curve is one loss measure of a run (the training loss,
-or the validation loss where the runs record one): the test is the same on either.
+The statistics of ``recipetune watch`` (docs/guard.md, "After approval: recipetune watch"), before the
+run is read: the baseline curves in, a ``Plan`` out (the blocks, the noise measured on the baselines,
+the boundary for a stated false-alarm chance, the delay it states); no files, no runs. The run is fed
+through it by guard/monitor.py. A curve is one loss measure of a run (the training loss, or the
+validation loss where the runs record one): the design is the same on either.
 
 The gap ``g_t = run_t - mean(baseline)_t`` is cut into blocks of ``B`` logged steps. A block's mean gap
 is the sum of two independent parts under the null (an equivalent run: another seed, other batches):
@@ -33,7 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
@@ -41,7 +43,6 @@ from scipy.optimize import brentq
 
 from recipetune.core import stats
 from recipetune.core.stats import norm_isf, norm_sf
-from recipetune.core.words import Word
 
 ALPHA = 0.05  # the chance an equivalent run raises a (false) alarm over the whole compared length
 PERSIST = 3  # consecutive blocks beyond the boundary that make an alarm; fewer: a warning that clears
@@ -206,46 +207,7 @@ def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
     return max(a, w)
 
 
-# ------------------------------------------------------------------------------------ the monitor
-
-
-class Outcome(Word):
-    """What a watch decides (its finding's ``decision``)."""
-
-    ALARM = "ALARM"  # the gap stayed beyond the boundary on one side for `persist` blocks, or a loss is not finite
-    NO_ALARM = "NO ALARM"  # every judged block within the boundary, or back within it before `persist` blocks
-
-
-class Side(Word):
-    """Where a gap puts the run: the alarm's and each warning's ``direction``."""
-
-    ABOVE = "above"  # the run's loss above the baseline's curve
-    BELOW = "below"  # below it: repeated or leaked data, a loss over fewer tokens
-
-
-class Measure(Word):
-    """The loss a watch judges: its name in the metrics stream (the finding's ``measure``)."""
-
-    LOSS = "loss"
-    VAL_LOSS = "val_loss"
-
-    @property
-    def said(self) -> str:
-        return "training loss" if self is Measure.LOSS else "validation loss"
-
-
-def direction(gap: float) -> Side:
-    """Where a gap puts the run: above or below the baseline's curve."""
-    return Side.ABOVE if gap > 0 else Side.BELOW
-
-
-@dataclass
-class Event:
-    kind: str  # "block" | "warning" | "cleared" | "alarm"
-    step: int  # the last step of the block that caused it
-    gap: float  # that block's mean gap (nats): run - baseline
-    bound: float  # the gap beyond which a block counts, on either side (h x sd), nats
-    message: str = ""
+# ------------------------------------------------------------------------------------- the plan
 
 
 @dataclass
@@ -405,118 +367,6 @@ def _offset(values: list[np.ndarray], b: int, nb: int, sigma_m: float | None,
     if spread is not None and (sigma_m is None or spread > sigma_m):
         return spread, f"the {len(values)} baseline curves' spread of levels", len(values) - 1
     return float(sigma_m), "the guard's seed-to-seed spread of the loss measure (sigma_M, the profile)", sigma_dof
-
-
-@dataclass
-class Monitor:
-    """The sequential test, fed the run's curve as it grows: ``feed`` judges every block the run has
-    finished since the last call and returns what happened. A block counts beyond the boundary on
-    either side (``gap > bound`` above, ``gap < -bound`` below); a streak is on one side."""
-
-    plan: Plan
-    tolerance: float  # T, to state gaps in
-    measure: Measure = Measure.LOSS  # the curve judged
-    done: int = 0  # blocks judged
-    streak: int = 0
-    side: int = 0  # the streak's side: +1 above the baseline, -1 below
-    streak_start: int | None = None
-    peak: float = 0.0  # the streak's largest gap from the baseline, signed
-    alarm: Event | None = None
-    warnings: list[dict] = field(default_factory=list)
-    gaps: list[tuple[int, float, float]] = field(default_factory=list)  # (last step, gap, bound) per block
-
-    @property
-    def finished(self) -> bool:
-        return self.alarm is not None or self.done >= len(self.plan.blocks)
-
-    def diverged(self, curve: Curve, measure: Measure) -> list[Event]:
-        """An alarm at once where ``curve`` (the judged one, or the training loss beside a judged
-        validation loss) holds a non-finite value: no statistics needed."""
-        bad = curve.steps[~np.isfinite(curve.loss)]
-        if not len(bad) or self.alarm is not None:
-            return []
-        self.alarm = Event("alarm", int(bad[0]), math.inf, math.nan, f"non-finite {measure.said} at step {int(bad[0])}")
-        return [self.alarm]
-
-    def feed(self, run: Curve) -> list[Event]:
-        events: list[Event] = []
-        last = int(run.steps[-1]) if len(run.steps) else -1
-        if diverged := self.diverged(run, self.measure):
-            return diverged
-        while not self.finished and last >= self.plan.blocks[self.done][-1]:
-            events += self._judge(self.done, run)
-            self.done += 1
-        return events
-
-    def _judge(self, k: int, run: Curve) -> list[Event]:
-        steps, base = self.plan.blocks[k], self.plan.base[k]
-        mine = run.at(steps)
-        logged = ~np.isnan(mine)
-        if logged.sum() * 2 < len(steps):
-            raise DriftInputError(f"steps do not line up: the run logged {int(logged.sum())} of the baseline's "
-                                  f"{len(steps)} steps {int(steps[0])}-{int(steps[-1])}")
-        end, bound = int(steps[-1]), float(self.plan.bounds[k])
-        gap = float(np.mean(mine[logged] - base[logged]))
-        self.gaps.append((end, gap, bound))
-        events = [Event("block", end, gap, bound)]
-        side = 1 if gap > bound else -1 if gap < -bound else 0
-        if self.streak and side != self.side:  # back within, or beyond on the other side: the streak ends
-            events.append(self._clear(end, gap, bound))
-        if side:
-            if self.streak == 0:
-                self.side, self.streak_start, self.peak = side, int(steps[0]), gap
-            self.streak += 1
-            self.peak = gap if abs(gap) > abs(self.peak) else self.peak
-            if self.streak >= self.plan.persist:
-                self.alarm = Event("alarm", end, gap, bound, self._said(gap, bound, f"since step {self.streak_start}"))
-                events.append(self.alarm)
-            elif self.streak == 1:
-                events.append(Event("warning", end, gap, bound, self._said(gap, bound, "one block")))
-        return events
-
-    def _clear(self, end: int, gap: float, bound: float) -> Event:
-        self.warnings.append({"from_step": self.streak_start, "to_step": end, "blocks": self.streak,
-                              "direction": direction(self.peak), "peak_gap": self.peak, "cleared_at": end})
-        event = Event("cleared", end, gap, bound, f"the gap came back to {gap:+.4f} nats after {self.streak} "
-                      f"block(s) {direction(self.peak)} the baseline's curve beyond the boundary")
-        self.streak, self.side, self.streak_start = 0, 0, None
-        return event
-
-    def _said(self, gap: float, bound: float, span: str) -> str:
-        in_t = f" ({gap / self.tolerance:+.1f} T)" if self.tolerance > 0 else ""
-        return (f"{self.measure.said} {direction(gap)} the baseline's: gap {gap:+.4f} "
-                f"nats{in_t} beyond the boundary {math.copysign(bound, gap):+.4f} ({span})")
-
-    @property
-    def outcome(self) -> Outcome:
-        return Outcome.ALARM if self.alarm is not None else Outcome.NO_ALARM
-
-    def finding(self) -> dict:
-        p = self.plan
-        alarm = None
-        if self.alarm is not None:
-            a = self.alarm
-            alarm = {"step": a.step, "crossed_at_step": self.streak_start if math.isfinite(a.gap) else a.step,
-                     "direction": direction(a.gap) if math.isfinite(a.gap) else None,
-                     "gap_nats": a.gap if math.isfinite(a.gap) else None,
-                     "bound_nats": a.bound if math.isfinite(a.bound) else None,
-                     "gap_in_T": a.gap / self.tolerance if self.tolerance > 0 and math.isfinite(a.gap) else None,
-                     "message": a.message}
-        n = p.noise
-        open_warning = [{"from_step": self.streak_start, "to_step": None, "blocks": self.streak,
-                         "direction": direction(self.peak), "peak_gap": self.peak, "cleared_at": None}]
-        return {
-            "alarm": alarm,
-            "measure": self.measure,
-            "warnings": self.warnings + (open_warning if self.streak and not alarm else []),
-            "blocks_judged": self.done,
-            "last_judged_step": self.gaps[-1][0] if self.gaps else None,
-            "tolerance_T": self.tolerance,
-            "design": p.describe(),
-            "noise": {"offset_sd": n.offset, "offset_source": n.offset_source, "offset_dof": n.dof, "block_sd": n.block,
-                      "tau_points": n.tau, "baseline_curves": max(p.m) if p.m else 0},
-            "gaps": [{"step": s, "gap": g, "bound": b} for s, g, b in self.gaps],
-        }
 
 
 def delay_steps(plan: Plan, drift_per_step: float, offset: float = 0.0) -> float:

@@ -5,11 +5,13 @@ stream of such a run (finished, or growing with ``--follow``) the way the campai
 workload writes them (the reference trainer's ``metrics.jsonl``, a command workload's JSONL or log
 lines through its regex preset), and compares it block by block with the baseline's curve: the
 ``--baseline`` metrics files (e.g. last month's production run of the baseline recipe), or without
-them the campaign folder's stored baseline runs (the profile, ``guard-runs/``). The test is
-guard/drift.py's: a gap beyond noise on either side (a loss above the baseline's, or below it: data
-repeated or leaked), a false-alarm chance of ``--alpha`` over the whole compared length, the noise the
-guard measured (docs/guard.md, "After approval: recipetune watch"). The validation loss is judged
-where the run and its baselines record one (``--measure``), the training loss otherwise.
+them the campaign folder's stored baseline runs (the profile, ``guard-runs/``), as speed/watch_read.py
+reads them. The test is guard/drift.py's design, fed through guard/monitor.py: a gap beyond noise on
+either side (a loss above the baseline's, or below it: data repeated or leaked), a false-alarm chance
+of ``--alpha`` over the whole compared length, the noise the guard measured (docs/guard.md, "After
+approval: recipetune watch"). Where the run and its baselines record a validation loss, both losses are
+judged, each at ``alpha / 2``, and the first alarm decides (``--measure`` forces one); the training loss
+otherwise.
 
 Exit codes: 0 no alarm, 5 alarm, 2 bad input (a missing file, a stream with no loss, a baseline of
 another workload or recipe, steps that do not line up; nothing written).
@@ -32,185 +34,28 @@ from rich.console import Console
 from recipetune.config import Campaign, load_campaign
 from recipetune.core.console import fail
 from recipetune.core.errors import ConfigError
-from recipetune.core.filenames import PROFILE, RESULT, RUNS_FOLDER
 from recipetune.core.files import write_atomic
-from recipetune.core.measure import RunResult
-from recipetune.core.recipe import INVARIANT
 from recipetune.guard import drift
-from recipetune.guard.baseline import BaselineProfile
-from recipetune.guard.drift import Measure, Outcome
 from recipetune.guard.loss import tolerance_of
-from recipetune.workloads import log_formats
-from recipetune.workloads.command import CommandWorkload, substitute
+from recipetune.guard.monitor import Event, Measure, Monitor, Monitors, Outcome, direction
+from recipetune.speed.watch_read import (
+    Baseline,
+    Stream,
+    WatchInput,
+    check_recipe,
+    check_tokens,
+    ended,
+    given_baseline,
+    metrics_files,
+    no_loss,
+    read_curves,
+    stored_baseline,
+)
 
 EXIT_ALARM = 5
 
 
-class WatchInput(ValueError):
-    """Bad input: a message naming the file and what is wrong (exit 2)."""
-
-
-# ------------------------------------------------------------------------------------ reading curves
-
-
-def metrics_files(campaign: Campaign, path: Path) -> list[Path]:
-    """The files holding a run's metrics: ``path`` itself, or where the workload writes them in a run folder."""
-    if not path.exists():
-        raise WatchInput(f"{path}: no such file or folder")
-    if path.is_file():
-        return [path]
-    w = campaign.workload
-    if isinstance(w, CommandWorkload):
-        if w.spec.metrics.jsonl:
-            return [path / Path(substitute(w.spec.metrics.jsonl, {"out_dir": "", **_blank(w)})).name]
-        return [path / "stdout.log", path / "stderr.log"]
-    return [path / "metrics.jsonl"]
-
-
-def _blank(w: CommandWorkload) -> dict[str, str]:
-    names = {*w.knobs(), "steps", "recipe_json", "python"}
-    return dict.fromkeys(names, "")
-
-
-@dataclass(frozen=True)
-class Stream:
-    """What one run's metrics hold for the watch: its training loss, its validation loss (often none)."""
-
-    loss: drift.Curve
-    val: drift.Curve
-    tokens: int | None  # tokens per step
-
-    def curve(self, measure: Measure) -> drift.Curve:
-        return self.val if measure is Measure.VAL_LOSS else self.loss
-
-
-def read_curves(campaign: Campaign, path: Path, files: list[Path]) -> Stream:
-    """The training and validation loss curves of the run in ``files``; a torn last line waits."""
-    w = campaign.workload
-    tps = w.tokens_per_step(campaign.baseline) if isinstance(w, CommandWorkload) else None
-    try:
-        if isinstance(w, CommandWorkload) and w.preset is not None:
-            steps, evals = log_formats.read_logs(files, w.preset, tps, w.n_devices(campaign.baseline))
-        else:
-            steps, evals = log_formats.read_jsonl(files[0], tps, w.n_devices(campaign.baseline))
-    except (log_formats.MetricsError, OSError, UnicodeError) as e:
-        raise WatchInput(f"{path}: {e}") from None
-    return Stream(drift.Curve.of([s.step for s in steps], [s.loss for s in steps], str(path)),
-                  drift.Curve.of([e.step for e in evals], [e.val_loss for e in evals], str(path)),
-                  steps[0].tokens if steps else None)
-
-
-def _no_loss(campaign: Campaign, path: Path) -> WatchInput:
-    w = campaign.workload
-    how = (f"log lines matching the '{w.preset.name}' preset" if isinstance(w, CommandWorkload) and w.preset
-           else "JSON lines with step and loss")
-    return WatchInput(f"{path}: no training loss in it ({how}, as the campaign's {w.kind} workload writes them)")
-
-
-def _check_recipe(campaign: Campaign, folder: Path, what: str) -> None:
-    """A run folder's recipe.json, where there is one, must be a recipe of the campaign's workload with
-    the baseline's invariants (model, data, sequence length): another workload's run is bad input."""
-    file = folder / "recipe.json"
-    if not file.is_file():
-        return
-    try:
-        recipe = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return
-    _same_experiment(campaign, recipe, f"{what} ({file})")
-
-
-def _same_experiment(campaign: Campaign, recipe: dict[str, Any], what: str) -> None:
-    knobs = campaign.workload.knobs()
-    foreign = sorted(set(recipe) - set(knobs))
-    if foreign:
-        raise WatchInput(f"{what} is a run of another workload: knob(s) {', '.join(foreign[:5])} are not the "
-                         f"campaign's {campaign.workload.kind} workload's")
-    for name, knob in knobs.items():
-        if knob.role == INVARIANT and name != "seed" and name in recipe and recipe[name] != campaign.baseline[name]:
-            raise WatchInput(f"{what} trains another experiment: {name} = {recipe[name]!r}, the campaign's "
-                             f"baseline has {campaign.baseline[name]!r}")
-
-
-@dataclass
-class Baseline:
-    curves: list[drift.Curve]  # the training loss
-    val_curves: list[drift.Curve]  # the validation loss (empty curves where a run recorded none)
-    tokens: list[int | None]
-    sigma_m: float | None  # the guard's seed-to-seed spread (the profile), where there is one
-    sigma_dof: int | None  # its degrees of freedom (None: the within-run error decided it)
-    tolerance: float | None  # the profile's T
-    sources: list[str]
-
-
-def stored_baseline(campaign: Campaign, folder: Path) -> Baseline:
-    """The campaign folder's profile and the stored runs of the baseline recipe (any seed)."""
-    runs: list[RunResult] = []
-    sigma = tol = dof = None
-    profile_file = folder / PROFILE
-    if profile_file.is_file():
-        try:
-            profile = BaselineProfile.model_validate_json(profile_file.read_text())
-        except (OSError, ValueError) as e:
-            raise WatchInput(f"{profile_file}: not a baseline profile ({str(e).splitlines()[0]})") from None
-        _same_experiment(campaign, profile.recipe, f"the baseline profile {profile_file}")
-        sigma, tol = profile.loss_reference, profile.loss_tolerance
-        seeded = profile.loss_reference_kind.startswith("seed-to-seed")
-        dof = len(profile.seeds) - 1 if seeded else None
-        runs += profile.runs
-    base = {k: v for k, v in campaign.baseline.items() if k != "seed"}
-    for result_file in sorted((folder / RUNS_FOLDER).glob(f"*/{RESULT}")):
-        try:
-            r = RunResult.model_validate_json(result_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if r.ok and {k: v for k, v in r.recipe.items() if k != "seed"} == base:
-            runs.append(r)
-    unique: dict[tuple, RunResult] = {}
-    for r in runs:  # the profile's runs are stored in guard-runs/ too
-        unique.setdefault((r.recipe.get("seed"), len(r.steps), tuple(r.losses()[:3])), r)
-    if not unique:
-        raise WatchInput(f"{folder}: no baseline to compare with: no {PROFILE} nor stored runs of the baseline "
-                         f"recipe {campaign.baseline.id} in {RUNS_FOLDER}/; give --baseline METRICS (a run of the "
-                         "baseline recipe) or --folder (the campaign's folder)")
-    curves = [drift.Curve.of([s.step for s in r.steps], r.losses(), r.out_dir) for r in unique.values()]
-    vals = [drift.Curve.of([e.step for e in r.evals], [e.val_loss for e in r.evals], r.out_dir)
-            for r in unique.values()]
-    tokens = [r.steps[0].tokens if r.steps else None for r in unique.values()]
-    return Baseline(curves, vals, tokens, sigma, dof, tol, [c.source for c in curves])
-
-
-def given_baseline(campaign: Campaign, paths: list[Path], folder: Path) -> Baseline:
-    curves, vals, tokens = [], [], []
-    for path in paths:
-        files = metrics_files(campaign, path)
-        if not any(f.exists() for f in files):
-            raise WatchInput(f"{path}: holds no {', '.join(f.name for f in files)}")
-        _check_recipe(campaign, path if path.is_dir() else path.parent, f"the baseline {path}")
-        stream = read_curves(campaign, path, files)
-        if len(stream.loss.steps) == 0:
-            raise _no_loss(campaign, path)
-        curves.append(stream.loss)
-        vals.append(stream.val)
-        tokens.append(stream.tokens)
-    sigma = tol = dof = None
-    if (folder / PROFILE).is_file():  # the guard's measured spread, where the campaign has one
-        stored = stored_baseline(campaign, folder)
-        sigma, dof, tol = stored.sigma_m, stored.sigma_dof, stored.tolerance
-    return Baseline(curves, vals, tokens, sigma, dof, tol, [str(p) for p in paths])
-
-
-def check_tokens(baseline: Baseline, run_tokens: int | None, run: Path) -> None:
-    for source, tps in zip(baseline.sources, baseline.tokens, strict=True):
-        if tps is not None and run_tokens is not None and tps != run_tokens:
-            raise WatchInput(f"{run}: {run_tokens} tokens per step, the baseline {source} {tps}: a run of another "
-                             "batch or sequence length (or workload) cannot be compared step by step")
-
-
-# ------------------------------------------------------------------------------------ the session
-
-
-AUTO = "auto"  # --measure: the validation loss where the run and its baselines record one
+AUTO = "auto"  # --measure: both losses where the run and its baselines record a validation loss, else the training loss
 MEASURE_CHOICES = (AUTO, *Measure)
 
 
@@ -225,43 +70,47 @@ class Session:
     persist: int
     measure: str = AUTO  # asked for: AUTO, or a Measure's value
     following: bool = False
-    monitor: drift.Monitor | None = None
-    measure_why: str = ""  # why the judged curve is the one judged
+    monitors: Monitors | None = None
+    measure_why: str = ""  # why the judged curves are the ones judged
     points: int = 0  # the run's logged losses read, at the last read
 
-    def begin(self, stream: Stream, final: bool) -> drift.Monitor | None:
-        """The plan, once the run has logged enough to tell its logging interval and which loss it is
-        judged on (None: not yet, a growing run may still log its first validation losses)."""
+    def begin(self, stream: Stream, final: bool) -> Monitors | None:
+        """The plans, once the run has logged enough to tell its logging interval and which losses it
+        is judged on (None: not yet, a growing run may still log its first validation losses). Each
+        judged loss spends ``alpha / k`` of the run's false-alarm chance (Bonferroni, k losses)."""
         check_tokens(self.baseline, stream.tokens, self.run)
         chosen = self._choose(stream, final)
         if chosen is None:
             return None
-        measure, plan, self.measure_why = chosen
-        parity = self.campaign.config.guard.parity
-        tol = self.baseline.tolerance if measure is Measure.LOSS else None  # the profile's T: the training loss's
-        if tol is None:  # T as the verdict would set it (parity.margin, or tolerance x sigma): sigma the seed
-            n = plan.noise  # spread of a tail's mean, from the noise measured here
-            tail_points = max(1.0, parity.tail * parity.steps / plan.interval)
-            tol = tolerance_of(math.sqrt(n.offset**2 + n.block**2 * n.block_points / tail_points), parity)
-        b = self.baseline  # the blocks tuned for a drift of 1 T per the guard's horizon (drift.plan)
+        measures, self.measure_why = chosen
+        alpha = self.alpha / len(measures)
+        self.monitors = Monitors([self._monitor(m, stream, alpha) for m in measures])
+        return self.monitors
+
+    def _monitor(self, measure: Measure, stream: Stream, alpha: float) -> Monitor:
+        """One loss's monitor: its T, and its blocks tuned for a drift of 1 T per the guard's horizon."""
+        parity, b = self.campaign.config.guard.parity, self.baseline
         curves, run, sigma_m, dof = ((b.val_curves, stream.val, None, None) if measure is Measure.VAL_LOSS else
                                      (b.curves, stream.loss, b.sigma_m, b.sigma_dof))
-        plan = self._plan(curves, run, sigma_m, dof, tol / parity.steps)
-        self.monitor = drift.Monitor(plan, tol, measure)
-        return self.monitor
+        tol = b.tolerance if measure is Measure.LOSS else None  # the profile's T: the training loss's
+        if tol is None:  # T as the verdict would set it (parity.margin, or tolerance x sigma): sigma the seed
+            first = self._plan(curves, run, sigma_m, dof, alpha)  # spread of a tail's mean, measured here
+            n, tail_points = first.noise, max(1.0, parity.tail * parity.steps / first.interval)
+            tol = tolerance_of(math.sqrt(n.offset**2 + n.block**2 * n.block_points / tail_points), parity)
+        return Monitor(self._plan(curves, run, sigma_m, dof, alpha, tol / parity.steps), tol, measure)
 
     def _plan(self, curves: list[drift.Curve], run: drift.Curve, sigma_m: float | None,
-              sigma_dof: int | None, rate: float | None = None) -> drift.Plan:
+              sigma_dof: int | None, alpha: float, rate: float | None = None) -> drift.Plan:
         interval = int(np.min(np.diff(run.steps[:50])))
         if interval < 1:
             raise WatchInput(f"{self.run}: its steps do not increase ({', '.join(map(str, run.steps[:6]))} ...)")
         min_block = max(3, math.ceil(self.campaign.config.guard.parity.window / interval))
-        return drift.plan(curves, run.steps[:50], self.start_step, sigma_m, min_block, self.alpha, self.persist,
+        return drift.plan(curves, run.steps[:50], self.start_step, sigma_m, min_block, alpha, self.persist,
                           sigma_dof, rate)
 
-    def _choose(self, stream: Stream, final: bool) -> tuple[Measure, drift.Plan, str] | None:
-        """(measure, plan, why): the validation loss where the run and at least two baseline runs record
-        it at enough common steps for ``persist`` blocks (its seed spread is measured on those curves:
+    def _choose(self, stream: Stream, final: bool) -> tuple[list[Measure], str] | None:
+        """(measures, why): both losses where the run and at least two baseline runs record a validation
+        loss at enough common steps for ``persist`` blocks (its seed spread is measured on those curves:
         the profile's is the training loss's), the training loss otherwise; ``--measure`` forces one."""
         b, val = self.baseline, stream.val
         if len(stream.loss.steps) < 2:
@@ -281,43 +130,42 @@ class Session:
                 loss = "the training loss: the run records no validation loss where its baselines do"
         if loss is None:
             try:
-                plan = self._plan(b.val_curves, val, None, None)
+                plan = self._plan(b.val_curves, val, None, None, self.alpha)
             except drift.DriftInputError as e:
                 if self.measure == Measure.VAL_LOSS:
                     raise
                 loss = f"the training loss: the validation loss cannot be judged ({e})"
             else:
-                why = (f"the validation loss (every {plan.interval} steps), which the run and its {len(b.val_curves)} "
-                       "baseline runs record, not the training loss")
-                return Measure.VAL_LOSS, plan, why
+                recorded = (f"the validation loss (every {plan.interval} steps), which the run and its "
+                            f"{len(b.val_curves)} baseline runs record")
+                if self.measure == Measure.VAL_LOSS:
+                    return [Measure.VAL_LOSS], f"{recorded}, not the training loss (--measure val_loss)"
+                return [Measure.LOSS, Measure.VAL_LOSS], (
+                    f"both losses: the training loss and {recorded}, each at alpha / 2 (whichever alarms first "
+                    "decides): a bug that lowers the training loss may leave the validation loss, and the "
+                    "validation loss's sparse points alarm later")
         if self.measure == Measure.VAL_LOSS:
             raise WatchInput(f"{self.run}: --measure val_loss: {loss.split(': ', 1)[1]}")
-        return Measure.LOSS, self._plan(b.curves, stream.loss, b.sigma_m, b.sigma_dof), loss
+        return [Measure.LOSS], loss
 
-    def read(self, final: bool = False) -> tuple[Stream, list[drift.Event]]:
+    def read(self, final: bool = False) -> tuple[Stream, list[Event]]:
         stream = read_curves(self.campaign, self.run, self.files)
         self.points = len(stream.loss.steps)
-        if self.monitor is None:
-            self.begin(stream, final or not self.following)
-        if self.monitor is None:
+        final = final or not self.following
+        if self.monitors is None:
+            self.begin(stream, final)
+        if self.monitors is None:
             return stream, []
-        if diverged := self.monitor.diverged(stream.loss, Measure.LOSS):  # a judged validation loss, a diverged run
-            return stream, diverged
-        return stream, self.monitor.feed(stream.curve(self.monitor.measure))
-
-
-def ended(run: Path) -> bool:
-    """The run's end marker: the status file its trainer writes when it stops (the reference trainer's)."""
-    folder = run if run.is_dir() else run.parent
-    return (folder / "status.json").exists()
+        return stream, self.monitors.feed({Measure.LOSS: stream.loss, Measure.VAL_LOSS: stream.val}, final)
 
 
 class Lines:
     """What the watch says: a live line on a terminal; in a log, plain lines (each warning, alarm and
-    all-clear, and about twenty progress lines over the run)."""
+    all-clear, and about twenty progress lines per judged loss over the run)."""
 
     def __init__(self, console: Console):
-        self.console, self.status, self.every, self.blocks = console, None, 1, 0
+        self.console, self.status, self.every, self.blocks = console, None, {}, dict.fromkeys(Measure, 0)
+        self.several = False
 
     def __enter__(self) -> Lines:
         if self.console.is_terminal:
@@ -332,53 +180,57 @@ class Lines:
     def say(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False)
 
-    def plan(self, m: drift.Monitor, per_horizon: str) -> None:
+    def plan(self, m: Monitor, per_horizon: str) -> None:
         p, n = m.plan, m.plan.noise
-        self.every = max(1, len(p.blocks) // 20)
+        self.every[m.measure] = max(1, len(p.blocks) // 20)
         self.say(f"comparing the {m.measure.said} at steps {p.blocks[0][0]}-{p.blocks[-1][-1]} "
                  f"in {len(p.blocks)} blocks of "
                  f"{n.block_points} logged steps against the mean of {max(p.m)} baseline curve(s); an alarm needs "
                  f"{p.persist} blocks in a row beyond {p.h:.2f} sd on one side, above or below "
                  f"(gap {p.bounds.min():.4f}-{p.bounds.max():.4f} nats, T = {m.tolerance:.4f}); "
-                 f"false-alarm chance {100 * p.alpha:.0f}% over them; {per_horizon}")
+                 f"false-alarm chance {100 * p.alpha:.3g}% over them; {per_horizon}")
 
-    def show(self, events: list[drift.Event], m: drift.Monitor | None, step: int) -> None:
+    def show(self, events: list[Event], ms: Monitors | None, step: int) -> None:
         for e in events:
-            self.blocks += e.kind == "block"
-            if e.kind == "block" and self.status is None and self.blocks % self.every == 0:
-                self.say(f"step {e.step}: gap {e.gap:+.4f} nats (boundary {e.bound:.4f})")
-            elif e.kind != "block":
+            what = f" ({e.measure.said})" if self.several else ""
+            if e.kind == "block":
+                self.blocks[e.measure] += 1
+                if self.status is None and self.blocks[e.measure] % self.every.get(e.measure, 1) == 0:
+                    self.say(f"step {e.step}: gap{what} {e.gap:+.4f} nats (boundary {e.bound:.4f})")
+            else:
                 self.say(f"step {e.step}: {e.kind.upper()}: {e.message}")
-        if self.status is not None and m is not None and m.gaps:
-            s, gap, bound = m.gaps[-1]
-            self.status.update(f"step {step}: gap {gap:+.4f} nats at step {s}, boundary {bound:.4f}, "
-                               f"{m.done}/{len(m.plan.blocks)} blocks, "
-                               f"{drift.direction(m.side) if m.streak else 'within'}")
+        if self.status is not None and ms is not None and any(m.gaps for m in ms):
+            self.status.update(f"step {step}: " + "; ".join(
+                f"{m.measure.said} gap {m.gaps[-1][1]:+.4f} nats at step {m.gaps[-1][0]}, boundary "
+                f"{m.gaps[-1][2]:.4f}, {m.done}/{len(m.plan.blocks)} blocks, "
+                f"{direction(m.side) if m.streak else 'within'}" for m in ms if m.gaps))
 
 
 def follow(session: Session, lines: Lines, keep_following: bool, poll_s: float) -> str:
     """Read and judge until the run is judged to its end: returns what ended the watch."""
     while True:
         done_before = ended(session.run)  # read after the marker appeared: nothing more will come
-        had_plan = session.monitor is not None
+        had_plan = session.monitors is not None
         stream, events = session.read(final=done_before)
-        m = session.monitor
-        if m is not None and not had_plan:
+        ms = session.monitors
+        if ms is not None and not had_plan:
             lines.say(f"judged on {session.measure_why}")
-            lines.plan(m, per_horizon(session, m))
-        lines.show(events, m, int(stream.loss.steps[-1]) if len(stream.loss.steps) else 0)
-        if m is not None and m.alarm is not None:
+            lines.several = len(ms.monitors) > 1
+            for m in ms:
+                lines.plan(m, per_horizon(session, m))
+        lines.show(events, ms, int(stream.loss.steps[-1]) if len(stream.loss.steps) else 0)
+        if ms is not None and ms.alarm is not None:
             return "alarm"
-        if m is not None and m.finished:
-            return f"the baseline's curve: its last whole block ends at step {int(m.plan.blocks[-1][-1])}"
+        if ms is not None and ms.finished:
+            return f"the baseline's curve: its last whole block ends at step {ms.last_step}"
         if not keep_following or done_before:
-            if m is None:
-                raise _no_loss(session.campaign, session.run)
+            if ms is None:
+                raise no_loss(session.campaign, session.run)
             return "the run's status file (it has ended)" if done_before else "the end of the metrics file"
         time.sleep(poll_s)
 
 
-def per_horizon(session: Session, m: drift.Monitor) -> str:
+def per_horizon(session: Session, m: Monitor) -> str:
     """The delay the design promises for a drift of 1 T per the guard's horizon (docs/guard.md)."""
     horizon = session.campaign.config.guard.parity.steps
     d = drift.delay_steps(m.plan, m.tolerance / horizon)
@@ -386,17 +238,23 @@ def per_horizon(session: Session, m: drift.Monitor) -> str:
 
 
 def finding(session: Session, ended_by: str, seconds: float, command: str) -> dict[str, Any]:
-    m = session.monitor
-    assert m is not None
+    """The deciding loss's finding (the one that alarmed, else the first judged) at the top level, as
+    with one judged loss; the other judged loss's in ``also_judged``."""
+    ms = session.monitors
+    assert ms is not None
+    m = ms.decider
     out: dict[str, Any] = {"decision": m.outcome, "exit_code": EXIT_ALARM if m.outcome is Outcome.ALARM else 0,
                            "run": str(session.run), "workload": session.campaign.workload.kind,
                            "baseline": session.baseline.sources, "ended_by": ended_by,
                            "run_points_read": session.points, "delay": per_horizon(session, m)}
     out.update(m.finding())
+    out["measures"] = [x.measure for x in ms]
+    out["alpha"] = session.alpha  # the whole run's: each judged loss's design holds its share
+    out["also_judged"] = [{**x.finding(), "delay": per_horizon(session, x)} for x in ms if x is not m]
     out["measure_why"] = session.measure_why
-    last = m.plan.blocks[-1][-1]
-    out["covered"] = (f"steps {m.plan.blocks[0][0]}-{last}: the baseline's curve has no later step; a longer "
-                      "run of the baseline recipe (--baseline) covers more") if m.finished and not m.alarm else ""
+    out["covered"] = (f"steps {min(int(x.plan.blocks[0][0]) for x in ms)}-{ms.last_step}: the baseline's curve "
+                      "has no later step; a longer run of the baseline recipe (--baseline) covers more"
+                      ) if ms.finished and not ms.alarm else ""
     out["cost"] = {"seconds": round(seconds, 2), "runs_trained": 0}
     out["command"] = command
     return out
@@ -411,13 +269,16 @@ def summary(f: dict[str, Any]) -> str:
         return (f"{Outcome.ALARM} at step {a['step']}: the run's {what} is {a['direction']} the baseline's: the gap "
                 f"crossed the boundary at step {a['crossed_at_step']} and reads {a['gap_nats']:+.4f} nats{in_t} "
                 f"against a boundary of {math.copysign(a['bound_nats'], a['gap_nats']):+.4f}")
-    cleared = sum(w["cleared_at"] is not None for w in f["warnings"])
-    warned = f"; {cleared} warning(s) that cleared" if cleared else ""
-    if cleared < len(f["warnings"]):  # a streak beyond the boundary still open where the watch ended
-        w = f["warnings"][-1]
-        warned += f"; a warning still open: {w['blocks']} block(s) {w['direction']} from step {w['from_step']}"
-    return (f"{Outcome.NO_ALARM} on the {what} over {f['blocks_judged']} block(s) to step {f['last_judged_step']} "
-            f"(ended by {f['ended_by']}){warned}")
+    parts = []
+    for x in [f, *f.get("also_judged", [])]:
+        cleared = sum(w["cleared_at"] is not None for w in x["warnings"])
+        warned = f"; {cleared} warning(s) that cleared" if cleared else ""
+        if cleared < len(x["warnings"]):  # a streak beyond the boundary still open where the watch ended
+            w = x["warnings"][-1]
+            warned += f"; a warning still open: {w['blocks']} block(s) {w['direction']} from step {w['from_step']}"
+        parts.append(f"the {Measure(x['measure']).said} over {x['blocks_judged']} block(s) to step "
+                     f"{x['last_judged_step']}{warned}")
+    return f"{Outcome.NO_ALARM} on {' and on '.join(parts)} (ended by {f['ended_by']})"
 
 
 def watch(
@@ -433,8 +294,9 @@ def watch(
     start_step: int | None = typer.Option(None, min=0, help="first step compared (default: where the guard's "
                                           "loss measure starts, (1 - guard.parity.tail) x guard.parity.steps)"),
     poll_s: float = typer.Option(2.0, min=0.01, help="with --follow: seconds between reads"),
-    measure: str = typer.Option("auto", help="the loss judged: auto (the validation loss where the run and two or "
-                                "more baseline runs record it, else the training loss), loss, val_loss"),
+    measure: str = typer.Option("auto", help="the loss judged: auto (both the training and the validation loss, "
+                                "each at alpha / 2, where the run and two or more baseline runs record a validation "
+                                "loss; else the training loss), loss, val_loss"),
 ) -> None:
     """Compare a training of the approved recipe with the baseline's curve: alarm when the gap grows beyond noise,
     above or below it.
@@ -450,7 +312,7 @@ def watch(
         files = metrics_files(campaign, run_metrics)
         if not follow_ and not any(f.exists() for f in files):
             raise WatchInput(f"{run_metrics}: holds no {', '.join(f.name for f in files)}")
-        _check_recipe(campaign, run_metrics if run_metrics.is_dir() else run_metrics.parent, f"the run {run_metrics}")
+        check_recipe(campaign, run_metrics if run_metrics.is_dir() else run_metrics.parent, f"the run {run_metrics}")
         base = given_baseline(campaign, baseline, where) if baseline else stored_baseline(campaign, where)
         start = start_step if start_step is not None else max(1, round((1 - parity.tail) * parity.steps))
         if measure not in MEASURE_CHOICES:
@@ -460,7 +322,7 @@ def watch(
             try:
                 ended_by = follow(session, lines, follow_, poll_s)
             except KeyboardInterrupt:
-                if session.monitor is None:
+                if session.monitors is None:
                     raise fail("stopped before the run logged a comparable step; nothing written", 130) from None
                 ended_by = "Ctrl-C"
     except (ConfigError, WatchInput, drift.DriftInputError) as e:
