@@ -17,8 +17,9 @@ downloaded), none of them in ``benchmarks/decontamination.py``:
 - ``log line`` (**held out**: written before the rule was changed, never explained or tuned on):
   a fixed instruction and one short log line of one of 4 templates (paths, status codes, hosts,
   addresses, ids: 5-12 tokens); embedded copies sit among other log lines;
-- ``literal`` (**held out**, written after the rule was changed, measured once, never tuned on):
-  a fixed instruction and a Python literal of 2-4 values (list, tuple, set, dict: its type);
+- ``literal`` (tuned on since its misses were studied in issue 50's second round; written after the
+  first round's rule change): a fixed instruction and a Python literal of 2-4 values (list, tuple,
+  set, dict: its type);
 - ``url`` (**held out**: written before the rule was changed for literals, measured before and after
   that change only, never explained or tuned on): a fixed instruction and one URL with a query string
   (4 templates over 6 hosts: the path's collection and id, a user's name, the keys' values);
@@ -63,7 +64,7 @@ from decontamination import (
 from recipetune.data.ops import Decontaminate
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
-HELD_OUT = ("log line", "literal", "url")
+HELD_OUT = ("log line", "url")
 N = 2 * bench.EVAL + bench.POOL
 
 
