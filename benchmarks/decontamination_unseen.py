@@ -3,7 +3,7 @@
     python benchmarks/decontamination_unseen.py --out benchmarks/results/decontamination_unseen.md
     python benchmarks/decontamination_unseen.py --shapes "csv row" --explain 10   # (tuning shapes only)
 
-Five shapes, generated here (seeded, from the standard library's sources or synthetic; nothing
+Six shapes, generated here (seeded, from the standard library's sources or synthetic; nothing
 downloaded), none of them in ``benchmarks/decontamination.py``:
 
 - ``csv row`` (tuned on): a fixed instruction and one short CSV row of 3-4 literal values (numbers,
@@ -17,8 +17,13 @@ downloaded), none of them in ``benchmarks/decontamination.py``:
 - ``log line`` (**held out**: written before the rule was changed, never explained or tuned on):
   a fixed instruction and one short log line of one of 4 templates (paths, status codes, hosts,
   addresses, ids: 5-12 tokens); embedded copies sit among other log lines;
-- ``literal`` (**held out**, written after the rule was changed, measured once, never tuned on):
-  a fixed instruction and a Python literal of 2-4 values (list, tuple, set, dict: its type).
+- ``literal`` (tuned on since its misses were studied in issue 50's second round; written after the
+  first round's rule change): a fixed instruction and a Python literal of 2-4 values (list, tuple,
+  set, dict: its type);
+- ``url`` (**held out**: written before the rule was changed for literals, measured before and after
+  that change only, never explained or tuned on): a fixed instruction and one URL with a query string
+  (4 templates over 6 hosts: the path's collection and id, a user's name, the keys' values);
+  embedded copies sit among other links; a one-token change never touches the URL's keys or hosts.
 
 Each plants the five leak kinds of ``benchmarks/decontamination.py`` (40 each, half from each split)
 beside the clean rows that must stay; "one token changed" changes one name or one number wherever it
@@ -41,6 +46,7 @@ from pathlib import Path
 import decontamination as bench
 from decontamination import (
     CITIES,
+    COLUMNS,
     FIRST,
     ITEMS,
     LAST,
@@ -58,7 +64,7 @@ from decontamination import (
 from recipetune.data.ops import Decontaminate
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
-HELD_OUT = ("log line", "literal")
+HELD_OUT = ("log line", "url")
 N = 2 * bench.EVAL + bench.POOL
 
 
@@ -262,8 +268,49 @@ def literals(rng: random.Random) -> Shape:
                  lambda p: p[1], types)
 
 
+# --- url (held out, written before the literal shape was tuned on, measured before and after only) -----
+
+URL_HOSTS = ("shop.example.com", "api.acme.io", "portal.northwind.net", "app.contoso.org", "files.initech.co",
+             "m.globex.com")
+URL_TEMPLATES = (
+    "https://{host}/{noun}?page={n}&sort={col}",
+    "https://{host}/search?q={item}&city={city}&limit={n}",
+    "https://{host}/users/{first}.{last}?tab={tab}&v={k}",
+    "https://{host}/{noun}/{rid}/edit?lang={lang}&ref={noun2}",
+)
+URL_KEYS = frozenset({"https", "page", "sort", "search", "q", "city", "limit", "users", "tab", "v", "edit", "lang",
+                      "ref", *(h for host in URL_HOSTS for h in host.split("."))})  # the URLs' schema
+URL_INSTRUCTION = "Which query parameters does this URL set, and to what?"
+URL_REWORDED = ["List the query string's keys and values of the URL below.",
+                "Parse the query parameters of this link.", "What does the query part of this URL hold?"]
+
+
+def _url(rng: random.Random) -> tuple[str, str]:
+    k = rng.randrange(len(URL_TEMPLATES))
+    text = URL_TEMPLATES[k].format(host=rng.choice(URL_HOSTS), noun=rng.choice(NOUNS), n=rng.randint(1, 99),
+                                   col=rng.choice(COLUMNS), item=rng.choice(ITEMS), city=rng.choice(CITIES),
+                                   first=rng.choice(FIRST), last=rng.choice(LAST),
+                                   tab=rng.choice(("profile", "orders", "settings", "billing")),
+                                   k=rng.randint(1, 9), rid=rng.randint(100, 99999),
+                                   lang=rng.choice(("en", "de", "fr", "pl", "pt", "fi")), noun2=rng.choice(NOUNS))
+    return f"url{k}", text
+
+
+def urls(rng: random.Random) -> Shape:
+    rows, types = _typed([(kind, [URL_INSTRUCTION, url]) for kind, url in (_url(rng) for _ in range(3 * N))])
+
+    def embed(p: Parts, r: random.Random) -> Parts:  # the URL among other links of a page
+        return [p[0], _among(p[1], [_url(r)[1] for _ in range(3)], r)]
+
+    return Shape("url", "a fixed instruction and one URL with a query string (4 templates, 6 hosts: paths, "
+                 "ids, names, cities, numbers as keys' values)",
+                 rows[:N], bench.alpaca,
+                 lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r, URL_KEYS)) else None,
+                 lambda p, r: [r.choice(URL_REWORDED), p[1]], embed, lambda p: p[1], types)
+
+
 SHAPES = {"csv row": csv_rows, "signature": signatures, "expression": expressions, "log line": log_lines,
-          "literal": literals}
+          "literal": literals, "url": urls}
 
 
 # --- measuring --------------------------------------------------------------------------------------

@@ -55,21 +55,19 @@ the evaluation text itself.
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from math import prod
 from typing import Any
 
 from recipetune.data import minhash
+from recipetune.data.anchors import Input, aligned, anchors_of, pieces_of
 from recipetune.data.frames import CONTENT as _CONTENT
 from recipetune.data.frames import Frames
 from recipetune.data.text import MIN_COMMON_ROWS, Boilerplate, part_tokens, tokens
 
 RENAMED = "renamed copy"  # the reason a one-token copy is given: counted apart, kept where the task says
-_IDENTIFIER = re.compile(r"[^\W\d]\w*")  # a word that starts with a letter or _: a name, not a number
 RENAME_MIN_WORDS = 4  # an input with one token changed is a copy only if 4 other names or numbers still match
 # in its fields: "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings,
 # a sentence ...
@@ -88,21 +86,6 @@ NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates s
 # (two 8-character sums share half their shingles by chance): shorter texts have the token rules
 
 
-@dataclass(frozen=True)
-class _Input:
-    """An evaluation input, checked by alignment at its anchors (whole, or with one token changed)."""
-
-    split: str
-    varying: tuple[str, ...]
-    full: tuple[str, ...]  # all its tokens, shared text included
-    start: int  # where ``varying`` begins in ``full``
-    pieces: tuple[tuple[int, int], ...]  # ``varying[lo:hi]`` of each part that has some: found part by part
-    where: tuple[int, ...]  # each varying token's position in ``full``
-    parts: tuple[tuple[int, int], ...]  # the part (field) of ``full`` each piece lies in
-    part_ids: tuple[int, ...]  # and that part's index among the input's parts
-    says: int  # how many distinct names and numbers ``varying`` holds: what can say which input it is
-
-
 class ContaminationIndex:
     """Evaluation rows (their input parts, by split) indexed as the module docstring says.
     ``settings`` has ``ngram``, ``min_overlap``, ``min_tokens``, ``common_share``, ``near_threshold``,
@@ -117,7 +100,7 @@ class ContaminationIndex:
         self.grams: dict[tuple[str, ...], list[int]] = {}  # varying n-gram -> the long inputs holding it
         self.long: list[tuple[str, int, int]] = []  # input of n tokens or more -> (split, its distinct n-grams,
         # its varying tokens)
-        self.inputs: list[_Input] = []
+        self.inputs: list[Input] = []
         # a token pair (or, for a one-token input, the token) -> (input, the pair's offset there)
         self.anchors: dict[Any, list[tuple[int, int]]] = {}
         self._parts: dict[str, tuple[list[str], list[str], Sequence[int]]] = {}
@@ -139,13 +122,13 @@ class ContaminationIndex:
                 for g in grams:
                     self.grams.setdefault(g, []).append(len(self.long))
                 self.long.append((split, len(grams), len(v), len(self.inputs)))
-            pieces = _pieces(pos, starts)  # every input, however long: one changed token costs an n-gram rule
-            for key, offset in _anchors(v, df, pieces, self._says):  # up to n of its n-grams, the alignment nothing
+            pieces = pieces_of(pos, starts)  # every input, however long: one changed token costs an n-gram rule
+            for key, offset in anchors_of(v, df, pieces, self._says):  # up to n of its n-grams, the alignment nothing
                 self.anchors.setdefault(key, []).append((len(self.inputs), offset))
             ids = tuple(bisect_right(starts, pos[lo]) - 1 for lo, _ in pieces)
             parts = tuple((starts[k], starts[k + 1]) for k in ids)
             says = len({t for t in v if _CONTENT.fullmatch(t)})
-            self.inputs.append(_Input(split, tuple(v), tuple(toks), pos[0], pieces, tuple(pos), parts, ids, says))
+            self.inputs.append(Input(split, tuple(v), tuple(toks), pos[0], pieces, tuple(pos), parts, ids, says))
             self.frames.learn(*self._field(self.inputs[-1]))
             if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
                 near_texts.append(text)
@@ -274,7 +257,7 @@ class ContaminationIndex:
         """The overlaps found at the row's anchors: (split, how), and (input, None) where the row is that
         input with one token changed (the renamed rule judges it, copy or not)."""
         anchors = self.anchors
-        fields = _pieces(pos, starts)  # the row's varying tokens, field by field (those that have some)
+        fields = pieces_of(pos, starts)  # the row's varying tokens, field by field (those that have some)
         keys = list(enumerate(pairs))
         if self.single:  # some inputs are one token: their anchor is that token
             keys += enumerate(v)
@@ -310,7 +293,7 @@ class ContaminationIndex:
                     # carries the question
                     yield e.split, "contains a whole input"
 
-    def _align(self, e: _Input, toks: list[str], v: list[str], i: int, offset: int, pos: Sequence[int],
+    def _align(self, e: Input, toks: list[str], v: list[str], i: int, offset: int, pos: Sequence[int],
                starts: list[int], fields: tuple[tuple[int, int], ...]):
         """Where the evaluation input ``e`` lies in a training row's varying tokens ``v``, given that its
         anchor at ``offset`` sits at ``v[i]``: ("same" | "renamed", the span in the row's tokens of each of
@@ -334,14 +317,14 @@ class ContaminationIndex:
                     lo_f, hi_f = fields[f]
                     piece, within = e.varying[e.pieces[m][0] : e.pieces[m][1]], v[:hi_f]
                     spots = range(lo_f, hi_f - len(piece) + 1)  # the piece itself first, else renamed
-                    hit = next((x for x in spots if _aligned(piece, within, x) == "same"),
-                               next((x for x in spots if _aligned(piece, within, x)), None))
+                    hit = next((x for x in spots if aligned(piece, within, x) == "same"),
+                               next((x for x in spots if aligned(piece, within, x)), None))
                     if hit is None:
                         return None
                     at[m] = hit
         # the input's pieces, side by side, against the row's tokens where they were found
         joined = [v[at[m] + x] for m in range(len(e.pieces)) for x in range(e.pieces[m][1] - e.pieces[m][0])]
-        found = _aligned(e.varying, joined, 0, structural=self._structural)
+        found = aligned(e.varying, joined, 0, structural=self._structural)
         if found is None:
             return None
         if found == "renamed":
@@ -359,14 +342,14 @@ class ContaminationIndex:
             spans.append((begin, end))
         return found, spans
 
-    def _renamed(self, e: _Input, toks: list[str], firsts: list[int], starts: list[int]):
+    def _renamed(self, e: Input, toks: list[str], firsts: list[int], starts: list[int]):
         """("renamed", spans) when each of ``e``'s fields lies whole in the training row's tokens, its
         shared text included, with the one token changed (``firsts``: where each piece's first varying
         token was found), and the names and numbers left alike say which input it is; else None. The
         varying tokens alone would let a masked slot (a value common enough to be part of a shared
         phrase, ``around 6 .``) differ unseen: a second change; and a value masked in one and not in
         the other (``silva " ,`` common, ``okafor " ,`` not) hides a one-token change from them. The
-        change is of one type (``_aligned``). Evidence: ``RENAME_MIN_WORDS`` distinct
+        change is of one type (``aligned``). Evidence: ``RENAME_MIN_WORDS`` distinct
         names and numbers left alike in those fields (their shared text counts: it matched too), of
         which ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure (an input whose one
         varying value changed is another input of its template: block 17 is not block 7); or
@@ -381,7 +364,7 @@ class ContaminationIndex:
             field += e.full[p_lo:p_hi]
             theirs += toks[begin : begin + p_hi - p_lo]
         changed = {(a, b) for a, b in zip(field, theirs, strict=True) if a != b}
-        if len(changed) != 1 or _aligned(field, theirs, 0, structural=self._structural) != "renamed":
+        if len(changed) != 1 or aligned(field, theirs, 0, structural=self._structural) != "renamed":
             return None
         (old, _), = changed
         opened = [i for i, (a, b) in enumerate(zip(field, theirs, strict=True)) if a != b]
@@ -400,7 +383,7 @@ class ContaminationIndex:
             return "renamed", spans
         return "weak", spans
 
-    def _field(self, e: _Input) -> tuple[list[str], list[int]]:
+    def _field(self, e: Input) -> tuple[list[str], list[int]]:
         """``e``'s fields (the parts its varying tokens lie in), their tokens joined, and where each starts."""
         field, starts = [], [0]
         for p_lo, p_hi in e.parts:
@@ -435,7 +418,7 @@ class ContaminationIndex:
                 return False
         return True
 
-    def _says_which(self, e: _Input) -> bool:
+    def _says_which(self, e: Input) -> bool:
         """Whether an input's varying text says which input it is wherever it is found: two names or
         numbers, or one rare one (`'Rounded'`); one common name and punctuation (`y ) :`, the rest of
         `def __init__(self, y):` shared text) only where it is all its field says, as a shorter input."""
@@ -455,73 +438,3 @@ class ContaminationIndex:
         ``MIN_COMMON_ROWS``; never a number, a value however common): changing it asks another kind of
         question, it renames nothing, and left alike it does not say which input a copy is of."""
         return not word.isdigit() and self.word_df.get(word, 0) >= self.structural_rows
-
-
-def _pieces(pos: Sequence[int], starts: list[int]) -> tuple[tuple[int, int], ...]:
-    """The runs of varying tokens (by their index in the varying tokens) that lie in one part each."""
-    out, lo = [], 0
-    for end in starts[1:]:
-        hi = bisect_left(pos, end)
-        if hi > lo:
-            out.append((lo, hi))
-        lo = hi
-    return tuple(out)
-
-
-def _anchors(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...],
-             says=lambda word: True) -> list[tuple[Any, int]]:
-    """Where an input is looked for: its rarest token pair within one piece (part), and a second one
-    with none of the first's tokens, so one changed token leaves one of them; where there is none (4
-    tokens, the rarest pair in the middle), the pairs on either side of the first: a change at either
-    of its tokens leaves one of them. Where one token is in every anchor still (an input of 2 or 3
-    varying tokens: `lodz bergen`, `,true,false,` masked between them), the rarest token outside it
-    alone, or, where none is, each of those tokens alone: only a token that ``says`` which input it
-    is (a name or a number, not of the task's vocabulary: `def` alone is in every row, and a copy that
-    keeps only it is no copy). An input whose pieces are all one token long: its first token."""
-    inside = [i for lo, hi in pieces for i in range(lo, hi - 1)]
-    if not inside:
-        return [(v[0], 0)]
-    pairs = sorted(inside, key=lambda i: (df[(v[i], v[i + 1])], i))
-    first = pairs[0]
-    out = [((v[first], v[first + 1]), first)]
-    for i in pairs[1:]:
-        if not {v[i], v[i + 1]} & {v[first], v[first + 1]}:
-            return [*out, ((v[i], v[i + 1]), i)]
-    out += [((v[i], v[i + 1]), i) for i in (first - 1, first + 1) if i in inside]
-    every = set.intersection(*({i, i + 1} for _, i in out))  # where one change loses every anchor
-    if every:
-        outside = [i for i in range(len(v)) if i not in every and says(v[i])]
-        alone = [min(outside, key=lambda i: (df[v[i]], i))] if outside else [i for i in sorted(every) if says(v[i])]
-        out += [(v[i], i) for i in alone]
-    return out
-
-
-def _aligned(original: Sequence[str], u: Sequence[str], at: int,
-             structural=lambda word: False) -> str | None:
-    """``same`` when ``u[at:]`` starts with ``original``; ``renamed`` when it does with one token
-    changed (at one place or everywhere) and nothing else: a name for a name or a number for a number,
-    neither of them a word of the task's structure (``structural``: names only; numbers are values,
-    however common the small ones are); else None (most candidates fail at
-    once). Whether what is left alike says which input it is, ``ContaminationIndex._renamed`` decides."""
-    if at + len(original) > len(u):
-        return None
-    old = new = None
-    for k, a in enumerate(original):
-        b = u[at + k]
-        if a != b:
-            if old is None:
-                old, new = a, b
-            elif a != old or b != new:
-                return None
-    if old is None:
-        return "same"
-    if _kind(old) is None or _kind(old) != _kind(new) or new in original:
-        return None
-    if structural(old) or structural(new):
-        return None
-    return "renamed"
-
-
-def _kind(token: str) -> str | None:
-    """A token's type for a one-token change: ``name``, ``number``, else None (punctuation, an operator)."""
-    return "name" if _IDENTIFIER.fullmatch(token) else "number" if token.isdigit() else None

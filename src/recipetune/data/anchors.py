@@ -1,0 +1,104 @@
+"""Where decontamination looks for an evaluation input in a training row (``data/decontam.py`` judges
+what it finds): each input's **anchors**, its two rarest token pairs with no token in common, so
+that one changed token leaves one of them, and the **alignment** of the input against the row's
+tokens at an anchor: the same tokens, or the same with one name or one number changed (at one place
+or everywhere) to another of its type, never a keyword, an operator or a word of the task's
+structure. Whether what is left alike says which input a one-token copy is of is not decided here.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_IDENTIFIER = re.compile(r"[^\W\d]\w*")  # a word that starts with a letter or _: a name, not a number
+
+
+@dataclass(frozen=True)
+class Input:
+    """An evaluation input, checked by alignment at its anchors (whole, or with one token changed)."""
+
+    split: str
+    varying: tuple[str, ...]
+    full: tuple[str, ...]  # all its tokens, shared text included
+    start: int  # where ``varying`` begins in ``full``
+    pieces: tuple[tuple[int, int], ...]  # ``varying[lo:hi]`` of each part that has some: found part by part
+    where: tuple[int, ...]  # each varying token's position in ``full``
+    parts: tuple[tuple[int, int], ...]  # the part (field) of ``full`` each piece lies in
+    part_ids: tuple[int, ...]  # and that part's index among the input's parts
+    says: int  # how many distinct names and numbers ``varying`` holds: what can say which input it is
+
+
+
+def pieces_of(pos: Sequence[int], starts: list[int]) -> tuple[tuple[int, int], ...]:
+    """The runs of varying tokens (by their index in the varying tokens) that lie in one part each."""
+    out, lo = [], 0
+    for end in starts[1:]:
+        hi = bisect_left(pos, end)
+        if hi > lo:
+            out.append((lo, hi))
+        lo = hi
+    return tuple(out)
+
+
+def anchors_of(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...],
+             says=lambda word: True) -> list[tuple[Any, int]]:
+    """Where an input is looked for: its rarest token pair within one piece (part), and a second one
+    with none of the first's tokens, so one changed token leaves one of them; where there is none (4
+    tokens, the rarest pair in the middle), the pairs on either side of the first: a change at either
+    of its tokens leaves one of them. Where one token is in every anchor still (an input of 2 or 3
+    varying tokens: `lodz bergen`, `,true,false,` masked between them), the rarest token outside it
+    alone, or, where none is, each of those tokens alone: only a token that ``says`` which input it
+    is (a name or a number, not of the task's vocabulary: `def` alone is in every row, and a copy that
+    keeps only it is no copy). An input whose pieces are all one token long: its first token."""
+    inside = [i for lo, hi in pieces for i in range(lo, hi - 1)]
+    if not inside:
+        return [(v[0], 0)]
+    pairs = sorted(inside, key=lambda i: (df[(v[i], v[i + 1])], i))
+    first = pairs[0]
+    out = [((v[first], v[first + 1]), first)]
+    for i in pairs[1:]:
+        if not {v[i], v[i + 1]} & {v[first], v[first + 1]}:
+            return [*out, ((v[i], v[i + 1]), i)]
+    out += [((v[i], v[i + 1]), i) for i in (first - 1, first + 1) if i in inside]
+    every = set.intersection(*({i, i + 1} for _, i in out))  # where one change loses every anchor
+    if every:
+        outside = [i for i in range(len(v)) if i not in every and says(v[i])]
+        alone = [min(outside, key=lambda i: (df[v[i]], i))] if outside else [i for i in sorted(every) if says(v[i])]
+        out += [(v[i], i) for i in alone]
+    return out
+
+
+def aligned(original: Sequence[str], u: Sequence[str], at: int,
+             structural=lambda word: False) -> str | None:
+    """``same`` when ``u[at:]`` starts with ``original``; ``renamed`` when it does with one token
+    changed (at one place or everywhere) and nothing else: a name for a name or a number for a number,
+    neither of them a word of the task's structure (``structural``: names only; numbers are values,
+    however common the small ones are); else None (most candidates fail at
+    once). Whether what is left alike says which input it is, ````data/decontam.py```` decides."""
+    if at + len(original) > len(u):
+        return None
+    old = new = None
+    for k, a in enumerate(original):
+        b = u[at + k]
+        if a != b:
+            if old is None:
+                old, new = a, b
+            elif a != old or b != new:
+                return None
+    if old is None:
+        return "same"
+    if _kind(old) is None or _kind(old) != _kind(new) or new in original:
+        return None
+    if structural(old) or structural(new):
+        return None
+    return "renamed"
+
+
+def _kind(token: str) -> str | None:
+    """A token's type for a one-token change: ``name``, ``number``, else None (punctuation, an operator)."""
+    return "name" if _IDENTIFIER.fullmatch(token) else "number" if token.isdigit() else None
