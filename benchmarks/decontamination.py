@@ -362,6 +362,18 @@ def alpaca(p: Parts) -> str:
     return f"### Instruction:\n{p[0]}\n\n### Input:\n{p[1]}\n\n### Response:\n"
 
 
+def instructed(name: str, what: str, rows: list[Parts], reworded: list[str], types: dict[str, str],
+               embed: Callable[[Parts, random.Random], Parts | None] | None = None,
+               fixed: frozenset[str] = frozenset()) -> Shape:
+    """Alpaca rows of a fixed instruction and the input the generator varied: a copy changes one name or
+    number of the input (never one of ``fixed``, the input's schema), rewords the instruction (one of
+    ``reworded``), or sets the input among other text (``embed``; by default filler around it)."""
+    return Shape(name, what, rows, alpaca,
+                 lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r, fixed)) else None,
+                 lambda p, r: [r.choice(reworded), p[1]], embed or (lambda p, r: [p[0], embedded(p[1], r)]),
+                 lambda p: p[1], types)
+
+
 def sql(rng: random.Random) -> Shape:
     """Alpaca rows: a fixed instruction, one SQL statement from one of 7 templates (its type)."""
     def one() -> tuple[str, Parts]:
@@ -373,11 +385,8 @@ def sql(rng: random.Random) -> Shape:
         return f"sql{k}", [SQL_INSTRUCTION, q]
 
     rows, types = _typed([one() for _ in range(3 * (2 * EVAL + POOL))])
-    return Shape("sql", "Alpaca rows: a fixed instruction, an SQL statement (7 templates, 30 tables, 34 columns)",
-                 rows[: 2 * EVAL + POOL], alpaca,
-                 lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r)) else None,
-                 lambda p, r: [r.choice(SQL_REWORDED), p[1]], lambda p, r: [p[0], embedded(p[1], r)],
-                 lambda p: p[1], types)
+    return instructed("sql", "Alpaca rows: a fixed instruction, an SQL statement (7 templates, 30 tables, 34 "
+                      "columns)", rows[: 2 * EVAL + POOL], SQL_REWORDED, types)
 
 
 PROBLEMS = (

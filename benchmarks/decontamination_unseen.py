@@ -41,6 +41,7 @@ import random
 import re
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import decontamination as bench
@@ -53,11 +54,10 @@ from decontamination import (
     NOUNS,
     Parts,
     Shape,
-    _name_or_number_changed,
     _rename,
     _typed,
     current_rule,
-    embedded,
+    instructed,
     ntokens,
 )
 
@@ -66,6 +66,14 @@ from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
 HELD_OUT = ("log line", "url")
 N = 2 * bench.EVAL + bench.POOL
+
+
+def _among_its_kind(draw: Callable[[random.Random], tuple[str, str]]) -> Callable[[Parts, random.Random], Parts]:
+    """An embedded copy for a shape whose generator is ``draw``: the input among three more of its kind
+    (a CSV row among rows of an export, a log line in its log, a URL among a page's links)."""
+    def embed(p: Parts, r: random.Random) -> Parts:
+        return [p[0], _among(p[1], [draw(r)[1] for _ in range(3)], r)]
+    return embed
 
 
 def _among(text: str, other: list[str], rng: random.Random, sep: str = "\n") -> str:
@@ -119,14 +127,9 @@ def _csv(rng: random.Random) -> tuple[str, str]:
 def csv_rows(rng: random.Random) -> Shape:
     rows, types = _typed([(kind, [CSV_INSTRUCTION, row]) for kind, row in (_csv(rng) for _ in range(3 * N))])
 
-    def embed(p: Parts, r: random.Random) -> Parts:  # the row among other rows of an export
-        return [p[0], _among(p[1], [_csv(r)[1] for _ in range(3)], r)]
-
-    return Shape("csv row", "a fixed instruction and one short CSV row of 3-4 literal values (numbers 0-99, decimals, "
-                 "cities, quoted names, flags, dates, items)",
-                 rows[:N], bench.alpaca,
-                 lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r)) else None,
-                 lambda p, r: [r.choice(CSV_REWORDED), p[1]], embed, lambda p: p[1], types)
+    return instructed("csv row", "a fixed instruction and one short CSV row of 3-4 literal values (numbers 0-99, "
+                      "decimals, cities, quoted names, flags, dates, items)", rows[:N], CSV_REWORDED, types,
+                      _among_its_kind(_csv))
 
 
 # --- signature --------------------------------------------------------------------------------------
@@ -192,10 +195,8 @@ def expressions(rng: random.Random) -> Shape:
         return f"expr{k}", [EXPR_INSTRUCTION, text]
 
     rows, types = _typed([one() for _ in range(3 * N)])
-    return Shape("expression", "a fixed instruction and a short arithmetic expression of 4 numbers 2-99 (6 forms)",
-                 rows[:N], bench.alpaca, lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r)) else None,
-                 lambda p, r: [r.choice(EXPR_REWORDED), p[1]], lambda p, r: [p[0], embedded(p[1], r)],
-                 lambda p: p[1], types)
+    return instructed("expression", "a fixed instruction and a short arithmetic expression of 4 numbers 2-99 "
+                      "(6 forms)", rows[:N], EXPR_REWORDED, types)
 
 
 # --- log line (held out) ----------------------------------------------------------------------------
@@ -224,13 +225,8 @@ def _log(rng: random.Random) -> tuple[str, str]:
 def log_lines(rng: random.Random) -> Shape:
     rows, types = _typed([(kind, [LOG_INSTRUCTION, line]) for kind, line in (_log(rng) for _ in range(3 * N))])
 
-    def embed(p: Parts, r: random.Random) -> Parts:  # the line among other lines of the log
-        return [p[0], _among(p[1], [_log(r)[1] for _ in range(3)], r)]
-
-    return Shape("log line", "a fixed instruction and one short log line (4 templates, 5-12 tokens: paths, "
-                 "hosts, ids, addresses)",
-                 rows[:N], bench.alpaca, lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r)) else None,
-                 lambda p, r: [r.choice(LOG_REWORDED), p[1]], embed, lambda p: p[1], types)
+    return instructed("log line", "a fixed instruction and one short log line (4 templates, 5-12 tokens: paths, "
+                      "hosts, ids, addresses)", rows[:N], LOG_REWORDED, types, _among_its_kind(_log))
 
 
 # --- literal (held out, written after the rule was changed and never tuned on) --------------------------
@@ -262,10 +258,8 @@ def _literal_value(rng: random.Random) -> tuple[str, str]:
 def literals(rng: random.Random) -> Shape:
     rows, types = _typed([(kind, [LITERAL_INSTRUCTION, text]) for kind, text in
                           (_literal_value(rng) for _ in range(3 * N))])
-    return Shape("literal", "a fixed instruction and a Python literal of 2-4 values (list, tuple, set, dict)",
-                 rows[:N], bench.alpaca, lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r)) else None,
-                 lambda p, r: [r.choice(LITERAL_REWORDED), p[1]], lambda p, r: [p[0], embedded(p[1], r)],
-                 lambda p: p[1], types)
+    return instructed("literal", "a fixed instruction and a Python literal of 2-4 values (list, tuple, set, dict)",
+                      rows[:N], LITERAL_REWORDED, types)
 
 
 # --- url (held out, written before the literal shape was tuned on, measured before and after only) -----
@@ -299,14 +293,9 @@ def _url(rng: random.Random) -> tuple[str, str]:
 def urls(rng: random.Random) -> Shape:
     rows, types = _typed([(kind, [URL_INSTRUCTION, url]) for kind, url in (_url(rng) for _ in range(3 * N))])
 
-    def embed(p: Parts, r: random.Random) -> Parts:  # the URL among other links of a page
-        return [p[0], _among(p[1], [_url(r)[1] for _ in range(3)], r)]
-
-    return Shape("url", "a fixed instruction and one URL with a query string (4 templates, 6 hosts: paths, "
-                 "ids, names, cities, numbers as keys' values)",
-                 rows[:N], bench.alpaca,
-                 lambda p, r: [p[0], x] if (x := _name_or_number_changed(p[1], r, URL_KEYS)) else None,
-                 lambda p, r: [r.choice(URL_REWORDED), p[1]], embed, lambda p: p[1], types)
+    return instructed("url", "a fixed instruction and one URL with a query string (4 templates, 6 hosts: paths, ids, "
+                      "names, cities, numbers as keys' values)", rows[:N], URL_REWORDED, types, _among_its_kind(_url),
+                      URL_KEYS)
 
 
 SHAPES = {"csv row": csv_rows, "signature": signatures, "expression": expressions, "log line": log_lines,
