@@ -72,6 +72,29 @@ def watch(file: Path, run: Path, *args: str) -> tuple[int, dict | None, str]:
     return res.exit_code, json.loads(out.read_text()) if out.exists() else None, res.output
 
 
+def follow(file: Path, whole: Path, live: Path, *args: str, chunk: int, pause_s: float,
+           poll_s: str) -> tuple[int, dict | None, str]:
+    """``watch --follow`` on ``live`` while a trainer appends ``whole``'s lines there, ``chunk`` at a time,
+    then writes its status file."""
+    lines = (whole / "metrics.jsonl").read_text().splitlines(keepends=True)
+    live.mkdir()
+
+    def write() -> None:
+        with (live / "metrics.jsonl").open("w") as f:
+            for i in range(0, len(lines), chunk):
+                f.writelines(lines[i:i + chunk])
+                f.flush()
+                time.sleep(pause_s)
+        (live / "status.json").write_text('{"status": "ok"}')
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        return watch(file, live, *args, "--follow", "--poll-s", poll_s)
+    finally:
+        writer.join()
+
+
 # ---------------------------------------------------------------------------------- the boundary
 
 
@@ -331,24 +354,7 @@ def test_data_repetition_followed_live(tmp_path: Path, val_every: int) -> None:
     whole = repeating(tmp_path, "whole", 3.0, calm["tolerance_T"], val_every=val_every)
     code, finished, _ = watch(file, whole, *base)
     assert code == 5
-    lines = (whole / "metrics.jsonl").read_text().splitlines(keepends=True)
-    live = tmp_path / "live"
-    live.mkdir()
-
-    def write() -> None:
-        with (live / "metrics.jsonl").open("w") as f:
-            for i in range(0, len(lines), 50):
-                f.writelines(lines[i:i + 50])
-                f.flush()
-                time.sleep(0.02)
-        (live / "status.json").write_text('{"status": "ok"}')
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
-        code, found, out = watch(file, live, *base, "--follow", "--poll-s", "0.01")
-    finally:
-        writer.join()
+    code, found, out = follow(file, whole, tmp_path / "live", *base, chunk=50, pause_s=0.02, poll_s="0.01")
     assert code == 5, out
     assert found["measures"] == (["loss", "val_loss"] if val_every else ["loss"])
     assert found["measure"] == finished["measure"] and found["alarm"] == finished["alarm"]  # the same block
@@ -403,24 +409,8 @@ def test_log_lines_through_a_regex_preset(tmp_path: Path) -> None:
 def test_follow_a_growing_file_until_the_run_ends(tmp_path: Path) -> None:
     file = campaign(tmp_path)
     base = baselines(tmp_path)
-    lines = (train(tmp_path / "whole", seed=9) / "metrics.jsonl").read_text().splitlines(keepends=True)
-    live = tmp_path / "live"
-    live.mkdir()
-
-    def write() -> None:  # a trainer appending its lines, then its status file
-        with (live / "metrics.jsonl").open("w") as f:
-            for i in range(0, len(lines), 100):
-                f.writelines(lines[i:i + 100])
-                f.flush()
-                time.sleep(0.05)
-        (live / "status.json").write_text('{"status": "ok"}')
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
-        code, found, out = watch(file, live, *base, "--follow", "--poll-s", "0.02")
-    finally:
-        writer.join()
+    code, found, out = follow(file, train(tmp_path / "whole", seed=9), tmp_path / "live", *base, chunk=100,
+                              pause_s=0.05, poll_s="0.02")
     assert code == 0, out
     design = found["design"]
     assert found["blocks_judged"] == design["blocks"] and found["last_judged_step"] == design["last_step"]
