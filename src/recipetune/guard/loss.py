@@ -55,9 +55,9 @@ def replicas(a: RunResult, b: RunResult) -> bool:
     the losses by far less than another batch does, and such repeats are no more a sample than
     identical ones (run on other batches, two runs differ by about sqrt(2) x that noise)."""
     la, lb = {s.step: s.loss for s in a.steps}, {s.step: s.loss for s in b.steps}
-    common = sorted(la.keys() & lb.keys())
     if la == lb:
         return True
+    common = sorted(la.keys() & lb.keys())
     late = common[len(common) // 2:]
     if len(late) < 3:
         return False
