@@ -3,15 +3,17 @@ what it finds): each input's **anchors**, its two rarest token pairs with no tok
 that one changed token leaves one of them, and the **alignment** of the input against the row's
 tokens at an anchor: the same tokens, or the same with one name or one number changed (at one place
 or everywhere) to another of its type, never a keyword, an operator or a word of the task's
-structure. Whether what is left alike says which input a one-token copy is of is not decided here.
+structure; and whether a row that holds an input's varying tokens holds other values at the input's
+shared places (``values_differ``). Whether what is left alike says which input a one-token copy is of
+is not decided here.
 """
 
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,13 +94,42 @@ def aligned(original: Sequence[str], u: Sequence[str], at: int,
                 return None
     if old is None:
         return "same"
-    if _kind(old) is None or _kind(old) != _kind(new) or new in original:
+    if kind(old) is None or kind(old) != kind(new) or new in original:
         return None
     if structural(old) or structural(new):
         return None
     return "renamed"
 
 
-def _kind(token: str) -> str | None:
+def values_differ(e: Input, toks: Sequence[str], firsts: Sequence[int], starts: Sequence[int],
+                  value_for_value: Callable[[str, str], bool]) -> bool:
+    """Whether a training row (``toks``, its parts starting at ``starts``), where it holds ``e``'s varying
+    tokens (each piece's first at ``firsts``), holds other values than ``e`` at ``e``'s own shared places: a
+    run of its fields' shared text changed token for token, each pair a value changed (``value_for_value``:
+    the input's token, the row's), where the text on either side is alike (or both fields end there).
+    Shared text is masked for being common, and a value of few choices is common (``v=7``,
+    ``tab=billing``): a row with an input's user name but another tab and version is another input of
+    the URL's template, not that input."""
+    for (lo, _), (p_lo, p_hi), first in zip(e.pieces, e.parts, firsts, strict=True):
+        k = bisect_right(starts, first) - 1
+        ours = e.full[p_lo:p_hi]
+        begin = first - (e.where[lo] - p_lo)  # where ours[0] would be in the row's tokens
+        theirs = [toks[y] if starts[k] <= y < starts[k + 1] else None for y in range(begin, begin + len(ours))]
+        # alike at each place, and past either end where the row's field ends there too
+        alike = [begin <= starts[k], *(a == b for a, b in zip(ours, theirs, strict=True)),
+                 begin + len(ours) >= starts[k + 1]]
+        x = 0
+        while x < len(ours):
+            end = x  # the run of changed values from x
+            while (end < len(ours) and not alike[end + 1] and theirs[end] is not None
+                   and value_for_value(ours[end], theirs[end])):
+                end += 1
+            if end > x and alike[x] and alike[end + 1]:
+                return True
+            x = end + 1
+    return False
+
+
+def kind(token: str) -> str | None:
     """A token's type for a one-token change: ``name``, ``number``, else None (punctuation, an operator)."""
     return "name" if _IDENTIFIER.fullmatch(token) else "number" if token.isdigit() else None

@@ -14,8 +14,11 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   judges alone (a shared parameter list is most of a short signature's n-grams: issue 50);
 - u contains v as a run of tokens (v of ``min_tokens`` or more, with two names or numbers or one
   rare one: a prompt copied, whatever was put around it; ``y ) :``, all that varies of ``def
-  __init__(self, y):``, says no more than ``y``), or v with **one token changed** (a *renamed
-  copy*): one name or one number replaced, at one place or everywhere, by another of its type (a
+  __init__(self, y):``, says no more than ``y``; where a short v's input has other values than u at
+  its own shared places, ``anchors.values_differ``, u is that input with those values changed, which
+  the renamed rule judges: ``v=7`` and ``tab=billing`` are shared text for being common, and a link
+  with an input's user name but ``tab=orders&v=5`` is another link), or v with **one token
+  changed** (a *renamed copy*): one name or one number replaced, at one place or everywhere, by another of its type (a
   name by a name, a number by a number: never a keyword or an operator), where the changed name is
   no word of the task's structure (one in ``STRUCTURE_SHARE`` of the evaluation inputs, such as
   ``select`` or ``buys``: changing it asks another kind of question), v's fields lie whole in u,
@@ -62,7 +65,7 @@ from math import prod
 from typing import Any
 
 from recipetune.data import minhash
-from recipetune.data.anchors import Input, aligned, anchors_of, pieces_of
+from recipetune.data.anchors import Input, aligned, anchors_of, kind, pieces_of, values_differ
 from recipetune.data.frames import CONTENT as _CONTENT
 from recipetune.data.frames import Frames
 from recipetune.data.text import MIN_COMMON_ROWS, Boilerplate, part_tokens, tokens
@@ -327,8 +330,10 @@ class ContaminationIndex:
         found = aligned(e.varying, joined, 0, structural=self._structural)
         if found is None:
             return None
-        if found == "renamed":
-            return self._renamed(e, toks, [pos[at[m]] for m in range(len(e.pieces))], starts)
+        firsts = [pos[at[m]] for m in range(len(e.pieces))]
+        if found == "renamed" or (len(e.varying) < 2 * self.n  # (a long input says which it is itself)
+                                  and values_differ(e, toks, firsts, starts, self._value_for_value)):
+            return self._renamed(e, toks, firsts, starts)  # one value changed and enough left alike: a copy
         spans = []
         for m, (lo, hi) in enumerate(e.pieces):
             begin, end = pos[at[m]], pos[at[m] + hi - lo - 1] + 1
@@ -382,6 +387,12 @@ class ContaminationIndex:
                 and ways * self.frames.chance(field, self._field(e)[1], opened) <= RENAME_CHANCE):
             return "renamed", spans
         return "weak", spans
+
+    def _value_for_value(self, ours: str, theirs: str) -> bool:
+        """``theirs`` in place of ``ours`` (the input's) changes one of the input's values (``values_differ``):
+        a number for a number, or a name for a name where the input's is no word of the task's structure
+        (a reworded lead-in, `Question:` for `Q:`, changes the question's words, no value of the input)."""
+        return kind(ours) is not None and kind(ours) == kind(theirs) and not self._structural(ours)
 
     def _field(self, e: Input) -> tuple[list[str], list[int]]:
         """``e``'s fields (the parts its varying tokens lie in), their tokens joined, and where each starts."""
