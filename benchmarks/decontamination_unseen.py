@@ -60,11 +60,12 @@ from decontamination import (
     instructed,
     ntokens,
 )
+from decontamination_heldout import addresses, calendar_events, import_lines, shell_commands
 
 from recipetune.data.ops import Decontaminate
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
-HELD_OUT = ("log line", "url")
+HELD_OUT = ("log line", "url", "import line", "shell command", "address", "calendar event")
 N = 2 * bench.EVAL + bench.POOL
 
 
@@ -299,7 +300,8 @@ def urls(rng: random.Random) -> Shape:
 
 
 SHAPES = {"csv row": csv_rows, "signature": signatures, "expression": expressions, "log line": log_lines,
-          "literal": literals, "url": urls}
+          "literal": literals, "url": urls, "import line": import_lines, "shell command": shell_commands,
+          "address": addresses, "calendar event": calendar_events}
 
 
 # --- measuring --------------------------------------------------------------------------------------
