@@ -65,12 +65,16 @@ def flags_index() -> ContaminationIndex:
     return index_of(rows)
 
 
-def test_an_input_of_two_varying_tokens_is_found_with_either_changed():
-    """Before issue 50 its one anchor was the pair `lodz bergen`: one change lost it. The city kept
-    and the two flags in their places say which row it is (200 x 1/200 x 20/200 x 20/200 = 0.01)."""
+def test_an_input_of_two_varying_tokens_with_one_changed_keeps_too_little_to_say_which():
+    """Its anchors find it with either token changed (before issue 50 its one anchor was the pair `lodz
+    bergen`), and what is left alike is one city and the flags, which come together (`false` follows
+    `true` there in every other input): a legitimate row matches `lodz,true,false,_` by chance 200 x
+    1/200 x 20/200 x 19/19 = 0.1 times (issue 50's second round multiplied the flags' shares as if
+    apart, 0.01, and took it for a copy)."""
     index = flags_index()
-    assert index.hits(["lodz,true,false,utrecht"]) == ("validation", "renamed copy")
-    assert index.hits(["graz,true,false,bergen"]) == ("validation", "renamed copy")
+    assert index.hits(["lodz,true,false,bergen"]) == ("validation", "same input")
+    assert index.hits(["lodz,true,false,utrecht"]) is None
+    assert index.hits(["graz,true,false,bergen"]) is None
     assert index.hits(["graz,true,false,utrecht"]) is None  # what every row of its kind shares
 
 
@@ -166,3 +170,32 @@ def test_an_input_whose_name_a_row_holds_with_other_values_in_its_shared_places_
     assert how(index, f"open link {link} or https://h2.example.com/users/f3.l3?tab=keys&v=2") == \
         "contains a whole input"
     assert how(index, f"open url {link}") == "same input"  # (`link` is in half the inputs: the task's word)
+
+
+def imports_index(together: int) -> ContaminationIndex:
+    """`from tkinter.ttk import scrollbar` among 150 `from m<k>.s<k> import n<k>` lines, with
+    ``together`` more lines `import tkinter.ttk as t<k>`: there `ttk` follows `tkinter` each time."""
+    rows = ["from tkinter.ttk import scrollbar", *(f"import tkinter.ttk as t{k}" for k in range(together))]
+    rows += [f"from m{k}.s{k} import n{k}" for k in range(150)]
+    return index_of(rows)
+
+
+@pytest.mark.parametrize("together, copy", [(0, True), (3, False)])
+def test_words_that_come_together_are_counted_once(together, copy):
+    """`from tkinter.ttk import frame` keeps `from`, `tkinter`, `ttk` and `import` in place. Where the
+    two names come only in this input, a legitimate line matches that by chance 200 x 150/200 x 1/200 x
+    1/200 x 150/200 = 0.003 times: a copy. Where `ttk` follows `tkinter` in three more inputs, `ttk`
+    says nothing once `tkinter` is there: 200 x 150/200 x 4/200 x 3/3 x 150/200 = 2.3, another line of
+    that module (issue 50, third round: stdlib import lines, 1.5% of the clean rows removed)."""
+    assert (imports_index(together).hits(["from tkinter.ttk import frame"]) == ("validation", "renamed copy")) is copy
+
+
+def test_a_word_of_the_tasks_structure_changed_is_a_copy_only_with_enough_values_left():
+    """The verb of these one-line docs is the task's vocabulary (each in a third of the inputs): with it
+    changed, two values left (`tcp server`) may be another function's doc; six say which input it is."""
+    rows = ["Create a TCP server.", "Create a TCP server on port 8080 for host alpha."]
+    rows += [f"{verb} the w{k} thing." for k in range(66) for verb in ("Create", "Connect", "Close")]
+    index = index_of(rows)
+    assert how(index, "Connect a TCP server.") is None
+    assert how(index, "Connect a TCP server on port 8080 for host alpha.") == "renamed copy"
+    assert how(index, "Create a TCP server.") == "same input"

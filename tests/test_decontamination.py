@@ -204,16 +204,18 @@ def test_a_short_input_under_another_instruction_is_a_copy_in_its_own_field():
 
 
 def test_a_short_input_with_one_name_changed_needs_a_rare_word_left_alike():
-    """Two words left alike say which input a renamed copy is of when one of them is rare (in at most
-    1% of the evaluation inputs); common ones (`self`, `close` in 3%) say nothing: `self.close(y)`
-    is another call than `self.close(x)`. Four words alike need no rarity."""
+    """Two words left alike say which input a renamed copy is of when they are improbable together (a
+    legitimate input matches `self.flush_buffers(_)` by chance 200 x 8/200 x 1/200 = 0.04 times);
+    common ones (`self`, `close` in 3%) say nothing: `self.close(y)` is another call than
+    `self.close(x)`. Four words alike need no rarity. Inside longer code, each place the copy could lie
+    at is one more chance (issue 50, third round: before, one rare word was enough however many):
+    inside `print(...)` 4 places, 0.16, no copy."""
     index = expression_index("self.flush_buffers(x)", "self.close(x)", "os.path.join(root, name)",
                              common=("self", "close"))
     assert index.hits([CLASSIFY, "self.flush_buffers(y)"])[1] == "renamed copy"  # flush_buffers is rare
     assert index.hits([CLASSIFY, "self.close(y)"]) is None
     assert index.hits([CLASSIFY, "os.path.join(root, leaf)"])[1] == "renamed copy"  # os, path, join, root
-    assert index.hits([CLASSIFY, "print(self.flush_buffers(y))"])[1] == "renamed copy"  # 6 of 8 tokens
-    assert index.hits([CLASSIFY, "self.flush_buffers(y) + self.total_size()"])[1] == "renamed copy"  # 6 of 12
+    assert index.hits([CLASSIFY, "print(self.flush_buffers(y))"]) is None  # 4 places: 0.16
     assert index.hits([CLASSIFY, "self.flush_buffers(y) + self.total_size() + 1"]) is None  # 6 of 14
     few = ContaminationIndex({"validation": [["self.flush_buffers(x)"]], "test": []}, settings())
     assert few.hits(["self.flush_buffers(y)"]) is None  # of 1 input, no word is known to be rare

@@ -18,21 +18,24 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   its own shared places, ``anchors.values_differ``, u is that input with those values changed, which
   the renamed rule judges: ``v=7`` and ``tab=billing`` are shared text for being common, and a link
   with an input's user name but ``tab=orders&v=5`` is another link), or v with **one token
-  changed** (a *renamed copy*): one name or one number replaced, at one place or everywhere, by another of its type (a
-  name by a name, a number by a number: never a keyword or an operator), where the changed name is
-  no word of the task's structure (one in ``STRUCTURE_SHARE`` of the evaluation inputs, such as
-  ``select`` or ``buys``: changing it asks another kind of question), v's fields lie whole in u,
-  shared text included, with that one change (``ContaminationIndex._renamed``), and the names and
-  numbers left alike say which input it is: ``RENAME_MIN_WORDS`` distinct ones in those fields of
-  which ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure, or
-  ``RENAME_SHORT_WORDS`` such with one that few evaluation inputs use, or (issue 50)
-  ``RENAME_SHORT_WORDS`` or more in a frame (the input with the changed places open) that a
-  legitimate input would match by chance at most ``RENAME_CHANCE`` times (``data/frames.py``: ``(54
-  - 51) * _ + 2``, ``Lodz,true,false,_``); never where another evaluation input fills the same frame
-  (a *sibling*: ``http_error_301`` beside ``http_error_302`` with the same parameters, the slot is
-  what tells the inputs apart). ``347+588=`` keeps one number of ``347+589=``: another sum; ``block
-  number 17`` keeps no varying value of ``block number 7``: another input of its template; ``SELECT
-  price FROM orders WHERE total > 310`` keeps four of ``... > 311``: a copy. Every input is found
+  changed** (a *renamed copy*): one name or one number replaced, at one place or everywhere, by
+  another of its type (a name by a name, a number by a number: never an operator), v's fields lie
+  whole in u, shared text included, with that one change (``ContaminationIndex._renamed``), and the
+  names and numbers left alike say which input it is. Among ``RARE_MIN_INPUTS`` evaluation inputs or
+  more, the chance decides (issue 50): ``RENAME_SHORT_WORDS`` or more left in a frame (the input with
+  the changed places open) that a legitimate input would match by chance at most ``RENAME_CHANCE``
+  times (``data/frames.py``: ``(54 - 51) * _ + 2``; words that come together, ``tkinter . ttk``,
+  counted once). Among fewer, how common a word is cannot be told and the words are counted:
+  ``RENAME_MIN_WORDS`` distinct ones in those fields of which ``RENAME_SHORT_WORDS`` vary and are no
+  word of the task's structure, or ``RENAME_SHORT_WORDS`` such with one rare. A changed word of the
+  task's structure (one in ``STRUCTURE_SHARE`` of the evaluation inputs, ``select``, ``buys``, a
+  weekday) may ask another question: a copy only where ``RENAME_MIN_WORDS`` of the input's own values
+  are left alike and the chance holds, never among few inputs. Never a copy where another evaluation
+  input fills the same frame (a *sibling*: ``http_error_301`` beside ``http_error_302`` with the same
+  parameters, the slot is what tells the inputs apart). ``347+588=`` keeps one number of
+  ``347+589=``: another sum; ``block number 17`` keeps no varying value of ``block number 7``: another
+  input of its template; ``SELECT price FROM orders WHERE total > 310`` keeps four of ``... > 311``: a
+  copy. Every input is found
   through its two rarest token pairs with no token in common (anchors), so one changed token leaves
   one of them (an input of 2-3 varying tokens, also its rarest name or number alone; n-grams alone
   would miss it: one changed token costs an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1
@@ -82,9 +85,10 @@ RARE_MIN_INPUTS = 100  # ... of 100 or more: among fewer, how common a word is c
 STRUCTURE_SHARE = 0.1  # a name or number in a tenth of the evaluation inputs is the task's own vocabulary
 # (a keyword, a template's verb: `select`, `buys`), not a name: each type of input of a task with a few types
 # repeats its words in a large share; a name, a value is each in a few percent
-RENAME_CHANCE = 0.05  # a renamed copy is one where a legitimate input would match its frame (what is left
-# alike, in place) by chance at most this often, however few words it keeps (data/frames.py): `(54 - 51) *
-# 841 + 2` keeps three numbers in place; `347+589=` keeps one, a run of chance 1 in N: never enough
+RENAME_CHANCE = 0.05  # a renamed copy (among RARE_MIN_INPUTS inputs or more) is one where a legitimate input
+# would match its frame (what is left alike, in place) by chance at most this often, however few words it
+# keeps (data/frames.py): `(54 - 51) * 841 + 2` keeps three numbers in place; `347+589=` keeps one, a run of
+# chance 1 in N: never enough
 NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates similarity too roughly
 # (two 8-character sums share half their shingles by chance): shorter texts have the token rules
 
@@ -327,7 +331,7 @@ class ContaminationIndex:
                     at[m] = hit
         # the input's pieces, side by side, against the row's tokens where they were found
         joined = [v[at[m] + x] for m in range(len(e.pieces)) for x in range(e.pieces[m][1] - e.pieces[m][0])]
-        found = aligned(e.varying, joined, 0, structural=self._structural)
+        found = aligned(e.varying, joined, 0)  # (a word of the task's structure changed: ``_renamed`` judges)
         if found is None:
             return None
         firsts = [pos[at[m]] for m in range(len(e.pieces))]
@@ -354,10 +358,12 @@ class ContaminationIndex:
         varying tokens alone would let a masked slot (a value common enough to be part of a shared
         phrase, ``around 6 .``) differ unseen: a second change; and a value masked in one and not in
         the other (``silva " ,`` common, ``okafor " ,`` not) hides a one-token change from them. The
-        change is of one type (``aligned``). Evidence: ``RENAME_MIN_WORDS`` distinct
-        names and numbers left alike in those fields (their shared text counts: it matched too), of
-        which ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure (an input whose one
-        varying value changed is another input of its template: block 17 is not block 7); or
+        change is of one type (``aligned``). Evidence (the module docstring): among enough inputs,
+        a frame a legitimate input would match by chance at most ``RENAME_CHANCE`` times, at every
+        place the copy could lie; among few, ``RENAME_MIN_WORDS`` distinct names and numbers left
+        alike in those fields (their shared text counts: it matched too), of which
+        ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure (an input whose one varying
+        value changed is another input of its template: block 17 is not block 7), or
         ``RENAME_SHORT_WORDS`` such, one of them rare."""
         spans, field, theirs = [], [], []
         for (lo, _), (p_lo, p_hi), first in zip(e.pieces, e.parts, firsts, strict=True):
@@ -369,22 +375,29 @@ class ContaminationIndex:
             field += e.full[p_lo:p_hi]
             theirs += toks[begin : begin + p_hi - p_lo]
         changed = {(a, b) for a, b in zip(field, theirs, strict=True) if a != b}
-        if len(changed) != 1 or aligned(field, theirs, 0, structural=self._structural) != "renamed":
+        if len(changed) != 1 or aligned(field, theirs, 0) != "renamed":
             return None
-        (old, _), = changed
+        (old, new), = changed
         opened = [i for i, (a, b) in enumerate(zip(field, theirs, strict=True)) if a != b]
         if self.frames.siblings(field, opened) > 1:
             return "weak", spans  # another evaluation input fills the same frame: the slot tells inputs apart
         # (a word of the task's vocabulary next to a value is left unmasked by the 3-gram mask: no evidence)
         varying = {t for t in e.varying if t != old and _CONTENT.fullmatch(t) and not self._structural(t)}
         words = {t for t in field if t != old and _CONTENT.fullmatch(t)}
-        if len(varying) >= RENAME_SHORT_WORDS and (len(words) >= RENAME_MIN_WORDS or any(map(self._rare, varying))):
-            return "renamed", spans
+        if (self._structural(old) or self._structural(new)) and (not self.rare_rows or len(varying) < RENAME_MIN_WORDS):
+            # a word of the task's structure changed may ask another question (`Create a TCP server.`,
+            # `Connect ...`): a copy only where as many of the input's own values are left alike as a
+            # renamed copy's words (a meeting moved from Monday to Sunday, its people, date, place, room kept)
+            return None
+        if not self.rare_rows:  # among few inputs how common a word is cannot be told: count them
+            if len(varying) >= RENAME_SHORT_WORDS and (len(words) >= RENAME_MIN_WORDS or any(map(self._rare, varying))):
+                return "renamed", spans
+            return "weak", spans
         # where it could lie by chance: at each offset of each field it lies in
         ways = prod(starts[k + 1] - starts[k] - (hi - lo) + 1 for k, (lo, hi) in
                     zip((bisect_right(starts, b) - 1 for b, _ in spans), e.parts, strict=True))
-        if (self.rare_rows and len(words) >= RENAME_SHORT_WORDS
-                and ways * self.frames.chance(field, self._field(e)[1], opened) <= RENAME_CHANCE):
+        chance = ways * self.frames.chance(field, self._field(e)[1], opened)
+        if len(words) >= RENAME_SHORT_WORDS and chance <= RENAME_CHANCE:
             return "renamed", spans
         return "weak", spans
 

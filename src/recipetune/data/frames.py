@@ -16,9 +16,12 @@ about the frame decide, both learnt from the evaluation inputs alone:
   ``( * args , * * kwargs ) :`` ends many signatures, and keeping it says little), and the product
   of the shares of its names and numbers at their places (each word counted in the input itself
   too, so one only it has is 1 in N, never impossible; a word found at many places gets at least
-  its average share of a place, since text of varying length before it moves it). Three numbers of
-  an expression in their places, or a city and two flags in a row's fields, are improbable;
-  ``347+588=`` keeps one number, a run of probability at least 1/N: never a copy.
+  its average share of a place, since text of varying length before it moves it; and words that
+  come together are counted once: a word gets at least its share among the other inputs that have
+  the word before it, where that pair recurs in two or more of them; `ttk` after `tkinter`, `false`
+  after `true` in a row of flags, say nothing the first did not). Three numbers of an expression in
+  their places are improbable; ``347+588=`` keeps one number, a run of probability at least 1/N:
+  never a copy.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
-CONTENT = re.compile(r"[^\W\d]\w*|\d+")  # a name or a number: what says which input a copy is of
+CONTENT = re.compile(r"\w+")  # a name or a number (`2918ms`: with its unit): what says which input a copy is of
 _MASK = (1 << 64) - 1
 _LENGTH = 0xD6E8FEB86659FD93
 
@@ -43,6 +46,7 @@ class Frames:
         self.places: Counter = Counter()  # (field, offset, name or number) -> inputs with it there
         self.fields: list[tuple[str, ...]] = []  # each input's fields, joined
         self.holding: dict[str, list[int]] = {}  # token -> the inputs whose fields hold it
+        self.follows: Counter = Counter()  # (name or number, gap, the next one) -> inputs with that pair
         self._word_places: Counter | None = None
         self._runs: dict[tuple[str, ...], int] = {}  # run -> inputs holding it (asked again and again)
 
@@ -57,6 +61,8 @@ class Frames:
         for word, opened in at.items():  # (one pass over the field: a frame's hash is a sum over places)
             self.frames[_reopen(whole, opened, word)] += 1
         self.places.update(set(_places(field, starts)))
+        content = sorted(i for places in at.values() for i in places)
+        self.follows.update({(field[a], b - a, field[b]) for a, b in zip(content, content[1:], strict=False)})
         for t in set(field):
             self.holding.setdefault(t, []).append(self.inputs)
         self.fields.append(tuple(field))
@@ -82,10 +88,16 @@ class Frames:
             run = tuple(field[lo:hi])
             if not any(CONTENT.fullmatch(t) for t in run):
                 continue  # punctuation alone (a closing quote) says nothing of which input it is
-            by_words = 1.0
+            by_words, before = 1.0, None
             for key in _places(field, starts, lo, hi):
-                word = key[2]
-                by_words *= max(self.places[key], self.holding_count(word) / self._word_places[word]) / n
+                word, at = key[2], starts[key[0]] + key[1]
+                share = max(self.places[key], self.holding_count(word) / self._word_places[word]) / n
+                if before is not None and (pair := self.follows[field[before], at - before, word] - 1) >= 2:
+                    # how often it follows the word before it in the other inputs that have that one, where
+                    # the pair recurs (seen in one other input, it may be chance)
+                    share = max(share, pair / (self.holding_count(field[before]) - 1))
+                by_words *= share
+                before = at
             chance *= max((self.holding_run(run) - 1) / n, by_words)
         return chance
 
