@@ -66,11 +66,13 @@ from decontamination import (
     ntokens,
 )
 from decontamination_heldout import addresses, calendar_events, import_lines, shell_commands
+from decontamination_heldout2 import class_headers, html_elements, raise_statements
 
 from recipetune.data.ops import Decontaminate
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
-HELD_OUT = ("log line", "import line", "shell command", "address", "calendar event")
+HELD_OUT = ("log line", "import line", "shell command", "address", "calendar event", "class header",
+            "raise statement", "html element")
 N = 2 * bench.EVAL + bench.POOL
 
 
@@ -306,7 +308,8 @@ def urls(rng: random.Random) -> Shape:
 
 SHAPES = {"csv row": csv_rows, "signature": signatures, "expression": expressions, "log line": log_lines,
           "literal": literals, "url": urls, "import line": import_lines, "shell command": shell_commands,
-          "address": addresses, "calendar event": calendar_events}
+          "address": addresses, "calendar event": calendar_events, "class header": class_headers,
+          "raise statement": raise_statements, "html element": html_elements}
 
 
 # --- measuring --------------------------------------------------------------------------------------
