@@ -639,6 +639,8 @@ def measure(rule, shapes: list[str], seed: int, explain: int = 0) -> list[dict]:
         for kind in KINDS:
             planted = [r is not None for r, k in pairs if k == kind]
             row[kind] = (sum(planted), len(planted))
+        apart = told_apart(shape, evals, train, kinds)
+        row["told apart"] = (sum(r is not None for (r, _), a in zip(pairs, apart, strict=True) if a), sum(apart))
         if explain:
             explained(shape, evals, train, removed, kinds, explain)
         out.append(row)
@@ -652,6 +654,33 @@ def true_copies(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts],
 
     inputs = {key(p) for rows in evals.values() for p in rows}
     return sum(k in KINDS or (k == "natural" and key(p) in inputs) for p, k in zip(train, kinds, strict=True))
+
+
+def told_apart(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts], kinds: list[str | None]) -> list[bool]:
+    """Which rows are one-token copies that can be told from the task's legitimate rows: no other
+    evaluation input and no pool row (clean or natural) fills the copy's frame (its evaluation input
+    with the changed places open). Where one does, any rule that removes the copy removes a row that
+    is no copy too (`def _(self, other):`, `class _(unittest.TestCase):`): decided here apart from the
+    rule, from the rows themselves."""
+    def key(p: Parts) -> tuple[str, ...]:
+        return tuple(TOKEN.findall(shape.content(p).lower()))
+
+    inputs = [key(p) for rows in evals.values() for p in rows]
+    others = [key(p) for p, k in zip(train, kinds, strict=True) if k not in KINDS] + inputs
+    by_length: dict[int, list[tuple[str, ...]]] = {}
+    for t in others:
+        by_length.setdefault(len(t), []).append(t)
+    out = []
+    for p, k in zip(train, kinds, strict=True):
+        u = key(p) if k == "one token changed" else ()
+        source = next((e for e in inputs if len(e) == len(u)
+                       and len({(a, b) for a, b in zip(e, u, strict=True) if a != b}) == 1), None)
+        if source is None:
+            out.append(False)
+            continue
+        shut = [i for i, (a, b) in enumerate(zip(source, u, strict=True)) if a == b]
+        out.append(not any(t != source and all(t[i] == source[i] for i in shut) for t in by_length[len(u)]))
+    return out
 
 
 def explained(shape: Shape, evals: dict, train: list[Parts], removed: list, kinds: list, n: int) -> None:
@@ -685,11 +714,12 @@ def table(rows: list[dict]) -> str:
     """One line per shape and a total over them: recall per kind, clean rows removed (and those with
     no evaluation input of their own type close by), precision, natural overlaps, time."""
     kinds = KINDS
-    lines = ["| shape | " + " | ".join(f"recall: {k}" for k in kinds) + " | recall, all | clean rows removed "
+    lines = ["| shape | " + " | ".join(f"recall: {k}" for k in kinds) + " | of them told apart from legitimate rows "
+             "| recall, all | clean rows removed "
              "| of them with no same-type input near | precision | natural overlaps removed "
              "| removed as renamed copies | rows removed / true copies | seconds (per 10k rows) |",
-             "|---|" + "---|" * (len(kinds) + 8)]
-    total = {k: (sum(r[k][0] for r in rows), sum(r[k][1] for r in rows)) for k in kinds}
+             "|---|" + "---|" * (len(kinds) + 9)]
+    total = {k: (sum(r[k][0] for r in rows), sum(r[k][1] for r in rows)) for k in (*kinds, "told apart")}
     total |= {k: sum(r[k] for r in rows) for k in ("false", "clean", "far", "false_far", "natural_removed",
                                                     "natural", "seconds", "rows", "renamed", "removed", "true")}
     for r in [*rows, {"shape": "**all**", **total}] if len(rows) > 1 else rows:
@@ -697,6 +727,8 @@ def table(rows: list[dict]) -> str:
         planted = sum(r[k][1] for k in kinds)
         cells = [f"{r[k][0]}/{r[k][1]} ({r[k][0] / r[k][1]:.0%})" if r[k][1] else "n/a" for k in kinds]
         precision = got / (got + r["false"]) if got + r["false"] else 1.0
+        apart = r["told apart"]
+        cells.append(f"{apart[0]}/{apart[1]} ({apart[0] / apart[1]:.0%})" if apart[1] else "n/a")
         lines.append(f"| {r['shape']} | " + " | ".join(cells) + f" | {got / planted:.1%} | {r['false']}/{r['clean']} "
                      f"({r['false'] / max(1, r['clean']):.2%}) | {r['false_far']}/{r['far']} "
                      f"({r['false_far'] / max(1, r['far']):.2%}) "
