@@ -61,7 +61,7 @@ the evaluation text itself.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from math import prod
@@ -69,6 +69,7 @@ from typing import Any
 
 from recipetune.data import minhash
 from recipetune.data.anchors import Input, aligned, anchors_of, kind, pieces_of, values_differ
+from recipetune.data.carries import carries, covers
 from recipetune.data.frames import CONTENT as _CONTENT
 from recipetune.data.frames import Frames
 from recipetune.data.text import MIN_COMMON_ROWS, Boilerplate, part_tokens, tokens
@@ -249,7 +250,7 @@ class ContaminationIndex:
                 if size >= 2 * n:
                     yield split, f"{n}-grams"
                 # a short input's n-grams, like its whole run of tokens, count where they carry the question
-                elif self._covers({k for i in found for k in range(i, i + n)}, pos, starts):
+                elif covers({k for i in found for k in range(i, i + n)}, pos, starts, self.share):
                     pending[which] = split
         anchored = self._anchored(toks, v, pos, starts, pairs)
         if not pending:
@@ -285,17 +286,17 @@ class ContaminationIndex:
                 size = len(e.varying)
                 anywhere = size >= 2 * self.n  # a long input carries its question wherever it is
                 if found == "renamed":
-                    if anywhere or all(self._carries(*span, pos, starts) for span in spans):
+                    if anywhere or all(carries(*span, pos, starts, self.share) for span in spans):
                         yield e.split, RENAMED
                 elif size == len(v):
                     yield e.split, "same input"
                 elif size >= self.min_tokens and self._says_which(e):
-                    if anywhere or all(self._carries(*span, pos, starts) for span in spans):
+                    if anywhere or all(carries(*span, pos, starts, self.share) for span in spans):
                         yield e.split, "contains a whole input"
-                elif all(self._carries(*span, pos, starts, share=1.0) for span in spans):
+                elif all(carries(*span, pos, starts, 1.0) for span in spans):
                     yield e.split, "contains a whole input"  # the fields hold it and nothing else that varies
                 elif (len(e.pieces) == 1 and spans[0][1] - spans[0][0] == len(e.full)
-                      and self._carries(*spans[0], pos, starts)):
+                      and carries(*spans[0], pos, starts, self.share)):
                     # (almost) nothing of it varies: the whole input, shared text and all, found where it
                     # carries the question
                     yield e.split, "contains a whole input"
@@ -414,33 +415,6 @@ class ContaminationIndex:
             field += e.full[p_lo:p_hi]
             starts.append(len(field))
         return field, starts
-
-    def _carries(self, begin: int, end: int, pos: Sequence[int], starts: list[int], share: float | None = None) -> bool:
-        """Whether the tokens ``begin:end`` of a training row, where an evaluation input was found, carry
-        the question: in each field (part) they lie in, they make up at least ``contain_share`` of what
-        that field says, its tokens every row shares (boilerplate) outside them not counted. A short
-        literal inside a longer expression does not: ``"u"`` in ``self.write("u")``."""
-        share = self.share if share is None else share
-        k = bisect_right(starts, begin) - 1
-        while starts[k] < end:
-            lo, hi = starts[k], starts[k + 1]
-            inside = min(end, hi) - max(begin, lo)
-            varying = bisect_left(pos, hi) - bisect_left(pos, lo)
-            varying_inside = bisect_left(pos, min(end, hi)) - bisect_left(pos, max(begin, lo))
-            if inside < share * (inside + varying - varying_inside):
-                return False
-            k += 1
-        return True
-
-    def _covers(self, found: set[int], pos: Sequence[int], starts: list[int]) -> bool:
-        """``_carries`` for tokens found apart (the n-grams a short input shares with a row): in each field
-        they lie in, they are at least ``contain_share`` of its varying tokens."""
-        ends = [bisect_left(pos, s) for s in starts[1:]]  # where each part's varying tokens end
-        for lo, hi in zip([0, *ends[:-1]], ends, strict=True):
-            inside = sum(1 for i in found if lo <= i < hi)
-            if inside and inside < self.share * (hi - lo):
-                return False
-        return True
 
     def _says_which(self, e: Input) -> bool:
         """Whether an input's varying text says which input it is wherever it is found: two names or
