@@ -2,10 +2,9 @@
 what it finds): each input's **anchors**, its two rarest token pairs with no token in common, so
 that one changed token leaves one of them, and the **alignment** of the input against the row's
 tokens at an anchor: the same tokens, or the same with one name or one number changed (at one place
-or everywhere) to another of its type, never a keyword, an operator or a word of the task's
-structure; and whether a row that holds an input's varying tokens holds other values at the input's
-shared places (``values_differ``). Whether what is left alike says which input a one-token copy is of
-is not decided here.
+or everywhere) to another of its type, never an operator; and whether a row that holds an input's
+varying tokens holds other values at the input's shared places (``values_differ``). Whether what is
+left alike says which input a one-token copy is of is not decided here.
 """
 
 from __future__ import annotations
@@ -75,13 +74,11 @@ def anchors_of(v: list[str], df: Counter, pieces: tuple[tuple[int, int], ...],
     return out
 
 
-def aligned(original: Sequence[str], u: Sequence[str], at: int,
-             structural=lambda word: False) -> str | None:
+def aligned(original: Sequence[str], u: Sequence[str], at: int) -> str | None:
     """``same`` when ``u[at:]`` starts with ``original``; ``renamed`` when it does with one token
-    changed (at one place or everywhere) and nothing else: a name for a name or a number for a number,
-    neither of them a word of the task's structure (``structural``: names only; numbers are values,
-    however common the small ones are); else None (most candidates fail at
-    once). Whether what is left alike says which input it is, ````data/decontam.py```` decides."""
+    changed (at one place or everywhere) and nothing else: a name for a name or a number for a number;
+    else None (most candidates fail at once). Whether what is left alike says which input it is, and
+    whether a word of the task's structure may change, ``data/decontam.py`` decides."""
     if at + len(original) > len(u):
         return None
     old = new = None
@@ -95,8 +92,6 @@ def aligned(original: Sequence[str], u: Sequence[str], at: int,
     if old is None:
         return "same"
     if kind(old) is None or kind(old) != kind(new) or new in original:
-        return None
-    if structural(old) or structural(new):
         return None
     return "renamed"
 
