@@ -37,6 +37,7 @@ import random
 import re
 import string
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import decontamination as bench
@@ -94,19 +95,24 @@ IMPORT_ROWS = 2440  # the issue's task size, as the signature shape
 IMPORT_WORDS = frozenset({"from", "import", "as"})
 
 
-def stdlib_imports() -> list[tuple[str, str, str]]:
-    """(statement, the lines before it, the lines after it) of every import statement of the standard
-    library's sources (tests included) of at most 120 characters, file by file, on one line; its
-    neighbours are up to 4 non-blank lines of its file on each side."""
+def stdlib_modules() -> Iterator[tuple[list[str], ast.Module]]:
+    """Each stdlib source file that parses, in file order: its lines and its syntax tree."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    out = []
     for path in walk_files(root, frozenset({".py"}), frozenset({"site-packages", "dist-packages", "__pycache__"})):
         try:
             text = path.read_text(encoding="utf-8")
             tree = ast.parse(text)
         except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
             continue
-        lines = text.splitlines()
+        yield text.splitlines(), tree
+
+
+def stdlib_imports() -> list[tuple[str, str, str]]:
+    """(statement, the lines before it, the lines after it) of every import statement of the standard
+    library's sources (tests included) of at most 120 characters, file by file, on one line; its
+    neighbours are up to 4 non-blank lines of its file on each side."""
+    out = []
+    for lines, tree in stdlib_modules():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and len(line := ast.unparse(node)) <= 120:
                 before = [x for x in lines[max(0, node.lineno - 9) : node.lineno - 1] if x.strip()][-4:]

@@ -43,16 +43,12 @@ import keyword
 import random
 import re
 import string
-import sysconfig
 import tokenize
 from collections.abc import Callable
-from pathlib import Path
 
 import decontamination as bench
 from decontamination import CITIES, COLUMNS, DAYS, FIRST, ITEMS, LAST, NOUNS, Parts, Shape, _typed, instructed, ntokens
-from decontamination_heldout import MONTHS, _around, _fixed
-
-from recipetune.trainer.data import walk_files
+from decontamination_heldout import MONTHS, _around, _fixed, stdlib_modules
 
 N = 2 * bench.EVAL + bench.POOL
 NATURAL_ROWS = 2440  # the issue's task size, as the signature shape
@@ -68,16 +64,9 @@ def stdlib_statements() -> tuple[dict[str, Context], dict[str, Context]]:
     """(class headers, one-line raise statements) of the standard library's sources (tests included),
     each unique one of at most 120 characters with its neighbouring lines where it first occurs, in
     file order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     classes: dict[str, Context] = {}
     raises: dict[str, Context] = {}
-    for path in walk_files(root, frozenset({".py"}), frozenset({"site-packages", "dist-packages", "__pycache__"})):
-        try:
-            text = path.read_text(encoding="utf-8")
-            tree = ast.parse(text)
-        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
-            continue
-        lines = text.splitlines()
+    for lines, tree in stdlib_modules():
         found = []
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):

@@ -45,15 +45,11 @@ import dataclasses
 import functools
 import random
 import re
-import sysconfig
-from pathlib import Path
 
 import decontamination as bench
 from decontamination import CITIES, FIRST, LAST, NOUNS, Parts, Shape, _typed, instructed
-from decontamination_heldout import _around
+from decontamination_heldout import _around, stdlib_modules
 from decontamination_heldout2 import NATURAL_ROWS, Context, _neighbours, _raise_tokens, _respelled, _run
-
-from recipetune.trainer.data import walk_files
 
 N = 2 * bench.EVAL + bench.POOL
 LONGEST = 100  # characters of a natural row
@@ -82,16 +78,9 @@ def stdlib_calls() -> tuple[dict[str, Context], dict[str, Context]]:
     """(``self.assert...`` call statements, calls with a keyword argument) of the standard library's
     sources (tests included), each unique one written on one line of at most ``LONGEST`` characters
     with its neighbouring lines where it first occurs, in file order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     asserts: dict[str, Context] = {}
     calls: dict[str, Context] = {}
-    for path in walk_files(root, frozenset({".py"}), frozenset({"site-packages", "dist-packages", "__pycache__"})):
-        try:
-            text = path.read_text(encoding="utf-8")
-            tree = ast.parse(text)
-        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
-            continue
-        lines = text.splitlines()
+    for lines, tree in stdlib_modules():
         found: list[tuple[dict[str, Context], ast.Call]] = []
         for node in ast.walk(tree):
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and _is_assert(node.value):
