@@ -704,6 +704,11 @@ def explained(shape: Shape, evals: dict, train: list[Parts], removed: list, kind
           f"{dict(Counter(r for r, _ in false).most_common())}")
     for r, p in false[:n]:
         print(f"  {r}: {shape.content(p)[:100]!r}{inside(p)}")
+    natural = [(r, p) for r, k, p in zip(removed, kinds, train, strict=True) if k == "natural" and r is not None]
+    print(f"{shape.name}: {len(natural)} natural overlaps removed, by reason: "
+          f"{dict(Counter(r for r, _ in natural).most_common())}")
+    for r, p in natural[:n]:
+        print(f"  {r}: {shape.content(p)[:100]!r}{inside(p)}")
     missed = [(k, p) for r, k, p in zip(removed, kinds, train, strict=True) if k in KINDS and r is None]
     print(f"{shape.name}: {len(missed)} planted rows missed, by kind: {dict(Counter(k for k, _ in missed))}")
     for k, p in missed[:n]:

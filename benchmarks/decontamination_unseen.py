@@ -72,12 +72,12 @@ from decontamination import (
 from decontamination_heldout import addresses, calendar_events, import_lines, shell_commands
 from decontamination_heldout2 import class_headers, html_elements, raise_statements
 from decontamination_heldout3 import assert_calls, email_headers, keyword_calls
+from decontamination_heldout4 import SHAPES_4
 
 from recipetune.data.ops import Decontaminate
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
-HELD_OUT = ("log line", "class header",
-            "raise statement", "html element", "assert call", "keyword call", "email header")
+HELD_OUT = ("log line", *SHAPES_4)
 N = 2 * bench.EVAL + bench.POOL
 
 
@@ -315,7 +315,7 @@ SHAPES = {"csv row": csv_rows, "signature": signatures, "expression": expression
           "literal": literals, "url": urls, "import line": import_lines, "shell command": shell_commands,
           "address": addresses, "calendar event": calendar_events, "class header": class_headers,
           "raise statement": raise_statements, "html element": html_elements, "assert call": assert_calls,
-          "keyword call": keyword_calls, "email header": email_headers}
+          "keyword call": keyword_calls, "email header": email_headers, **SHAPES_4}
 
 
 # --- measuring --------------------------------------------------------------------------------------

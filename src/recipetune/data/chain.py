@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from recipetune.data import operators, ops, runtime
+from recipetune.data import ops
 from recipetune.data.files import file_fingerprint, read_rows
 from recipetune.data.operators import apply, write_rows
 from recipetune.data.ops import Decontaminate, Export, Load, Mix, OpBase
@@ -85,15 +85,17 @@ def fingerprint(*parts: Any) -> str:
 
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """The operators' code (their configs, functions and runtime, and the text and MinHash rules they
-    apply): a change to it is a
-    change to every step's output."""
-    from recipetune.data import decontam, minhash, text
-
+    """The operators' code: every module of this package (their configs, functions and runtime, and the
+    rules they apply, however they are split into modules): a change to it is a change to every step's
+    output."""
     h = hashlib.sha256()
-    for mod in (ops, operators, runtime, text, decontam, minhash):
-        h.update(Path(mod.__file__).read_bytes())
+    for path in code_files():
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def code_files() -> list[Path]:
+    return sorted(Path(ops.__file__).parent.glob("*.py"))
 
 
 def task_reads(task) -> dict[str, Any]:

@@ -63,18 +63,19 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple
 
 from recipetune.data import minhash
 from recipetune.data.anchors import Input, aligned, anchors_of, kind, pieces_of, values_differ
 from recipetune.data.carries import carries, covers
 from recipetune.data.frames import CONTENT as _CONTENT
-from recipetune.data.frames import Frames
+from recipetune.data.frames import Frames, frame
 from recipetune.data.text import MIN_COMMON_ROWS, Boilerplate, part_tokens, tokens
 
 RENAMED = "renamed copy"  # the reason a one-token copy is given: counted apart, kept where the task says
+FAMILY = "renamed copy, but other training rows fill its frame"  # no copy (``families``): kept, counted
 RENAME_MIN_WORDS = 4  # an input with one token changed is a copy only if 4 other names or numbers still match
 # in its fields: "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings,
 # a sentence ...
@@ -90,6 +91,51 @@ RENAME_CHANCE = 0.05  # a renamed copy (among RARE_MIN_INPUTS inputs or more) is
 # would match its frame (what is left alike, in place) by chance at most this often, however few words it
 # keeps (data/frames.py): `(54 - 51) * 841 + 2` keeps three numbers in place; `347+589=` keeps one, a run of
 # chance 1 in N: never enough
+Hit = tuple[str, str]  # (split, how): the split a training row overlaps and how (``hits_batch``)
+
+
+class Judged(NamedTuple):
+    """One training row as the index judged it alone (``ContaminationIndex.judge_batch``): its overlap,
+    the frames it fills (``fill``: where it is an evaluation input with one token changed, a copy or not),
+    and which of them its renamed copy is, if that is its overlap. ``families`` weighs the fills of all
+    the rows together."""
+
+    hit: Hit | None
+    fills: tuple[str, ...] = ()
+    renamed: str | None = None
+
+
+class _Seen(NamedTuple):
+    """What a row's anchors found of evaluation input ``input``: a copy (``how``), or the row is that
+    input with one token changed (``how`` None where that is no copy) and fills its frame (``fill``)."""
+
+    split: str
+    how: str | None
+    input: int
+    fill: str | None = None
+
+
+def fill(field: Sequence[str], opened: Sequence[int], value: str) -> str:
+    """A frame (an input with the places at ``opened`` left open) and what fills it, as text a data step's
+    Arrow column holds: rows that fill one frame alike share the part before the space."""
+    return f"{frame(field, opened):016x} {value}"
+
+
+def families(judged: Sequence[Judged]) -> list[bool]:
+    """Which rows' renamed copy is one of a family of the training rows: another row fills its frame
+    with another value (``def _(self, other):``, ``self.assertEqual(ev.data, _)``), so the slot is what
+    tells the task's rows apart, as an evaluation input's siblings show (``Frames.siblings``). Such a
+    row is no copy: a legitimate row would fill the frame as well (issue 50). The training rows are the
+    best sample of how the task's rows vary: a frame two of them fill is common, however improbable the
+    evaluation inputs make it look."""
+    values: dict[str, set[str]] = {}
+    for j in judged:
+        for f in j.fills:
+            where, value = f.split(" ", 1)
+            values.setdefault(where, set()).add(value)
+    return [j.renamed is not None and len(values[j.renamed.split(" ", 1)[0]]) > 1 for j in judged]
+
+
 NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates similarity too roughly
 # (two 8-character sums share half their shingles by chance): shorter texts have the token rules
 
@@ -150,16 +196,24 @@ class ContaminationIndex:
                 rows = [i for i, s in enumerate(near_split) if s == split]
                 self.near[split] = minhash.BucketIndex(sig[rows], settings.near_threshold)
 
-    def hits(self, parts: Sequence[str]) -> tuple[str, str] | None:
+    def hits(self, parts: Sequence[str]) -> Hit | None:
         return self.hits_batch([parts])[0]
 
-    def hits_batch(self, rows: Sequence[Sequence[str]]) -> list[tuple[str, str] | None]:
+    def hits_batch(self, rows: Sequence[Sequence[str]]) -> list[Hit | None]:
         """For each training row's input parts: (split, how) of an overlap, else None. ``how`` is
         ``<n>-grams``, ``same input``, ``contains a whole input``, ``renamed copy`` or
-        ``near-duplicate``."""
+        ``near-duplicate``. The rows are the training rows, all of them: a renamed copy one of a family
+        of them is none (``families``); a data step judges its rows batch by batch (``judge_batch``) and
+        the families over the whole."""
+        judged = self.judge_batch(rows)
+        return [None if family else j.hit for j, family in zip(judged, families(judged), strict=True)]
+
+    def judge_batch(self, rows: Sequence[Sequence[str]]) -> list[Judged]:
+        """Each training row's input parts judged alone (``Judged``)."""
         split = [self._split(parts) for parts in rows]
         varying = [(v, pos) for _, v, pos, _ in split]
-        out = [self._token_hit(*row) for row in split]
+        judged = [self._token_hit(*row) for row in split]
+        out = [j.hit for j in judged]
         if self.near:  # rows with no overlap yet, or one with validation only: test may still be near
             texts = {i: " ".join(varying[i][0]) for i, hit in enumerate(out)
                      if hit is None or hit[0] != "test" or self._weak(hit)}
@@ -175,7 +229,7 @@ class ContaminationIndex:
                 # test rows found: done with them
                 keep = [k for k, i in enumerate(todo) if out[i] is None or self._weak(out[i])]
                 todo, sig = [todo[k] for k in keep], sig[keep]
-        return out
+        return [j if j.hit == hit else Judged(hit, j.fills) for j, hit in zip(judged, out, strict=True)]
 
     def _split(self, parts: Sequence[str]) -> tuple[list[str], list[str], Sequence[int], list[int]]:
         """A row's tokens, varying tokens, their positions, and where each part starts in the tokens (a
@@ -207,26 +261,33 @@ class ContaminationIndex:
                 self._parts[part] = hit
         return hit
 
-    def _token_hit(self, toks: list[str], v: list[str], pos: Sequence[int],
-                   starts: list[int]) -> tuple[str, str] | None:
+    def _token_hit(self, toks: list[str], v: list[str], pos: Sequence[int], starts: list[int]) -> Judged:
         """The first overlap with test, else with validation, else None: a training row that overlaps
-        both must be reported as test text (its example is withheld); ``_rank`` orders the rest."""
-        found: tuple[str, str] | None = None
-        for hit in self._token_hits(toks, v, pos, starts):
-            if hit[0] == "test" and hit[1] != RENAMED:
-                return hit
-            if found is None or self._rank(hit) < self._rank(found):
-                found = hit
-        return found
+        both must be reported as test text (its example is withheld); ``_rank`` orders the rest. With
+        the frames the row fills (every one: whether another row fills one is known only of them all)."""
+        found: _Seen | None = None
+        fills: set[str] = set()
+        for seen in self._token_hits(toks, v, pos, starts):
+            if seen.fill is not None:
+                fills.add(seen.fill)
+            if seen.how is None:
+                continue
+            if seen.split == "test" and seen.how != RENAMED:
+                return Judged((seen.split, seen.how), tuple(sorted(fills)))  # (its other fills not looked for)
+            if found is None or self._rank(seen) < self._rank(found):
+                found = seen
+        if found is None:
+            return Judged(None, tuple(sorted(fills)))
+        return Judged((found.split, found.how), tuple(sorted(fills)), found.fill if found.how == RENAMED else None)
 
-    def _rank(self, hit: tuple[str, str]) -> tuple[bool, bool]:
+    def _rank(self, hit: Hit | _Seen) -> tuple[bool, bool]:
         """Which of a row's overlaps it is reported as (smallest first): test before validation, and a
         copy before a renamed copy (a row that holds one input whole is that input's copy); where
         renamed copies are kept, any other overlap before a renamed copy, whichever the split."""
         weak, val = hit[1] == RENAMED, hit[0] != "test"
         return (weak, val) if self.renamed != "remove" else (val, weak)
 
-    def _weak(self, hit: tuple[str, str] | None) -> bool:
+    def _weak(self, hit: Hit | None) -> bool:
         """A renamed copy where renamed copies are kept: any other overlap (a near-duplicate) replaces it."""
         return hit is not None and hit[1] == RENAMED and self.renamed != "remove"
 
@@ -248,22 +309,23 @@ class ContaminationIndex:
                 if len(found) < self.min_overlap * total:
                     continue
                 if size >= 2 * n:
-                    yield split, f"{n}-grams"
+                    yield _Seen(split, f"{n}-grams", which)
                 # a short input's n-grams, like its whole run of tokens, count where they carry the question
                 elif covers({k for i in found for k in range(i, i + n)}, pos, starts, self.share):
                     pending[which] = split
         anchored = self._anchored(toks, v, pos, starts, pairs)
         if not pending:
-            yield from (hit for hit in anchored if hit[1] is not None)
+            yield from anchored
             return
-        hits = list(anchored)
-        judged = {j for j, how in hits if how is None}  # the inputs this row is with one token changed
-        yield from ((split, f"{n}-grams") for j, split in pending.items() if j not in judged)
-        yield from (hit for hit in hits if hit[1] is not None)
+        seen = list(anchored)
+        judged = {s.input for s in seen if s.fill is not None}  # the inputs this row is with one token changed
+        yield from (_Seen(split, f"{n}-grams", j) for j, split in pending.items() if j not in judged)
+        yield from seen
 
-    def _anchored(self, toks: list[str], v: list[str], pos: Sequence[int], starts: list[int], pairs: list):
-        """The overlaps found at the row's anchors: (split, how), and (input, None) where the row is that
-        input with one token changed (the renamed rule judges it, copy or not)."""
+    def _anchored(self, toks: list[str], v: list[str], pos: Sequence[int], starts: list[int],
+                  pairs: list) -> Iterator[_Seen]:
+        """What the row's anchors find: its overlaps, and where the row is an input with one token
+        changed, the frame it fills (the renamed rule judges whether it is a copy)."""
         anchors = self.anchors
         fields = pieces_of(pos, starts)  # the row's varying tokens, field by field (those that have some)
         keys = list(enumerate(pairs))
@@ -278,28 +340,26 @@ class ContaminationIndex:
                     spans = self._renamed(e, toks, [pos[i] - (e.where[offset] - e.where[0])], starts)
                 if spans is None:
                     continue
-                found, spans = spans
-                if found != "same":
-                    yield j, None
-                if found == "weak":
-                    continue
+                found, spans, filled = spans
                 size = len(e.varying)
                 anywhere = size >= 2 * self.n  # a long input carries its question wherever it is
-                if found == "renamed":
-                    if anywhere or all(carries(*span, pos, starts, self.share) for span in spans):
-                        yield e.split, RENAMED
+                if found != "same":
+                    copy = found == "renamed" and (anywhere or all(carries(*span, pos, starts, self.share)
+                                                                   for span in spans))
+                    yield _Seen(e.split, RENAMED if copy else None, j, filled)
                 elif size == len(v):
-                    yield e.split, "same input"
+                    yield _Seen(e.split, "same input", j)
                 elif size >= self.min_tokens and self._says_which(e):
                     if anywhere or all(carries(*span, pos, starts, self.share) for span in spans):
-                        yield e.split, "contains a whole input"
+                        yield _Seen(e.split, "contains a whole input", j)
                 elif all(carries(*span, pos, starts, 1.0) for span in spans):
-                    yield e.split, "contains a whole input"  # the fields hold it and nothing else that varies
+                    # the fields hold it and nothing else that varies
+                    yield _Seen(e.split, "contains a whole input", j)
                 elif (len(e.pieces) == 1 and spans[0][1] - spans[0][0] == len(e.full)
                       and carries(*spans[0], pos, starts, self.share)):
                     # (almost) nothing of it varies: the whole input, shared text and all, found where it
                     # carries the question
-                    yield e.split, "contains a whole input"
+                    yield _Seen(e.split, "contains a whole input", j)
 
     def _align(self, e: Input, toks: list[str], v: list[str], i: int, offset: int, pos: Sequence[int],
                starts: list[int], fields: tuple[tuple[int, int], ...]):
@@ -350,7 +410,7 @@ class ContaminationIndex:
             while a < len(e.full) and b < starts[part + 1] and e.full[a] == toks[b]:
                 a, b, end = a + 1, b + 1, end + 1
             spans.append((begin, end))
-        return found, spans
+        return found, spans, None
 
     def _renamed(self, e: Input, toks: list[str], firsts: list[int], starts: list[int]):
         """("renamed", spans) when each of ``e``'s fields lies whole in the training row's tokens, its
@@ -380,8 +440,9 @@ class ContaminationIndex:
             return None
         (old, new), = changed
         opened = [i for i, (a, b) in enumerate(zip(field, theirs, strict=True)) if a != b]
+        filled = fill(field, opened, new)
         if self.frames.siblings(field, opened) > 1:
-            return "weak", spans  # another evaluation input fills the same frame: the slot tells inputs apart
+            return "weak", spans, filled  # another evaluation input fills the same frame: the slot tells inputs apart
         # (a word of the task's vocabulary next to a value is left unmasked by the 3-gram mask: no evidence)
         varying = {t for t in e.varying if t != old and _CONTENT.fullmatch(t) and not self._structural(t)}
         words = {t for t in field if t != old and _CONTENT.fullmatch(t)}
@@ -392,15 +453,15 @@ class ContaminationIndex:
             return None
         if not self.rare_rows:  # among few inputs how common a word is cannot be told: count them
             if len(varying) >= RENAME_SHORT_WORDS and (len(words) >= RENAME_MIN_WORDS or any(map(self._rare, varying))):
-                return "renamed", spans
-            return "weak", spans
+                return "renamed", spans, filled
+            return "weak", spans, filled
         # where it could lie by chance: at each offset of each field it lies in
         ways = prod(starts[k + 1] - starts[k] - (hi - lo) + 1 for k, (lo, hi) in
                     zip((bisect_right(starts, b) - 1 for b, _ in spans), e.parts, strict=True))
         chance = ways * self.frames.chance(field, self._field(e)[1], opened)
         if len(words) >= RENAME_SHORT_WORDS and chance <= RENAME_CHANCE:
-            return "renamed", spans
-        return "weak", spans
+            return "renamed", spans, filled
+        return "weak", spans, filled
 
     def _value_for_value(self, ours: str, theirs: str) -> bool:
         """``theirs`` in place of ``ours`` (the input's) changes one of the input's values (``values_differ``):

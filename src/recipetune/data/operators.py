@@ -13,7 +13,7 @@ from xxhash import xxh3_64_intdigest
 
 from recipetune.core.expr import ExprError
 from recipetune.core.expr import evaluate as eval_expr
-from recipetune.data.decontam import RENAMED
+from recipetune.data.decontam import FAMILY, RENAMED, Judged, families
 from recipetune.data.minhash import near_duplicates, signatures
 from recipetune.data.ops import (
     Augment,
@@ -200,6 +200,10 @@ def _filter_regex(op: FilterRegex, ds, ctx: Context) -> Outcome:
 
 
 def _decontaminate(op: Decontaminate, ds, ctx: Context) -> Outcome:
+    """Each batch judged alone in the workers; whether a renamed copy is one of a family of the training
+    rows (``decontam.families``) over all of them, in the parent, from the frames each row fills."""
+    import datasets
+
     index = ctx.contamination_index(op)  # once, in the parent: forked workers share it
     parts = ctx.parts or (lambda row: [ctx.render(row)])
 
@@ -209,10 +213,34 @@ def _decontaminate(op: Decontaminate, ds, ctx: Context) -> Outcome:
         why = f"overlaps {hit[0]} ({hit[1]})"
         return KEPT + why if hit[1] == RENAMED and op.renamed == "report" else why
 
-    def reasons(batch: dict[str, list], n: int) -> list[str | None]:
-        return [reason(hit) for hit in index.hits_batch([parts(row) for row in rows_of(batch, n)])]
+    def judge(batch: dict[str, list], n: int) -> dict[str, list]:
+        judged = index.judge_batch([parts(row) for row in rows_of(batch, n)])
+        return {"reason": [reason(j.hit) for j in judged], "fills": [list(j.fills) for j in judged],
+                "renamed": [j.renamed for j in judged]}
 
-    return removal_by_reason(ds, reasons, ctx.prompt_fields, ctx, "decontaminate")
+    def revise(table):
+        """The reasons, with each renamed copy one of a family counted and kept (unless renamed copies are
+        kept unsaid): read only for the rows one token off an input, few."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        reasons = table.column("reason").combine_chunks()
+        some = pa.array(np.flatnonzero(pc.list_value_length(table.column("fills")).to_numpy(zero_copy_only=False)))
+        if not len(some):
+            return reasons
+        fills, renamed = (pc.take(table.column(c), some).to_pylist() for c in ("fills", "renamed"))
+        why = pc.take(reasons, some).to_pylist()
+        family = families([Judged(None, tuple(f), r) for f, r in zip(fills, renamed, strict=True)])
+        new = {i: KEPT + w.removeprefix(KEPT).replace(RENAMED, FAMILY)
+               for i, w, f in zip(some.to_pylist(), why, family, strict=True) if f and w is not None}
+        if not new:
+            return reasons
+        mask = np.zeros(len(reasons), dtype=bool)
+        mask[list(new)] = True
+        return pc.replace_with_mask(reasons, pa.array(mask), pa.array([new[i] for i in sorted(new)], pa.string()))
+
+    more = {"fills": datasets.Sequence(datasets.Value("string")), "renamed": datasets.Value("string")}
+    return removal_by_reason(ds, judge, ctx.prompt_fields, ctx, "decontaminate", more, revise)
 
 
 def _sample(op: Sample, ds, ctx: Context) -> Outcome:

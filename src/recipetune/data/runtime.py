@@ -199,18 +199,23 @@ def columns_of(fld: str | None, ctx: Context) -> list[str]:
 KEPT = "kept: "  # a reason that starts so counts the row in ``Outcome.kept`` and keeps it
 
 
-def removal_by_reason(ds, reason_of, columns: list[str], ctx: Context, name: str) -> Outcome:
+def removal_by_reason(ds, reason_of, columns: list[str], ctx: Context, name: str, more=None,
+                      revise=None) -> Outcome:
     """Keep the rows ``reason_of(batch, n) -> [reason or None]`` gives no reason to remove (or a reason
-    that starts with ``KEPT``: counted, kept)."""
+    that starts with ``KEPT``: counted, kept). A reason that only all the rows together decide:
+    ``reason_of`` returns ``{"reason": [...], column: [...]}`` with the ``more`` columns' features, and
+    ``revise(table) -> reasons`` (an Arrow string array) gives the final reasons from that table, in the
+    parent."""
     import datasets
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if len(ds) == 0:
         return Outcome(ds)
-    out = batch_map(ds, lambda batch, n: {"reason": reason_of(batch, n)}, columns, ctx, name,
-                    features=datasets.Features({"reason": datasets.Value("string")}))
-    col = out.data.column("reason").combine_chunks()
+    features = datasets.Features({"reason": datasets.Value("string"), **(more or {})})
+    out = batch_map(ds, (lambda batch, n: {"reason": reason_of(batch, n)}) if more is None else reason_of,
+                    columns, ctx, name, features=features)
+    col = out.data.column("reason").combine_chunks() if revise is None else revise(out.data.table)
     flagged = pc.fill_null(pc.starts_with(col, KEPT), False).to_numpy(zero_copy_only=False)
     kept = Counter(r.removeprefix(KEPT) for r in pc.filter(col, flagged).to_pylist()) if flagged.any() else Counter()
     drop = col.is_valid().to_numpy(zero_copy_only=False) & ~flagged
