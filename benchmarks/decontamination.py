@@ -684,8 +684,8 @@ def told_apart(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts], 
 
 
 def explained(shape: Shape, evals: dict, train: list[Parts], removed: list, kinds: list, n: int) -> None:
-    """What removed the clean rows (and which planted rows were missed), with a few examples and the
-    evaluation content each contains, if any (found here by brute force: the index never says)."""
+    """What removed the clean rows and the natural overlaps (and which planted rows were missed), with a
+    few examples and the evaluation content each contains, if any (found here by brute force: the index never says)."""
     contents = [shape.content(p) for rows in evals.values() for p in rows]
 
     toks = [TOKEN.findall(c.lower()) for c in contents]

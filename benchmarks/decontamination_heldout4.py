@@ -5,7 +5,8 @@ Four shapes, unlike the nine of ``benchmarks/decontamination.py``, the six other
 ``_heldout2.py`` and ``_heldout3.py`` (the first three batches). They were written by an engineer who
 did not change the rule and never read it, and were never run against it: only their generators and
 the planting were checked (row counts, types, samples of each leak kind next to their evaluation
-input). Once registered, the lead runs them once:
+input). Registered as held out in ``decontamination_unseen.py`` and measured once, with issue 50's
+fourth-round rule final (docs/benchmarks.md):
 
     python benchmarks/decontamination_unseen.py --shapes "with statement,for-loop header,trivia question,config line"
 

@@ -71,11 +71,11 @@ from recipetune.data import minhash
 from recipetune.data.anchors import Input, aligned, anchors_of, kind, pieces_of, values_differ
 from recipetune.data.carries import carries, covers
 from recipetune.data.frames import CONTENT as _CONTENT
-from recipetune.data.frames import Frames, frame
+from recipetune.data.frames import Frames, families, fill
 from recipetune.data.text import MIN_COMMON_ROWS, Boilerplate, part_tokens, tokens
 
 RENAMED = "renamed copy"  # the reason a one-token copy is given: counted apart, kept where the task says
-FAMILY = "renamed copy, but other training rows fill its frame"  # no copy (``families``): kept, counted
+FAMILY = "renamed copy, but other training rows fill its frame"  # no copy (frames.families): kept, counted
 RENAME_MIN_WORDS = 4  # an input with one token changed is a copy only if 4 other names or numbers still match
 # in its fields: "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings,
 # a sentence ...
@@ -97,8 +97,8 @@ Hit = tuple[str, str]  # (split, how): the split a training row overlaps and how
 class Judged(NamedTuple):
     """One training row as the index judged it alone (``ContaminationIndex.judge_batch``): its overlap,
     the frames it fills (``fill``: where it is an evaluation input with one token changed, a copy or not),
-    and which of them its renamed copy is, if that is its overlap. ``families`` weighs the fills of all
-    the rows together."""
+    and which of them its renamed copy is, if that is its overlap. ``frames.families`` weighs the fills
+    of all the rows together."""
 
     hit: Hit | None
     fills: tuple[str, ...] = ()
@@ -113,27 +113,6 @@ class _Seen(NamedTuple):
     how: str | None
     input: int
     fill: str | None = None
-
-
-def fill(field: Sequence[str], opened: Sequence[int], value: str) -> str:
-    """A frame (an input with the places at ``opened`` left open) and what fills it, as text a data step's
-    Arrow column holds: rows that fill one frame alike share the part before the space."""
-    return f"{frame(field, opened):016x} {value}"
-
-
-def families(judged: Sequence[Judged]) -> list[bool]:
-    """Which rows' renamed copy is one of a family of the training rows: another row fills its frame
-    with another value (``def _(self, other):``, ``self.assertEqual(ev.data, _)``), so the slot is what
-    tells the task's rows apart, as an evaluation input's siblings show (``Frames.siblings``). Such a
-    row is no copy: a legitimate row would fill the frame as well (issue 50). The training rows are the
-    best sample of how the task's rows vary: a frame two of them fill is common, however improbable the
-    evaluation inputs make it look."""
-    values: dict[str, set[str]] = {}
-    for j in judged:
-        for f in j.fills:
-            where, value = f.split(" ", 1)
-            values.setdefault(where, set()).add(value)
-    return [j.renamed is not None and len(values[j.renamed.split(" ", 1)[0]]) > 1 for j in judged]
 
 
 NEAR_MIN_CHARS = 32  # MinHash over fewer character 5-grams than ~28 estimates similarity too roughly
@@ -203,10 +182,11 @@ class ContaminationIndex:
         """For each training row's input parts: (split, how) of an overlap, else None. ``how`` is
         ``<n>-grams``, ``same input``, ``contains a whole input``, ``renamed copy`` or
         ``near-duplicate``. The rows are the training rows, all of them: a renamed copy one of a family
-        of them is none (``families``); a data step judges its rows batch by batch (``judge_batch``) and
-        the families over the whole."""
+        of them is none (``frames.families``); a data step judges its rows batch by batch
+        (``judge_batch``) and the families over the whole."""
         judged = self.judge_batch(rows)
-        return [None if family else j.hit for j, family in zip(judged, families(judged), strict=True)]
+        family = families([j.fills for j in judged], [j.renamed for j in judged])
+        return [None if f else j.hit for j, f in zip(judged, family, strict=True)]
 
     def judge_batch(self, rows: Sequence[Sequence[str]]) -> list[Judged]:
         """Each training row's input parts judged alone (``Judged``)."""

@@ -116,6 +116,29 @@ class Frames:
         return self._runs[run]
 
 
+def fill(field: Sequence[str], opened: Sequence[int], value: str) -> str:
+    """A frame (an input with the places at ``opened`` left open) and what fills it, as text a data step's
+    Arrow column holds: rows that fill one frame alike share the part before the space."""
+    return f"{frame(field, opened):016x} {value}"
+
+
+def families(fills: Sequence[Sequence[str]], renamed: Sequence[str | None]) -> list[bool]:
+    """Which training rows' renamed copy (``renamed``: its ``fill``, None where a row's overlap is none)
+    is one of a family of the training rows (``fills``: every frame each row fills, a copy or not):
+    another row fills its frame with another value (``def _(self, other):``,
+    ``self.assertEqual(ev.data, _)``), so the slot is what tells the task's rows apart, as an
+    evaluation input's siblings show (``Frames.siblings``). Such a row is no copy: a legitimate row
+    would fill the frame as well (issue 50). The training rows are the best sample of how the task's
+    rows vary: a frame two of them fill is common, however improbable the evaluation inputs make it
+    look. (Two renamed copies of one input, each with another value, are a family too: a blind spot.)"""
+    values: dict[str, set[str]] = {}
+    for row in fills:
+        for f in row:
+            where, value = f.split(" ", 1)
+            values.setdefault(where, set()).add(value)
+    return [r is not None and len(values[r.split(" ", 1)[0]]) > 1 for r in renamed]
+
+
 def _places(field: Sequence[str], starts: Sequence[int], lo: int = 0, hi: int | None = None
             ) -> Iterator[tuple[int, int, str]]:
     """(field, offset in it, token) of each name or number in ``field[lo:hi]``."""

@@ -13,7 +13,8 @@ from xxhash import xxh3_64_intdigest
 
 from recipetune.core.expr import ExprError
 from recipetune.core.expr import evaluate as eval_expr
-from recipetune.data.decontam import FAMILY, RENAMED, Judged, families
+from recipetune.data.decontam import FAMILY, RENAMED
+from recipetune.data.frames import families
 from recipetune.data.minhash import near_duplicates, signatures
 from recipetune.data.ops import (
     Augment,
@@ -201,7 +202,7 @@ def _filter_regex(op: FilterRegex, ds, ctx: Context) -> Outcome:
 
 def _decontaminate(op: Decontaminate, ds, ctx: Context) -> Outcome:
     """Each batch judged alone in the workers; whether a renamed copy is one of a family of the training
-    rows (``decontam.families``) over all of them, in the parent, from the frames each row fills."""
+    rows (``frames.families``) over all of them, in the parent, from the frames each row fills."""
     import datasets
 
     index = ctx.contamination_index(op)  # once, in the parent: forked workers share it
@@ -230,7 +231,7 @@ def _decontaminate(op: Decontaminate, ds, ctx: Context) -> Outcome:
             return reasons
         fills, renamed = (pc.take(table.column(c), some).to_pylist() for c in ("fills", "renamed"))
         why = pc.take(reasons, some).to_pylist()
-        family = families([Judged(None, tuple(f), r) for f, r in zip(fills, renamed, strict=True)])
+        family = families(fills, renamed)
         new = {i: KEPT + w.removeprefix(KEPT).replace(RENAMED, FAMILY)
                for i, w, f in zip(some.to_pylist(), why, family, strict=True) if f and w is not None}
         if not new:
