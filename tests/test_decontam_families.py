@@ -88,3 +88,17 @@ def test_a_change_to_any_module_of_the_rule_is_a_change_to_every_cached_step():
     from recipetune.data import anchors, carries, chain, decontam, frames, minhash, text
 
     assert {Path(m.__file__) for m in (anchors, carries, decontam, frames, minhash, text)} <= set(chain.code_files())
+
+
+def test_data_run_shows_the_rows_a_family_kept(tmp_path, monkeypatch):
+    """`recipetune data run`'s table says what the step kept, not only what it removed."""
+    from rich.console import Console
+
+    from recipetune.finetune.cli import chain_table
+
+    monkeypatch.setenv("RECIPETUNE_CACHE", str(tmp_path / "cache"))
+    step = Decontaminate(op="decontaminate", near_threshold=1.0)
+    _, version = run_chain([step], _splits(tmp_path, True), tmp_path, use_cache=False, workers=1)
+    console = Console(width=400, record=True)
+    console.print(chain_table(version))
+    assert f"│ kept: 2 overlaps validation ({FAMILY})" in console.export_text()

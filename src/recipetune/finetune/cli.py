@@ -44,7 +44,10 @@ def chain_table(version) -> Table:
                       ("added", "right"), ("removed (why)", "left"), ("cache", "left"), ("s", "right")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for s in version.operators:
-        removed = ", ".join(f"{n} {reason}" for reason, n in s.removed.items()) or "-"
+        removed = ", ".join(f"{n} {reason}" for reason, n in s.removed.items())
+        if s.kept:  # found but kept, as the step was told or as its rule says (a renamed copy's family)
+            removed += ("; " if removed else "") + "kept: " + ", ".join(f"{n} {reason}" for reason, n in s.kept.items())
+        removed = removed or "-"
         name = s.op + (" (always on)" if s.implicit else "")
         table.add_row(str(s.index), name, str(s.rows_in), str(s.rows_out), str(s.added or ""), Text(removed),
                       "hit" if s.cached else "", f"{s.seconds:.2f}")
