@@ -195,11 +195,15 @@ def _trivia_values(rng: random.Random) -> Values:
                 instrument=rng.choice(INSTRUMENTS))
 
 
+def _drawn(kind: str, templates: tuple[str, ...], draw, rng: random.Random) -> tuple[str, str, Values]:
+    """(its type, a row of one of ``templates``, the values ``draw`` gave it)."""
+    k = rng.randrange(len(templates))
+    values = draw(rng)
+    return f"{kind}{k}", templates[k].format(**values), values
+
+
 def _trivia(rng: random.Random) -> tuple[str, str, Values]:
-    """(its type, the question, the values it was written with)."""
-    k = rng.randrange(len(TRIVIA_TEMPLATES))
-    values = _trivia_values(rng)
-    return f"trivia{k}", TRIVIA_TEMPLATES[k].format(**values), values
+    return _drawn("trivia", TRIVIA_TEMPLATES, _trivia_values, rng)
 
 
 def trivia_questions(rng: random.Random) -> Shape:
@@ -251,9 +255,7 @@ def _config_values(rng: random.Random) -> Values:
 
 
 def _config(rng: random.Random) -> tuple[str, str, Values]:
-    k = rng.randrange(len(CONFIG_TEMPLATES))
-    values = _config_values(rng)
-    return f"config{k}", CONFIG_TEMPLATES[k].format(**values), values
+    return _drawn("config", CONFIG_TEMPLATES, _config_values, rng)
 
 
 def config_lines(rng: random.Random) -> Shape:
