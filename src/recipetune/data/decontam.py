@@ -32,7 +32,9 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   weekday) may ask another question: a copy only where ``RENAME_MIN_WORDS`` of the input's own values
   are left alike and the chance holds, never among few inputs. Never a copy where another evaluation
   input fills the same frame (a *sibling*: ``http_error_301`` beside ``http_error_302`` with the same
-  parameters, the slot is what tells the inputs apart). ``347+588=`` keeps one number of
+  parameters, the slot is what tells the inputs apart), nor where another training row fills it with
+  another value (a *family* of the training rows, ``frames.families``, judged over all of them: kept
+  and counted as ``FAMILY``). ``347+588=`` keeps one number of
   ``347+589=``: another sum; ``block number 17`` keeps no varying value of ``block number 7``: another
   input of its template; ``SELECT price FROM orders WHERE total > 310`` keeps four of ``... > 311``: a
   copy. Every input is found
@@ -393,10 +395,11 @@ class ContaminationIndex:
         return found, spans, None
 
     def _renamed(self, e: Input, toks: list[str], firsts: list[int], starts: list[int]):
-        """("renamed", spans) when each of ``e``'s fields lies whole in the training row's tokens, its
+        """("renamed", spans, fill) when each of ``e``'s fields lies whole in the training row's tokens, its
         shared text included, with the one token changed (``firsts``: where each piece's first varying
-        token was found), and the names and numbers left alike say which input it is; else None. The
-        varying tokens alone would let a masked slot (a value common enough to be part of a shared
+        token was found), and the names and numbers left alike say which input it is (``fill``: the frame
+        the row fills, ``frames.fill``); ("weak", spans, fill) where they do not; else None. The varying
+        tokens alone would let a masked slot (a value common enough to be part of a shared
         phrase, ``around 6 .``) differ unseen: a second change; and a value masked in one and not in
         the other (``silva " ,`` common, ``okafor " ,`` not) hides a one-token change from them. The
         change is of one type (``aligned``). Evidence (the module docstring): among enough inputs,
