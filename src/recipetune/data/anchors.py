@@ -33,6 +33,14 @@ class Input:
     part_ids: tuple[int, ...]  # and that part's index among the input's parts
     says: int  # how many distinct names and numbers ``varying`` holds: what can say which input it is
 
+    def fields(self) -> tuple[list[str], list[int]]:
+        """The fields its varying tokens lie in, their tokens joined, and where each starts (a last entry
+        at the end): what a copy of it must hold."""
+        field, starts = [], [0]
+        for lo, hi in self.parts:
+            field += self.full[lo:hi]
+            starts.append(len(field))
+        return field, starts
 
 
 def pieces_of(pos: Sequence[int], starts: list[int]) -> tuple[tuple[int, int], ...]:
@@ -123,6 +131,27 @@ def values_differ(e: Input, toks: Sequence[str], firsts: Sequence[int], starts: 
                 return True
             x = end + 1
     return False
+
+
+def widened(e: Input, toks: Sequence[str], begins: Sequence[int], ends: Sequence[int], starts: Sequence[int]
+            ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Where each of ``e``'s pieces lies in a training row's tokens (``toks``, its parts starting at
+    ``starts``; the piece's varying tokens from ``begins[m]`` to ``ends[m]``), widened over the input's
+    own shared text around it as far as the row's field holds it alike (a docstring's masked "Return"
+    is part of the copy): (those spans, and the run of ``e.full`` each holds)."""
+    spans, kept = [], []
+    for (lo, hi), begin, end in zip(e.pieces, begins, ends, strict=True):
+        part = bisect_right(starts, begin) - 1
+        a, b = e.where[lo] - 1, begin - 1
+        while a >= 0 and b >= starts[part] and e.full[a] == toks[b]:
+            a, b, begin = a - 1, b - 1, begin - 1
+        first = a + 1
+        a, b = e.where[hi - 1] + 1, end
+        while a < len(e.full) and b < starts[part + 1] and e.full[a] == toks[b]:
+            a, b, end = a + 1, b + 1, end + 1
+        spans.append((begin, end))
+        kept.append((first, a))
+    return spans, kept
 
 
 def kind(token: str) -> str | None:

@@ -12,39 +12,44 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   (a copy, renamed or re-prefixed, keeps most of them; an idiom two functions share, a few); a v of
   under 2 x ``ngram`` tokens not where u is v with one token changed, which the renamed rule below
   judges alone (a shared parameter list is most of a short signature's n-grams: issue 50);
-- u contains v as a run of tokens (v of ``min_tokens`` or more, with two names or numbers or one
-  rare one: a prompt copied, whatever was put around it; ``y ) :``, all that varies of ``def
-  __init__(self, y):``, says no more than ``y``; where a short v's input has other values than u at
-  its own shared places, ``anchors.values_differ``, u is that input with those values changed, which
-  the renamed rule judges: ``v=7`` and ``tab=billing`` are shared text for being common, and a link
-  with an input's user name but ``tab=orders&v=5`` is another link), or v with **one token
-  changed** (a *renamed copy*): one name or one number replaced, at one place or everywhere, by
-  another of its type (a name by a name, a number by a number: never an operator), v's fields lie
-  whole in u, shared text included, with that one change (``ContaminationIndex._renamed``), and the
-  names and numbers left alike say which input it is. Among ``RARE_MIN_INPUTS`` evaluation inputs or
-  more, the chance decides (issue 50): ``RENAME_SHORT_WORDS`` or more left in a frame (the input with
-  the changed places open) that a legitimate input would match by chance at most ``RENAME_CHANCE``
-  times (``data/frames.py``: ``(54 - 51) * _ + 2``; words that come together, ``tkinter . ttk``,
-  counted once). Among fewer, how common a word is cannot be told and the words are counted:
-  ``RENAME_MIN_WORDS`` distinct ones in those fields of which ``RENAME_SHORT_WORDS`` vary and are no
-  word of the task's structure, or ``RENAME_SHORT_WORDS`` such with one rare. A changed word of the
-  task's structure (one in ``STRUCTURE_SHARE`` of the evaluation inputs, ``select``, ``buys``, a
-  weekday) may ask another question: a copy only where ``RENAME_MIN_WORDS`` of the input's own values
-  are left alike and the chance holds, never among few inputs. Never a copy where another evaluation
-  input fills the same frame (a *sibling*: ``http_error_301`` beside ``http_error_302`` with the same
-  parameters, the slot is what tells the inputs apart), nor where another training row fills it with
-  another value (a *family* of the training rows, ``frames.families``, judged over all of them: kept
-  and counted as ``FAMILY``). ``347+588=`` keeps one number of
-  ``347+589=``: another sum; ``block number 17`` keeps no varying value of ``block number 7``: another
-  input of its template; ``SELECT price FROM orders WHERE total > 310`` keeps four of ``... > 311``: a
-  copy. Every input is found
-  through its two rarest token pairs with no token in common (anchors), so one changed token leaves
-  one of them (an input of 2-3 varying tokens, also its rarest name or number alone; n-grams alone
-  would miss it: one changed token costs an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1
-  n-grams); an input of several fields (a chat turn and the next) is found field by field, so text
-  added around one of them does not hide it. ``renamed`` (``remove`` | ``keep`` | ``report``) says
-  whether renamed copies count: natural inputs that differ by one name (another function with the
-  same parameters) are reported apart as ``renamed copy``;
+- u contains v as a run of tokens (v of ``min_tokens`` or more, with two names or numbers or one rare
+  one: a prompt copied, whatever was put around it; ``y ) :``, all that varies of ``def __init__(self,
+  y):``, says no more than ``y``; where a short v's input has other values than u at its own shared
+  places, ``anchors.values_differ``, u is that input with those values changed, which the renamed rule
+  judges: ``v=7`` and ``tab=billing`` are shared text for being common, and a link with an input's
+  user name but ``tab=orders&v=5`` is another link; where u holds a short v but not its input's fields
+  whole, u is that input with its shared text changed: one token, the renamed rule judges; more, a
+  copy only where a legitimate input would hold what u kept of those fields by chance at most
+  ``RENAME_CHANCE`` times, among ``RARE_MIN_INPUTS`` inputs or more (``_improbable``; among fewer, v
+  suffices): ``with open(os_helper.TESTFN, 'wb') as file:`` holds all that varies of ``with
+  self.open(os_helper.TESTFN, encoding="utf-8") as f:``, and many inputs hold
+  ``open(os_helper.TESTFN,``), or v with **one token changed** (a *renamed copy*): one name or one
+  number replaced, at one place or everywhere, by another of its type (a name by a name, a number by a
+  number: never an operator), v's fields lie whole in u, shared text included, with that one change
+  (``ContaminationIndex._renamed``), and the names and numbers left alike say which input it is. Among
+  ``RARE_MIN_INPUTS`` evaluation inputs or more, the chance decides (issue 50): ``RENAME_SHORT_WORDS``
+  or more left in a frame (the input with the changed places open) that a legitimate input would match
+  by chance at most ``RENAME_CHANCE`` times (``data/frames.py``: ``(54 - 51) * _ + 2``; words that
+  come together, ``tkinter . ttk``, counted once). Among fewer, how common a word is cannot be told
+  and the words are counted: ``RENAME_MIN_WORDS`` distinct ones in those fields of which
+  ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure, or ``RENAME_SHORT_WORDS`` such
+  with one rare. A changed word of the task's structure (one in ``STRUCTURE_SHARE`` of the evaluation
+  inputs, ``select``, ``buys``, a weekday) may ask another question: a copy only where
+  ``RENAME_MIN_WORDS`` of the input's own values are left alike and the chance holds, never among few
+  inputs. Never a copy where another evaluation input fills the same frame (a *sibling*:
+  ``http_error_301`` beside ``http_error_302`` with the same parameters, the slot is what tells the
+  inputs apart), nor where another training row fills it with another value (a *family* of the
+  training rows, ``frames.families``, judged over all of them: kept and counted as ``FAMILY``).
+  ``347+588=`` keeps one number of ``347+589=``: another sum; ``block number 17`` keeps no varying
+  value of ``block number 7``: another input of its template; ``SELECT price FROM orders WHERE total >
+  310`` keeps four of ``... > 311``: a copy. Every input is found through its two rarest token pairs
+  with no token in common (anchors), so one changed token leaves one of them (an input of 2-3 varying
+  tokens, also its rarest name or number alone; n-grams alone would miss it: one changed token costs
+  an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1 n-grams); an input of several fields
+  (a chat turn and the next) is found field by field, so text added around one of them does not hide
+  it. ``renamed`` (``remove`` | ``keep`` | ``report``) says whether renamed copies count: natural
+  inputs that differ by one name (another function with the same parameters) are reported apart as
+  ``renamed copy``;
 - v is shorter than ``min_tokens`` (an input that is almost all shared text) and u's fields hold v
   and nothing else that varies, or u contains the whole evaluation input, shared text included;
 - or their estimated Jaccard similarity reaches ``near_threshold`` (one-permutation MinHash over
@@ -70,7 +75,7 @@ from math import prod
 from typing import Any, NamedTuple
 
 from recipetune.data import minhash
-from recipetune.data.anchors import Input, aligned, anchors_of, kind, pieces_of, values_differ
+from recipetune.data.anchors import Input, aligned, anchors_of, kind, pieces_of, values_differ, widened
 from recipetune.data.carries import carries, covers
 from recipetune.data.frames import CONTENT as _CONTENT
 from recipetune.data.frames import Frames, families, fill
@@ -164,7 +169,7 @@ class ContaminationIndex:
             parts = tuple((starts[k], starts[k + 1]) for k in ids)
             says = len({t for t in v if _CONTENT.fullmatch(t)})
             self.inputs.append(Input(split, tuple(v), tuple(toks), pos[0], pieces, tuple(pos), parts, ids, says))
-            self.frames.learn(*self._field(self.inputs[-1]))
+            self.frames.learn(*self.inputs[-1].fields())
             if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
                 near_texts.append(text)
                 near_split.append(split)
@@ -381,17 +386,18 @@ class ContaminationIndex:
         if found == "renamed" or (len(e.varying) < 2 * self.n  # (a long input says which it is itself)
                                   and values_differ(e, toks, firsts, starts, self._value_for_value)):
             return self._renamed(e, toks, firsts, starts)  # one value changed and enough left alike: a copy
-        spans = []
-        for m, (lo, hi) in enumerate(e.pieces):
-            begin, end = pos[at[m]], pos[at[m] + hi - lo - 1] + 1
-            part = bisect_right(starts, begin) - 1
-            a, b = e.where[lo] - 1, begin - 1
-            while a >= 0 and b >= starts[part] and e.full[a] == toks[b]:
-                a, b, begin = a - 1, b - 1, begin - 1
-            a, b = e.where[hi - 1] + 1, end
-            while a < len(e.full) and b < starts[part + 1] and e.full[a] == toks[b]:
-                a, b, end = a + 1, b + 1, end + 1
-            spans.append((begin, end))
+        spans, kept = widened(e, toks, [pos[at[m]] for m in range(len(e.pieces))],
+                              [pos[at[m] + hi - lo - 1] + 1 for m, (lo, hi) in enumerate(e.pieces)], starts)
+        if len(e.varying) < 2 * self.n and kept != list(e.parts):
+            # a short input's varying text without the whole of its fields: the input with its shared
+            # text changed around it (`with open(os_helper.TESTFN, 'wb') as file:` holds all that varies
+            # of `with self.open(os_helper.TESTFN, encoding="utf-8") as f:`): one token changed, the
+            # renamed rule judges; more, a copy only where what is left alike is improbable by chance
+            judged = self._renamed(e, toks, firsts, starts)
+            if judged is not None:
+                return judged
+            if self.rare_rows and not self._improbable(e, kept, spans, starts):
+                return None
         return found, spans, None
 
     def _renamed(self, e: Input, toks: list[str], firsts: list[int], starts: list[int]):
@@ -441,24 +447,29 @@ class ContaminationIndex:
         # where it could lie by chance: at each offset of each field it lies in
         ways = prod(starts[k + 1] - starts[k] - (hi - lo) + 1 for k, (lo, hi) in
                     zip((bisect_right(starts, b) - 1 for b, _ in spans), e.parts, strict=True))
-        chance = ways * self.frames.chance(field, self._field(e)[1], opened)
+        chance = ways * self.frames.chance(field, e.fields()[1], opened)
         if len(words) >= RENAME_SHORT_WORDS and chance <= RENAME_CHANCE:
             return "renamed", spans, filled
         return "weak", spans, filled
+
+    def _improbable(self, e: Input, kept: list[tuple[int, int]], spans: list[tuple[int, int]],
+                    starts: list[int]) -> bool:
+        """Whether a legitimate input would hold what a row kept of ``e`` (``kept``: the run of each of its
+        fields found, the rest of the field open), at any place of the row's fields it was found in
+        (``spans``), by chance at most ``RENAME_CHANCE`` times (``frames.chance``, as a renamed copy)."""
+        field, fstarts = e.fields()
+        opened, ways = [], 1
+        for (lo, hi), (p_lo, p_hi), at, (begin, end) in zip(kept, e.parts, fstarts[:-1], spans, strict=True):
+            opened += [at + x for x in range(p_hi - p_lo) if not lo <= p_lo + x < hi]
+            k = bisect_right(starts, begin) - 1
+            ways *= starts[k + 1] - starts[k] - (end - begin) + 1
+        return ways * self.frames.chance(field, fstarts, opened) <= RENAME_CHANCE
 
     def _value_for_value(self, ours: str, theirs: str) -> bool:
         """``theirs`` in place of ``ours`` (the input's) changes one of the input's values (``values_differ``):
         a number for a number, or a name for a name where the input's is no word of the task's structure
         (a reworded lead-in, `Question:` for `Q:`, changes the question's words, no value of the input)."""
         return kind(ours) is not None and kind(ours) == kind(theirs) and not self._structural(ours)
-
-    def _field(self, e: Input) -> tuple[list[str], list[int]]:
-        """``e``'s fields (the parts its varying tokens lie in), their tokens joined, and where each starts."""
-        field, starts = [], [0]
-        for p_lo, p_hi in e.parts:
-            field += e.full[p_lo:p_hi]
-            starts.append(len(field))
-        return field, starts
 
     def _says_which(self, e: Input) -> bool:
         """Whether an input's varying text says which input it is wherever it is found: two names or
