@@ -3,8 +3,8 @@
     python benchmarks/decontamination_unseen.py --out benchmarks/results/decontamination_unseen.md
     python benchmarks/decontamination_unseen.py --shapes "csv row" --explain 10   # (tuning shapes only)
 
-Twenty shapes, generated here and in ``benchmarks/decontamination_heldout.py``, ``_heldout2.py``,
-``_heldout3.py`` and ``_heldout4.py`` (seeded, from the standard library's sources or synthetic;
+Twenty-four shapes, generated here and in ``benchmarks/decontamination_heldout.py``, ``_heldout2.py``,
+``_heldout3.py``, ``_heldout4.py`` and ``_heldout5.py`` (seeded, from the standard library's sources or synthetic;
 nothing downloaded), none of them in ``benchmarks/decontamination.py``:
 
 - ``csv row`` (tuned on): a fixed instruction and one short CSV row of 3-4 literal values (numbers,
@@ -33,9 +33,14 @@ nothing downloaded), none of them in ``benchmarks/decontamination.py``:
   ``keyword call``, ``email header`` (third batch): written by an engineer who did not change the
   rule, never run against it until the third round's rule was final, measured once each (the batch
   modules say what they are); read in the fourth round (their natural overlaps removed): tuned on since;
-- ``with statement``, ``for-loop header``, ``trivia question``, ``config line`` (fourth batch, **held
-  out**): written by an engineer who never read the rule, run against it once the fourth round's rule
-  (the training rows' families) was final.
+- ``with statement``, ``for-loop header``, ``trivia question``, ``config line`` (fourth batch):
+  written by an engineer who never read the rule, run against it once the fourth round's rule (the
+  training rows' families) was final; the with statement's and the for-loop header's removals were
+  read in the fifth round (tuned on since); trivia question and config line, never explained, stay
+  held out (their figures seen);
+- ``return statement``, ``attribute assignment``, ``commit message``, ``ingredient line`` (fifth
+  batch, **held out**): written by an engineer who never read the rule nor ran it, run against it
+  once the fifth round's rule (a short input without its shared text) was final.
 
 Each plants the five leak kinds of ``benchmarks/decontamination.py`` (40 each, half from each split)
 beside the clean rows that must stay; "one token changed" changes one name or one number wherever it
@@ -76,11 +81,12 @@ from decontamination_heldout import addresses, calendar_events, import_lines, sh
 from decontamination_heldout2 import class_headers, html_elements, raise_statements
 from decontamination_heldout3 import assert_calls, email_headers, keyword_calls
 from decontamination_heldout4 import SHAPES_4
+from decontamination_heldout5 import SHAPES_5
 
 from recipetune.data.ops import Decontaminate
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
-HELD_OUT = ("log line", *SHAPES_4)
+HELD_OUT = ("log line", "trivia question", "config line", *SHAPES_5)
 N = 2 * bench.EVAL + bench.POOL
 
 
@@ -318,7 +324,7 @@ SHAPES = {"csv row": csv_rows, "signature": signatures, "expression": expression
           "literal": literals, "url": urls, "import line": import_lines, "shell command": shell_commands,
           "address": addresses, "calendar event": calendar_events, "class header": class_headers,
           "raise statement": raise_statements, "html element": html_elements, "assert call": assert_calls,
-          "keyword call": keyword_calls, "email header": email_headers, **SHAPES_4}
+          "keyword call": keyword_calls, "email header": email_headers, **SHAPES_4, **SHAPES_5}
 
 
 # --- measuring --------------------------------------------------------------------------------------
