@@ -39,8 +39,9 @@ nothing downloaded), none of them in ``benchmarks/decontamination.py``:
   read in the fifth round (tuned on since); trivia question and config line, never explained, stay
   held out (their figures seen);
 - ``return statement``, ``attribute assignment``, ``commit message``, ``ingredient line`` (fifth
-  batch, **held out**): written by an engineer who never read the rule nor ran it, run against it
-  once the fifth round's rule (a short input without its shared text) was final.
+  batch): written by an engineer who never read the rule nor ran it, run against it once the fifth
+  round's rule (a short input without its shared text) was final; the two stdlib shapes' misses
+  were read then (tuned on since); commit message and ingredient line stay held out.
 
 Each plants the five leak kinds of ``benchmarks/decontamination.py`` (40 each, half from each split)
 beside the clean rows that must stay; "one token changed" changes one name or one number wherever it
@@ -86,7 +87,7 @@ from decontamination_heldout5 import SHAPES_5
 from recipetune.data.ops import Decontaminate
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
-HELD_OUT = ("log line", "trivia question", "config line", *SHAPES_5)
+HELD_OUT = ("log line", "trivia question", "config line", "commit message", "ingredient line")
 N = 2 * bench.EVAL + bench.POOL
 
 
