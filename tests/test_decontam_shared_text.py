@@ -1,5 +1,5 @@
 """A short evaluation input found in a training row without its shared text (issue 50, fifth round,
-data/decontam.py: ``_improbable``): what varies of `with self.open(helper.TESTFN, encoding="utf-8")
+data/evidence.py: ``Evidence.improbable``): what varies of `with self.open(helper.TESTFN, encoding="utf-8")
 as f:` is `helper.TESTFN`, the rest is masked for being common; a row that holds it with other shared
 text around it is a copy only where what it kept of the input is improbable by chance. Before, any row
 that held it was one (`with open(helper.TESTFN, "rb") as fp:`, another line of another test). At the
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from recipetune.data.decontam import RARE_MIN_INPUTS, ContaminationIndex
+from recipetune.data.decontam import ContaminationIndex
+from recipetune.data.evidence import RARE_MIN_INPUTS
 from recipetune.data.ops import Decontaminate
 
 INPUT = 'with self.open(helper.TESTFN, encoding="utf-8") as f:'
@@ -62,6 +63,6 @@ def test_among_few_inputs_what_varies_whole_is_enough(n, rare):
     """Among fewer than ``RARE_MIN_INPUTS`` evaluation inputs how common a run is cannot be told: the
     rule counts names, and two (`helper`, `TESTFN`) say which input it is, as before this round."""
     ix = index(n, 3)
-    assert ix.inputs[0].varying == ("helper", ".", "testfn") and bool(ix.rare_rows) is rare
+    assert ix.inputs[0].varying == ("helper", ".", "testfn") and bool(ix.evidence.rare_rows) is rare
     assert (how(ix, OTHER_SHARED_TEXT[0]) is None) is rare
     assert how(ix, 'with open(kilo.lima.mike, "rb") as fp:') == "contains a whole input"

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from recipetune.data.decontam import RENAME_CHANCE, ContaminationIndex
+from recipetune.data.decontam import ContaminationIndex
+from recipetune.data.evidence import RENAME_CHANCE
 from recipetune.data.ops import Decontaminate
 
 

@@ -20,36 +20,36 @@ training row (its varying text u, masked alike) overlaps an evaluation row when:
   user name but ``tab=orders&v=5`` is another link; where u holds a short v but not its input's fields
   whole, u is that input with its shared text changed: one token, the renamed rule judges; more, a
   copy only where a legitimate input would hold what u kept of those fields by chance at most
-  ``RENAME_CHANCE`` times, among ``RARE_MIN_INPUTS`` inputs or more (``_improbable``; among fewer, v
-  suffices): ``with open(os_helper.TESTFN, 'wb') as file:`` holds all that varies of ``with
+  ``RENAME_CHANCE`` times, among ``RARE_MIN_INPUTS`` inputs or more (``Evidence.improbable``; among
+  fewer, v suffices): ``with open(os_helper.TESTFN, 'wb') as file:`` holds all that varies of ``with
   self.open(os_helper.TESTFN, encoding="utf-8") as f:``, and many inputs hold
   ``open(os_helper.TESTFN,``), or v with **one token changed** (a *renamed copy*): one name or one
   number replaced, at one place or everywhere, by another of its type (a name by a name, a number by a
   number: never an operator), v's fields lie whole in u, shared text included, with that one change
-  (``ContaminationIndex._renamed``), and the names and numbers left alike say which input it is. Among
-  ``RARE_MIN_INPUTS`` evaluation inputs or more, the chance decides (issue 50): ``RENAME_SHORT_WORDS``
-  or more left in a frame (the input with the changed places open) that a legitimate input would match
-  by chance at most ``RENAME_CHANCE`` times (``data/frames.py``: ``(54 - 51) * _ + 2``; words that
-  come together, ``tkinter . ttk``, counted once). Among fewer, how common a word is cannot be told
-  and the words are counted: ``RENAME_MIN_WORDS`` distinct ones in those fields of which
-  ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure, or ``RENAME_SHORT_WORDS`` such
-  with one rare. A changed word of the task's structure (one in ``STRUCTURE_SHARE`` of the evaluation
-  inputs, ``select``, ``buys``, a weekday) may ask another question: a copy only where
-  ``RENAME_MIN_WORDS`` of the input's own values are left alike and the chance holds, never among few
-  inputs. Never a copy where another evaluation input fills the same frame (a *sibling*:
-  ``http_error_301`` beside ``http_error_302`` with the same parameters, the slot is what tells the
-  inputs apart), nor where another training row fills it with another value (a *family* of the
-  training rows, ``frames.families``, judged over all of them: kept and counted as ``FAMILY``).
-  ``347+588=`` keeps one number of ``347+589=``: another sum; ``block number 17`` keeps no varying
-  value of ``block number 7``: another input of its template; ``SELECT price FROM orders WHERE total >
-  310`` keeps four of ``... > 311``: a copy. Every input is found through its two rarest token pairs
-  with no token in common (anchors), so one changed token leaves one of them (an input of 2-3 varying
-  tokens, also its rarest name or number alone; n-grams alone would miss it: one changed token costs
-  an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1 n-grams); an input of several fields
-  (a chat turn and the next) is found field by field, so text added around one of them does not hide
-  it. ``renamed`` (``remove`` | ``keep`` | ``report``) says whether renamed copies count: natural
-  inputs that differ by one name (another function with the same parameters) are reported apart as
-  ``renamed copy``;
+  (``Evidence.renamed``, data/evidence.py), and the names and numbers left alike say which input it
+  is. Among ``RARE_MIN_INPUTS`` evaluation inputs or more, the chance decides (issue 50):
+  ``RENAME_SHORT_WORDS`` or more left in a frame (the input with the changed places open) that a
+  legitimate input would match by chance at most ``RENAME_CHANCE`` times (``data/frames.py``: ``(54 -
+  51) * _ + 2``; words that come together, ``tkinter . ttk``, counted once). Among fewer, how common a
+  word is cannot be told and the words are counted: ``RENAME_MIN_WORDS`` distinct ones in those fields
+  of which ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure, or
+  ``RENAME_SHORT_WORDS`` such with one rare. A changed word of the task's structure (one in
+  ``STRUCTURE_SHARE`` of the evaluation inputs, ``select``, ``buys``, a weekday) may ask another
+  question: a copy only where ``RENAME_MIN_WORDS`` of the input's own values are left alike and the
+  chance holds, never among few inputs. Never a copy where another evaluation input fills the same
+  frame (a *sibling*: ``http_error_301`` beside ``http_error_302`` with the same parameters, the slot
+  is what tells the inputs apart), nor where another training row fills it with another value (a
+  *family* of the training rows, ``frames.families``, judged over all of them: kept and counted as
+  ``FAMILY``). ``347+588=`` keeps one number of ``347+589=``: another sum; ``block number 17`` keeps
+  no varying value of ``block number 7``: another input of its template; ``SELECT price FROM orders
+  WHERE total > 310`` keeps four of ``... > 311``: a copy. Every input is found through its two rarest
+  token pairs with no token in common (anchors), so one changed token leaves one of them (an input of
+  2-3 varying tokens, also its rarest name or number alone; n-grams alone would miss it: one changed
+  token costs an input of v tokens up to ``ngram`` of its v - ``ngram`` + 1 n-grams); an input of
+  several fields (a chat turn and the next) is found field by field, so text added around one of them
+  does not hide it. ``renamed`` (``remove`` | ``keep`` | ``report``) says whether renamed copies
+  count: natural inputs that differ by one name (another function with the same parameters) are
+  reported apart as ``renamed copy``;
 - v is shorter than ``min_tokens`` (an input that is almost all shared text) and u's fields hold v
   and nothing else that varies, or u contains the whole evaluation input, shared text included;
 - or their estimated Jaccard similarity reaches ``near_threshold`` (one-permutation MinHash over
@@ -71,33 +71,18 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from math import prod
 from typing import Any, NamedTuple
 
 from recipetune.data import minhash
-from recipetune.data.anchors import Input, aligned, anchors_of, kind, pieces_of, values_differ, widened
+from recipetune.data.anchors import Input, aligned, anchors_of, pieces_of, values_differ, widened
 from recipetune.data.carries import carries, covers
+from recipetune.data.evidence import Evidence
 from recipetune.data.frames import CONTENT as _CONTENT
-from recipetune.data.frames import Frames, families, fill
-from recipetune.data.text import MIN_COMMON_ROWS, Boilerplate, part_tokens, tokens
+from recipetune.data.frames import families
+from recipetune.data.text import Boilerplate, part_tokens, tokens
 
 RENAMED = "renamed copy"  # the reason a one-token copy is given: counted apart, kept where the task says
 FAMILY = "renamed copy, but other training rows fill its frame"  # no copy (frames.families): kept, counted
-RENAME_MIN_WORDS = 4  # an input with one token changed is a copy only if 4 other names or numbers still match
-# in its fields: "def isabs(s):" and "def isdir(s):" share only punctuation and a keyword; two docstrings,
-# a sentence ...
-RENAME_SHORT_WORDS = 2  # ... 2 of them varying (block 17 of a template is not block 7); or 2 varying, one
-# rare: `self._waiter.set_result(exc)` renamed keeps `_waiter`; `len(x)` renamed keeps only `len`, and
-# `self.x` only `self`, which much of all code has: other inputs
-RARE_SHARE, RARE_MIN_ROWS = 0.01, 2  # rare: in at most 1% of the evaluation inputs (and at least 2 may) ...
-RARE_MIN_INPUTS = 100  # ... of 100 or more: among fewer, how common a word is cannot be told
-STRUCTURE_SHARE = 0.1  # a name or number in a tenth of the evaluation inputs is the task's own vocabulary
-# (a keyword, a template's verb: `select`, `buys`), not a name: each type of input of a task with a few types
-# repeats its words in a large share; a name, a value is each in a few percent
-RENAME_CHANCE = 0.05  # a renamed copy (among RARE_MIN_INPUTS inputs or more) is one where a legitimate input
-# would match its frame (what is left alike, in place) by chance at most this often, however few words it
-# keeps (data/frames.py): `(54 - 51) * 841 + 2` keeps three numbers in place; `347+589=` keeps one, a run of
-# chance 1 in N: never enough
 Hit = tuple[str, str]  # (split, how): the split a training row overlaps and how (``hits_batch``)
 
 
@@ -148,12 +133,7 @@ class ContaminationIndex:
         df = Counter(p for _, _, v, _, _ in varied for p in set(zip(v, v[1:], strict=False)))
         df.update(t for _, _, v, _, _ in varied for t in set(v))  # (single tokens: anchors of 2-3 token inputs)
         near_texts, near_split = [], []
-        # how many evaluation inputs use each name or number: a rare one says which input a renamed copy
-        # is of; one most use is the task's structure, not a name
-        self.word_df = Counter(t for _, toks, _, _, _ in varied for t in set(toks) if _CONTENT.fullmatch(t))
-        self.rare_rows = max(RARE_MIN_ROWS, RARE_SHARE * len(varied)) if len(varied) >= RARE_MIN_INPUTS else 0
-        self.structural_rows = max(MIN_COMMON_ROWS, STRUCTURE_SHARE * len(varied))  # (as boilerplate's)
-        self.frames = Frames()  # what weighs a renamed copy: the inputs' frames and token sequences
+        self.evidence = Evidence([toks for _, toks, _, _, _ in varied])  # what weighs what is found
         for split, toks, v, pos, starts in varied:
             if not v:
                 continue  # nothing varies: nothing to find a copy of
@@ -163,13 +143,14 @@ class ContaminationIndex:
                     self.grams.setdefault(g, []).append(len(self.long))
                 self.long.append((split, len(grams), len(v), len(self.inputs)))
             pieces = pieces_of(pos, starts)  # every input, however long: one changed token costs an n-gram rule
-            for key, offset in anchors_of(v, df, pieces, self._says):  # up to n of its n-grams, the alignment nothing
+            # (up to n of its n-grams, the alignment nothing)
+            for key, offset in anchors_of(v, df, pieces, self.evidence.says):
                 self.anchors.setdefault(key, []).append((len(self.inputs), offset))
             ids = tuple(bisect_right(starts, pos[lo]) - 1 for lo, _ in pieces)
             parts = tuple((starts[k], starts[k + 1]) for k in ids)
             says = len({t for t in v if _CONTENT.fullmatch(t)})
             self.inputs.append(Input(split, tuple(v), tuple(toks), pos[0], pieces, tuple(pos), parts, ids, says))
-            self.frames.learn(*self.inputs[-1].fields())
+            self.evidence.learn(self.inputs[-1])
             if len(text := " ".join(v)) >= NEAR_MIN_CHARS:
                 near_texts.append(text)
                 near_split.append(split)
@@ -324,7 +305,7 @@ class ContaminationIndex:
                 spans = self._align(e, toks, v, i, offset, pos, starts, fields)
                 if spans is None and len(e.pieces) == 1:  # masked apart (a value common enough to be in a
                     # shared phrase in one and not the other): the whole field, token for token
-                    spans = self._renamed(e, toks, [pos[i] - (e.where[offset] - e.where[0])], starts)
+                    spans = self.evidence.renamed(e, toks, [pos[i] - (e.where[offset] - e.where[0])], starts)
                 if spans is None:
                     continue
                 found, spans, filled = spans
@@ -336,7 +317,7 @@ class ContaminationIndex:
                     yield _Seen(e.split, RENAMED if copy else None, j, filled)
                 elif size == len(v):
                     yield _Seen(e.split, "same input", j)
-                elif size >= self.min_tokens and self._says_which(e):
+                elif size >= self.min_tokens and self.evidence.says_which(e):
                     if anywhere or all(carries(*span, pos, starts, self.share) for span in spans):
                         yield _Seen(e.split, "contains a whole input", j)
                 elif all(carries(*span, pos, starts, 1.0) for span in spans):
@@ -379,13 +360,13 @@ class ContaminationIndex:
                     at[m] = hit
         # the input's pieces, side by side, against the row's tokens where they were found
         joined = [v[at[m] + x] for m in range(len(e.pieces)) for x in range(e.pieces[m][1] - e.pieces[m][0])]
-        found = aligned(e.varying, joined, 0)  # (a word of the task's structure changed: ``_renamed`` judges)
+        found = aligned(e.varying, joined, 0)  # (a word of the task's structure changed: ``Evidence.renamed`` judges)
         if found is None:
             return None
         firsts = [pos[at[m]] for m in range(len(e.pieces))]
         if found == "renamed" or (len(e.varying) < 2 * self.n  # (a long input says which it is itself)
-                                  and values_differ(e, toks, firsts, starts, self._value_for_value)):
-            return self._renamed(e, toks, firsts, starts)  # one value changed and enough left alike: a copy
+                                  and values_differ(e, toks, firsts, starts, self.evidence.value_for_value)):
+            return self.evidence.renamed(e, toks, firsts, starts)  # one value changed and enough left alike: a copy
         spans, kept = widened(e, toks, [pos[at[m]] for m in range(len(e.pieces))],
                               [pos[at[m] + hi - lo - 1] + 1 for m, (lo, hi) in enumerate(e.pieces)], starts)
         if len(e.varying) < 2 * self.n and kept != list(e.parts):
@@ -393,101 +374,9 @@ class ContaminationIndex:
             # text changed around it (`with open(os_helper.TESTFN, 'wb') as file:` holds all that varies
             # of `with self.open(os_helper.TESTFN, encoding="utf-8") as f:`): one token changed, the
             # renamed rule judges; more, a copy only where what is left alike is improbable by chance
-            judged = self._renamed(e, toks, firsts, starts)
+            judged = self.evidence.renamed(e, toks, firsts, starts)
             if judged is not None:
                 return judged
-            if self.rare_rows and not self._improbable(e, kept, spans, starts):
+            if self.evidence.rare_rows and not self.evidence.improbable(e, kept, spans, starts):
                 return None
         return found, spans, None
-
-    def _renamed(self, e: Input, toks: list[str], firsts: list[int], starts: list[int]):
-        """("renamed", spans, fill) when each of ``e``'s fields lies whole in the training row's tokens, its
-        shared text included, with the one token changed (``firsts``: where each piece's first varying
-        token was found), and the names and numbers left alike say which input it is (``fill``: the frame
-        the row fills, ``frames.fill``); ("weak", spans, fill) where they do not; else None. The varying
-        tokens alone would let a masked slot (a value common enough to be part of a shared
-        phrase, ``around 6 .``) differ unseen: a second change; and a value masked in one and not in
-        the other (``silva " ,`` common, ``okafor " ,`` not) hides a one-token change from them. The
-        change is of one type (``aligned``). Evidence (the module docstring): among enough inputs,
-        a frame a legitimate input would match by chance at most ``RENAME_CHANCE`` times, at every
-        place the copy could lie; among few, ``RENAME_MIN_WORDS`` distinct names and numbers left
-        alike in those fields (their shared text counts: it matched too), of which
-        ``RENAME_SHORT_WORDS`` vary and are no word of the task's structure (an input whose one varying
-        value changed is another input of its template: block 17 is not block 7), or
-        ``RENAME_SHORT_WORDS`` such, one of them rare."""
-        spans, field, theirs = [], [], []
-        for (lo, _), (p_lo, p_hi), first in zip(e.pieces, e.parts, firsts, strict=True):
-            begin = first - (e.where[lo] - p_lo)
-            k = bisect_right(starts, first) - 1
-            if begin < starts[k] or begin + p_hi - p_lo > starts[k + 1]:
-                return None
-            spans.append((begin, begin + p_hi - p_lo))
-            field += e.full[p_lo:p_hi]
-            theirs += toks[begin : begin + p_hi - p_lo]
-        changed = {(a, b) for a, b in zip(field, theirs, strict=True) if a != b}
-        if len(changed) != 1 or aligned(field, theirs, 0) != "renamed":
-            return None
-        (old, new), = changed
-        opened = [i for i, (a, b) in enumerate(zip(field, theirs, strict=True)) if a != b]
-        filled = fill(field, opened, new)
-        if self.frames.siblings(field, opened) > 1:
-            return "weak", spans, filled  # another evaluation input fills the same frame: the slot tells inputs apart
-        # (a word of the task's vocabulary next to a value is left unmasked by the 3-gram mask: no evidence)
-        varying = {t for t in e.varying if t != old and _CONTENT.fullmatch(t) and not self._structural(t)}
-        words = {t for t in field if t != old and _CONTENT.fullmatch(t)}
-        if (self._structural(old) or self._structural(new)) and (not self.rare_rows or len(varying) < RENAME_MIN_WORDS):
-            # a word of the task's structure changed may ask another question (`Create a TCP server.`,
-            # `Connect ...`): a copy only where as many of the input's own values are left alike as a
-            # renamed copy's words (a meeting moved from Monday to Sunday, its people, date, place, room kept)
-            return None
-        if not self.rare_rows:  # among few inputs how common a word is cannot be told: count them
-            if len(varying) >= RENAME_SHORT_WORDS and (len(words) >= RENAME_MIN_WORDS or any(map(self._rare, varying))):
-                return "renamed", spans, filled
-            return "weak", spans, filled
-        # where it could lie by chance: at each offset of each field it lies in
-        ways = prod(starts[k + 1] - starts[k] - (hi - lo) + 1 for k, (lo, hi) in
-                    zip((bisect_right(starts, b) - 1 for b, _ in spans), e.parts, strict=True))
-        chance = ways * self.frames.chance(field, e.fields()[1], opened)
-        if len(words) >= RENAME_SHORT_WORDS and chance <= RENAME_CHANCE:
-            return "renamed", spans, filled
-        return "weak", spans, filled
-
-    def _improbable(self, e: Input, kept: list[tuple[int, int]], spans: list[tuple[int, int]],
-                    starts: list[int]) -> bool:
-        """Whether a legitimate input would hold what a row kept of ``e`` (``kept``: the run of each of its
-        fields found, the rest of the field open), at any place of the row's fields it was found in
-        (``spans``), by chance at most ``RENAME_CHANCE`` times (``frames.chance``, as a renamed copy)."""
-        field, fstarts = e.fields()
-        opened, ways = [], 1
-        for (lo, hi), (p_lo, p_hi), at, (begin, end) in zip(kept, e.parts, fstarts[:-1], spans, strict=True):
-            opened += [at + x for x in range(p_hi - p_lo) if not lo <= p_lo + x < hi]
-            k = bisect_right(starts, begin) - 1
-            ways *= starts[k + 1] - starts[k] - (end - begin) + 1
-        return ways * self.frames.chance(field, fstarts, opened) <= RENAME_CHANCE
-
-    def _value_for_value(self, ours: str, theirs: str) -> bool:
-        """``theirs`` in place of ``ours`` (the input's) changes one of the input's values (``values_differ``):
-        a number for a number, or a name for a name where the input's is no word of the task's structure
-        (a reworded lead-in, `Question:` for `Q:`, changes the question's words, no value of the input)."""
-        return kind(ours) is not None and kind(ours) == kind(theirs) and not self._structural(ours)
-
-    def _says_which(self, e: Input) -> bool:
-        """Whether an input's varying text says which input it is wherever it is found: two names or
-        numbers, or one rare one (`'Rounded'`); one common name and punctuation (`y ) :`, the rest of
-        `def __init__(self, y):` shared text) only where it is all its field says, as a shorter input."""
-        if e.says >= 2 or not self.rare_rows:  # (among few inputs, how common a word is cannot be told)
-            return True
-        return e.says == 1 and self._rare(next(t for t in e.varying if _CONTENT.fullmatch(t)))
-
-    def _says(self, word: str) -> bool:
-        """A name or a number, not of the task's vocabulary: alone, it may say which input a copy is of."""
-        return bool(_CONTENT.fullmatch(word)) and not self._structural(word)
-
-    def _rare(self, word: str) -> bool:
-        return self.word_df.get(word, 0) <= self.rare_rows
-
-    def _structural(self, word: str) -> bool:
-        """A word of the task's structure (in ``STRUCTURE_SHARE`` of the evaluation inputs and at least
-        ``MIN_COMMON_ROWS``; never a number, a value however common): changing it asks another kind of
-        question, it renames nothing, and left alike it does not say which input a copy is of."""
-        return not word.isdigit() and self.word_df.get(word, 0) >= self.structural_rows
