@@ -107,6 +107,14 @@ def stdlib_modules() -> Iterator[tuple[list[str], ast.Module]]:
         yield text.splitlines(), tree
 
 
+def lines_around(lines: list[str], first: int, last: int) -> tuple[str, str]:
+    """Up to 4 non-blank lines of a file before its line ``first`` and after its line ``last`` (counted
+    from 1): where a natural statement of the stdlib is embedded."""
+    before = [x for x in lines[max(0, first - 9) : first - 1] if x.strip()][-4:]
+    after = [x for x in lines[last : last + 8] if x.strip()][:4]
+    return "\n".join(before), "\n".join(after)
+
+
 def stdlib_imports() -> list[tuple[str, str, str]]:
     """(statement, the lines before it, the lines after it) of every import statement of the standard
     library's sources (tests included) of at most 120 characters, file by file, on one line; its
@@ -115,9 +123,7 @@ def stdlib_imports() -> list[tuple[str, str, str]]:
     for lines, tree in stdlib_modules():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and len(line := ast.unparse(node)) <= 120:
-                before = [x for x in lines[max(0, node.lineno - 9) : node.lineno - 1] if x.strip()][-4:]
-                after = [x for x in lines[node.end_lineno : node.end_lineno + 8] if x.strip()][:4]
-                out.append((line, "\n".join(before), "\n".join(after)))
+                out.append((line, *lines_around(lines, node.lineno, node.end_lineno)))
     return out
 
 

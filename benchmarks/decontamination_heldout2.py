@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 import decontamination as bench
 from decontamination import CITIES, COLUMNS, DAYS, FIRST, ITEMS, LAST, NOUNS, Parts, Shape, _typed, instructed, ntokens
-from decontamination_heldout import MONTHS, _around, _fixed, stdlib_modules
+from decontamination_heldout import MONTHS, _around, _fixed, lines_around, stdlib_modules
 
 N = 2 * bench.EVAL + bench.POOL
 NATURAL_ROWS = 2440  # the task size, as the signature shape
@@ -79,9 +79,7 @@ def stdlib_statements() -> tuple[dict[str, Context], dict[str, Context]]:
                               node.lineno))
         for out, statement, first, last in sorted(found, key=lambda x: x[2]):
             if len(statement) <= 120 and statement not in out:
-                before = [x for x in lines[max(0, first - 9) : first - 1] if x.strip()][-4:]
-                after = [x for x in lines[last : last + 8] if x.strip()][:4]
-                out[statement] = ("\n".join(before), "\n".join(after))
+                out[statement] = lines_around(lines, first, last)
     return classes, raises
 
 

@@ -48,7 +48,7 @@ import re
 
 import decontamination as bench
 from decontamination import CITIES, FIRST, LAST, NOUNS, Parts, Shape, _typed, instructed
-from decontamination_heldout import _around, stdlib_modules
+from decontamination_heldout import _around, lines_around, stdlib_modules
 from decontamination_heldout2 import NATURAL_ROWS, Context, _neighbours, _raise_tokens, _respelled, _run
 
 N = 2 * bench.EVAL + bench.POOL
@@ -94,9 +94,7 @@ def stdlib_calls() -> tuple[dict[str, Context], dict[str, Context]]:
             line = lines[node.lineno - 1].encode()  # the offsets count UTF-8 bytes
             call = line[node.col_offset : node.end_col_offset].decode()
             if len(call) <= LONGEST and call not in out:
-                before = [x for x in lines[max(0, node.lineno - 9) : node.lineno - 1] if x.strip()][-4:]
-                after = [x for x in lines[node.lineno : node.lineno + 8] if x.strip()][:4]
-                out[call] = ("\n".join(before), "\n".join(after))
+                out[call] = lines_around(lines, node.lineno, node.lineno)
     return asserts, calls
 
 

@@ -70,7 +70,7 @@ from collections.abc import Callable
 
 import decontamination as bench
 from decontamination import CITIES, FIRST, ITEMS, LAST, NOUNS, TOKEN, Parts, Shape, _typed, instructed
-from decontamination_heldout import MONTHS, _around, stdlib_modules
+from decontamination_heldout import MONTHS, _around, lines_around, stdlib_modules
 from decontamination_heldout2 import NATURAL_ROWS, Context, _neighbours, _run
 from decontamination_heldout3 import LONGEST, _one_token_changed, _string_words
 
@@ -107,9 +107,7 @@ def stdlib_headers() -> tuple[dict[str, Context], dict[str, Context]]:
             one_line = all(p.end_lineno == node.lineno for p in parts) and node.body[0].lineno > node.lineno
             if (one_line and line.startswith(word) and line.endswith(":") and len(line) <= LONGEST
                     and line not in out and not _has_comment(line)):
-                before = [x for x in lines[max(0, node.lineno - 9) : node.lineno - 1] if x.strip()][-4:]
-                after = [x for x in lines[node.lineno : node.lineno + 8] if x.strip()][:4]
-                out[line] = ("\n".join(before), "\n".join(after))
+                out[line] = lines_around(lines, node.lineno, node.lineno)
     return withs, fors
 
 
@@ -202,19 +200,30 @@ def _drawn(kind: str, templates: tuple[str, ...], draw, rng: random.Random) -> t
     return f"{kind}{k}", templates[k].format(**values), values
 
 
+def drawn_rows(kind: str, templates: tuple[str, ...], draw: Callable[[random.Random], Values], rng: random.Random,
+               lead: tuple[str, ...] = (), fixed: Callable[[str], frozenset[str]] = lambda template: frozenset()
+               ) -> tuple[list[Parts], dict[str, str], Callable[[Parts, random.Random], Parts | None]]:
+    """A synthetic shape's ``3 * N`` drawn rows (``lead``, a fixed instruction, then the drawn text), unique,
+    their types (``kind`` and the template's index), and its one-token change: one value of the row's
+    template drawn again (``_redrawn``, never one of ``fixed(template)``), wherever it is."""
+    drawn = [_drawn(kind, templates, draw, rng) for _ in range(3 * N)]
+    rows, types = _typed([(k, [*lead, text]) for k, text, _ in drawn])
+    values = {text: v for _, text, v in reversed(drawn)}  # a row's values where it was first drawn
+
+    def change(p: Parts, r: random.Random) -> Parts | None:
+        template = templates[int(types[p[-1]].removeprefix(kind))]
+        new = _redrawn(template, values[p[-1]], draw, fixed(template), r)
+        return [*p[:-1], new] if new else None
+
+    return rows, types, change
+
+
 def _trivia(rng: random.Random) -> tuple[str, str, Values]:
     return _drawn("trivia", TRIVIA_TEMPLATES, _trivia_values, rng)
 
 
 def trivia_questions(rng: random.Random) -> Shape:
-    drawn = [_trivia(rng) for _ in range(3 * N)]
-    rows, types = _typed([(kind, [q]) for kind, q, _ in drawn])
-    values = {q: v for _, q, v in reversed(drawn)}  # a question's values where it was first drawn
-
-    def change(p: Parts, r: random.Random) -> Parts | None:  # one value drawn again, wherever it is
-        template = TRIVIA_TEMPLATES[int(types[p[0]].removeprefix("trivia"))]
-        new = _redrawn(template, values[p[0]], _trivia_values, frozenset(), r)
-        return [new] if new else None
+    rows, types, change = drawn_rows("trivia", TRIVIA_TEMPLATES, _trivia_values, rng)
 
     def embed(p: Parts, r: random.Random) -> Parts:  # inside a paragraph of other questions and prose
         other = [_trivia(r)[1] if r.random() < 0.5 else r.choice(TRIVIA_PROSE) for _ in range(4)]
@@ -259,14 +268,8 @@ def _config(rng: random.Random) -> tuple[str, str, Values]:
 
 
 def config_lines(rng: random.Random) -> Shape:
-    drawn = [_config(rng) for _ in range(3 * N)]
-    rows, types = _typed([(kind, [CONFIG_INSTRUCTION, c]) for kind, c, _ in drawn])
-    values = {c: v for _, c, v in reversed(drawn)}
-
-    def change(p: Parts, r: random.Random) -> Parts | None:  # one value drawn again, never a key
-        template = CONFIG_TEMPLATES[int(types[p[1]].removeprefix("config"))]
-        new = _redrawn(template, values[p[1]], _config_values, CONFIG_KEYS, r)
-        return [p[0], new] if new else None
+    rows, types, change = drawn_rows("config", CONFIG_TEMPLATES, _config_values, rng, (CONFIG_INSTRUCTION,),
+                                     lambda template: CONFIG_KEYS)  # (never a key)
 
     def embed(p: Parts, r: random.Random) -> Parts:  # among other lines of a config file
         other = [_config(r)[1] if r.random() < 0.5 else r.choice(CONFIG_FILE) for _ in range(4)]

@@ -68,11 +68,11 @@ import random
 import string
 
 import decontamination as bench
-from decontamination import FIRST, LAST, NOUNS, Parts, Shape, _typed, instructed, ntokens
-from decontamination_heldout import MONTHS, _around, stdlib_modules
+from decontamination import FIRST, LAST, NOUNS, Parts, Shape, instructed, ntokens
+from decontamination_heldout import MONTHS, _around, lines_around, stdlib_modules
 from decontamination_heldout2 import NATURAL_ROWS, Context
 from decontamination_heldout3 import LONGEST
-from decontamination_heldout4 import Values, _drawn, _natural, _redrawn
+from decontamination_heldout4 import Values, _drawn, _natural, drawn_rows
 
 N = 2 * bench.EVAL + bench.POOL
 
@@ -109,9 +109,7 @@ def stdlib_lines() -> tuple[dict[str, Context], dict[str, Context]]:
                 continue
             if out is returns and ntokens(line) < 3:  # `return x`, `return None`: one token after it
                 continue
-            before = [x for x in lines[max(0, node.lineno - 9) : node.lineno - 1] if x.strip()][-4:]
-            after = [x for x in lines[node.lineno : node.lineno + 8] if x.strip()][:4]
-            out[line] = ("\n".join(before), "\n".join(after))
+            out[line] = lines_around(lines, node.lineno, node.lineno)
     return returns, assigns
 
 
@@ -184,14 +182,7 @@ def _commit(rng: random.Random) -> tuple[str, str, Values]:
 
 
 def commit_messages(rng: random.Random) -> Shape:
-    drawn = [_commit(rng) for _ in range(3 * N)]
-    rows, types = _typed([(kind, [c]) for kind, c, _ in drawn])
-    values = {c: v for _, c, v in reversed(drawn)}  # a message's values where it was first drawn
-
-    def change(p: Parts, r: random.Random) -> Parts | None:  # one value drawn again, wherever it is
-        template = COMMIT_TEMPLATES[int(types[p[0]].removeprefix("commit"))]
-        new = _redrawn(template, values[p[0]], _commit_values, _repeated(template), r)
-        return [new] if new else None
+    rows, types, change = drawn_rows("commit", COMMIT_TEMPLATES, _commit_values, rng, fixed=_repeated)
 
     def embed(p: Parts, r: random.Random) -> Parts:  # among a `git log --oneline` and release-notes prose
         other = [f"{r.getrandbits(28):07x} {_commit(r)[1]}" if r.random() < 0.6 else r.choice(COMMIT_PROSE)
@@ -253,14 +244,8 @@ def _ingredient(rng: random.Random) -> tuple[str, str, Values]:
 
 
 def ingredient_lines(rng: random.Random) -> Shape:
-    drawn = [_ingredient(rng) for _ in range(3 * N)]
-    rows, types = _typed([(kind, [INGREDIENT_INSTRUCTION, x]) for kind, x, _ in drawn])
-    values = {x: v for _, x, v in reversed(drawn)}
-
-    def change(p: Parts, r: random.Random) -> Parts | None:  # one value drawn again, never a unit or template word
-        template = INGREDIENT_TEMPLATES[int(types[p[1]].removeprefix("ingredient"))]
-        new = _redrawn(template, values[p[1]], _ingredient_values, _repeated(template), r)
-        return [p[0], new] if new else None
+    rows, types, change = drawn_rows("ingredient", INGREDIENT_TEMPLATES, _ingredient_values, rng,
+                                     (INGREDIENT_INSTRUCTION,), _repeated)  # (never a unit or template word)
 
     def embed(p: Parts, r: random.Random) -> Parts:  # among other lines of a recipe's ingredient list
         other = [_ingredient(r)[1] if r.random() < 0.6 else r.choice(RECIPE) for _ in range(4)]

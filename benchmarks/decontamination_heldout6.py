@@ -67,11 +67,11 @@ import random
 import re
 
 import decontamination as bench
-from decontamination import CITIES, DAYS, FIRST, ITEMS, LAST, Parts, Shape, _typed, instructed
-from decontamination_heldout import MONTHS, _around, stdlib_modules
+from decontamination import CITIES, DAYS, FIRST, ITEMS, LAST, Parts, Shape, instructed
+from decontamination_heldout import MONTHS, _around, lines_around, stdlib_modules
 from decontamination_heldout2 import NATURAL_ROWS, Context
 from decontamination_heldout3 import LONGEST, _one_token_changed, _string_words
-from decontamination_heldout4 import KEEP, Values, _drawn, _has_comment, _natural, _redrawn
+from decontamination_heldout4 import KEEP, Values, _drawn, _has_comment, _natural, drawn_rows
 from decontamination_heldout5 import _repeated
 
 N = 2 * bench.EVAL + bench.POOL
@@ -107,9 +107,7 @@ def stdlib_lines() -> tuple[dict[str, Context], dict[str, Context]]:
             else:  # the offsets count UTF-8 bytes
                 ok = whole == lines[node.lineno - 1].encode()[node.col_offset : node.end_col_offset].decode()
             if ok and len(whole) <= LONGEST and whole not in out:
-                before = [x for x in lines[max(0, node.lineno - 9) : node.lineno - 1] if x.strip()][-4:]
-                after = [x for x in lines[node.lineno : node.lineno + 8] if x.strip()][:4]
-                out[whole] = ("\n".join(before), "\n".join(after))
+                out[whole] = lines_around(lines, node.lineno, node.lineno)
     return ifs, appends
 
 
@@ -180,14 +178,7 @@ def _shipping(rng: random.Random) -> tuple[str, str, Values]:
 
 
 def shipping_notices(rng: random.Random) -> Shape:
-    drawn = [_shipping(rng) for _ in range(3 * N)]
-    rows, types = _typed([(kind, [s]) for kind, s, _ in drawn])
-    values = {s: v for _, s, v in reversed(drawn)}  # a notice's values where it was first drawn
-
-    def change(p: Parts, r: random.Random) -> Parts | None:  # one value drawn again, wherever it is
-        template = SHIPPING_TEMPLATES[int(types[p[0]].removeprefix("shipping"))]
-        new = _redrawn(template, values[p[0]], _shipping_values, _repeated(template), r)
-        return [new] if new else None
+    rows, types, change = drawn_rows("shipping", SHIPPING_TEMPLATES, _shipping_values, rng, fixed=_repeated)
 
     def embed(p: Parts, r: random.Random) -> Parts:  # among a tracking history and a carrier's boilerplate
         other = [_shipping(r)[1] if r.random() < 0.6 else r.choice(SHIPPING_PROSE) for _ in range(4)]
@@ -241,14 +232,8 @@ def _match(rng: random.Random) -> tuple[str, str, Values]:
 
 
 def match_scores(rng: random.Random) -> Shape:
-    drawn = [_match(rng) for _ in range(3 * N)]
-    rows, types = _typed([(kind, [MATCH_INSTRUCTION, m]) for kind, m, _ in drawn])
-    values = {m: v for _, m, v in reversed(drawn)}
-
-    def change(p: Parts, r: random.Random) -> Parts | None:  # one value drawn again, never a template word
-        template = MATCH_TEMPLATES[int(types[p[1]].removeprefix("match"))]
-        new = _redrawn(template, values[p[1]], _match_values, _repeated(template), r)
-        return [p[0], new] if new else None
+    rows, types, change = drawn_rows("match", MATCH_TEMPLATES, _match_values, rng, (MATCH_INSTRUCTION,),
+                                     _repeated)  # (never a template word)
 
     def embed(p: Parts, r: random.Random) -> Parts:  # among other results and headings of a results page
         other = [_match(r)[1] if r.random() < 0.6 else r.choice(RESULTS_PAGE) for _ in range(4)]
