@@ -367,8 +367,8 @@ class ContaminationIndex:
         if found == "renamed" or (len(e.varying) < 2 * self.n  # (a long input says which it is itself)
                                   and values_differ(e, toks, firsts, starts, self.evidence.value_for_value)):
             return self.evidence.renamed(e, toks, firsts, starts)  # one value changed and enough left alike: a copy
-        spans, kept = widened(e, toks, [pos[at[m]] for m in range(len(e.pieces))],
-                              [pos[at[m] + hi - lo - 1] + 1 for m, (lo, hi) in enumerate(e.pieces)], starts)
+        spans, kept = widened(e, toks, firsts, [pos[at[m] + hi - lo - 1] + 1 for m, (lo, hi) in enumerate(e.pieces)],
+                              starts)
         if len(e.varying) < 2 * self.n and kept != list(e.parts):
             # a short input's varying text without the whole of its fields: the input with its shared
             # text changed around it (`with open(os_helper.TESTFN, 'wb') as file:` holds all that varies

@@ -13,7 +13,6 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Sequence
-from math import prod
 
 from recipetune.data.anchors import Input, aligned, kind
 from recipetune.data.frames import CONTENT, Frames, fill
@@ -96,10 +95,7 @@ class Evidence:
             if len(varying) >= RENAME_SHORT_WORDS and (len(words) >= RENAME_MIN_WORDS or any(map(self.rare, varying))):
                 return "renamed", spans, filled
             return "weak", spans, filled
-        # where it could lie by chance: at each offset of each field it lies in
-        ways = prod(starts[k + 1] - starts[k] - (hi - lo) + 1 for k, (lo, hi) in
-                    zip((bisect_right(starts, b) - 1 for b, _ in spans), e.parts, strict=True))
-        chance = ways * self.frames.chance(field, e.fields()[1], opened)
+        chance = _ways(spans, starts) * self.frames.chance(field, e.fields()[1], opened)
         if len(words) >= RENAME_SHORT_WORDS and chance <= RENAME_CHANCE:
             return "renamed", spans, filled
         return "weak", spans, filled
@@ -110,12 +106,9 @@ class Evidence:
         fields found, the rest of the field open), at any place of the row's fields it was found in
         (``spans``), by chance at most ``RENAME_CHANCE`` times (``frames.chance``, as a renamed copy)."""
         field, fstarts = e.fields()
-        opened, ways = [], 1
-        for (lo, hi), (p_lo, p_hi), at, (begin, end) in zip(kept, e.parts, fstarts[:-1], spans, strict=True):
-            opened += [at + x for x in range(p_hi - p_lo) if not lo <= p_lo + x < hi]
-            k = bisect_right(starts, begin) - 1
-            ways *= starts[k + 1] - starts[k] - (end - begin) + 1
-        return ways * self.frames.chance(field, fstarts, opened) <= RENAME_CHANCE
+        opened = [at + x for (lo, hi), (p_lo, p_hi), at in zip(kept, e.parts, fstarts[:-1], strict=True)
+                  for x in range(p_hi - p_lo) if not lo <= p_lo + x < hi]
+        return _ways(spans, starts) * self.frames.chance(field, fstarts, opened) <= RENAME_CHANCE
 
     def value_for_value(self, ours: str, theirs: str) -> bool:
         """``theirs`` in place of ``ours`` (the input's) changes one of the input's values (``values_differ``):
@@ -143,3 +136,13 @@ class Evidence:
         ``MIN_COMMON_ROWS``; never a number, a value however common): changing it asks another kind of
         question, it renames nothing, and left alike it does not say which input a copy is of."""
         return not word.isdigit() and self.word_df.get(word, 0) >= self.structural_rows
+
+
+def _ways(spans: Sequence[tuple[int, int]], starts: Sequence[int]) -> int:
+    """Where what was found (``spans`` of a training row's tokens, its parts starting at ``starts``) could
+    lie by chance: at each offset of each field it lies in."""
+    ways = 1
+    for begin, end in spans:
+        k = bisect_right(starts, begin) - 1
+        ways *= starts[k + 1] - starts[k] - (end - begin) + 1
+    return ways
