@@ -29,7 +29,11 @@ A kind that cannot apply to a row is not planted from it (a row without a word t
 evaluation input of fewer than 3 tokens, a bare name, is a copy only when copied whole, so it is not
 embedded or changed). Recall = planted rows removed / planted; false removals = clean rows removed /
 clean rows (the target: at most 1%); precision = planted rows removed / (planted + clean rows
-removed). The rows are input parts as the task hands them to decontamination
+removed). Beside the one-token recall: those of the one-token copies that can be told apart from the
+task's legitimate rows (no other row and no other input fills the copy's frame), and the legitimate
+rows of that same form (an input with one token changed, its frame theirs alone) the rule removed:
+what finding those copies costs (``told_apart``; both decided from the rows, apart from the rule).
+The rows are input parts as the task hands them to decontamination
 (``TaskConfig.input_parts``). ``--before`` also runs the previous rule, which matched the rendered
 prompt (template included) with datasketch's MinHash.
 """
@@ -639,8 +643,9 @@ def measure(rule, shapes: list[str], seed: int, explain: int = 0) -> list[dict]:
         for kind in KINDS:
             planted = [r is not None for r, k in pairs if k == kind]
             row[kind] = (sum(planted), len(planted))
-        apart = told_apart(shape, evals, train, kinds)
+        apart, alike = told_apart(shape, evals, train, kinds)
         row["told apart"] = (sum(r is not None for (r, _), a in zip(pairs, apart, strict=True) if a), sum(apart))
+        row["alike"] = (sum(r is not None for (r, _), a in zip(pairs, alike, strict=True) if a), sum(alike))
         if explain:
             explained(shape, evals, train, removed, kinds, explain)
         out.append(row)
@@ -656,31 +661,46 @@ def true_copies(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts],
     return sum(k in KINDS or (k == "natural" and key(p) in inputs) for p, k in zip(train, kinds, strict=True))
 
 
-def told_apart(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts], kinds: list[str | None]) -> list[bool]:
+def told_apart(shape: Shape, evals: dict[str, list[Parts]], train: list[Parts], kinds: list[str | None]
+               ) -> tuple[list[bool], list[bool]]:
     """Which rows are one-token copies that can be told from the task's legitimate rows: no other
     evaluation input and no pool row (clean or natural) fills the copy's frame (its evaluation input
     with the changed places open). Where one does, any rule that removes the copy removes a row that
     is no copy too (`def _(self, other):`, `class _(unittest.TestCase):`): decided here apart from the
-    rule, from the rows themselves."""
+    rule, from the rows themselves. Second, which legitimate rows (clean or natural, no evaluation
+    input exactly) have that form too: an evaluation input with one token changed, whose frame no
+    other row and no other input fills (`self.cmp = lzma.LZMADecompressor()` beside the input
+    `self.cmp = lzma.LZMACompressor()`). A rule sees such a row as a told-apart copy in all but the
+    changed token itself; what it removes of them is what finding those copies costs."""
     def key(p: Parts) -> tuple[str, ...]:
         return tuple(TOKEN.findall(shape.content(p).lower()))
 
     inputs = [key(p) for rows in evals.values() for p in rows]
+    by_input_length: dict[int, list[tuple[str, ...]]] = {}
+    for e in inputs:
+        by_input_length.setdefault(len(e), []).append(e)
     others = [key(p) for p, k in zip(train, kinds, strict=True) if k not in KINDS] + inputs
     by_length: dict[int, list[tuple[str, ...]]] = {}
     for t in others:
         by_length.setdefault(len(t), []).append(t)
-    out = []
-    for p, k in zip(train, kinds, strict=True):
-        u = key(p) if k == "one token changed" else ()
-        source = next((e for e in inputs if len(e) == len(u)
-                       and len({(a, b) for a, b in zip(e, u, strict=True) if a != b}) == 1), None)
+
+    def unique_frame(u: tuple[str, ...], itself: int) -> bool:
+        """``u`` is an input with one token changed (every place it is at) and nothing else fills that
+        frame (``itself``: how often ``u`` is among ``others``)."""
+        source = next((e for e in by_input_length.get(len(u), ())
+                       if len({(a, b) for a, b in zip(e, u, strict=True) if a != b}) == 1), None)
         if source is None:
-            out.append(False)
-            continue
+            return False
         shut = [i for i, (a, b) in enumerate(zip(source, u, strict=True)) if a == b]
-        out.append(not any(t != source and all(t[i] == source[i] for i in shut) for t in by_length[len(u)]))
-    return out
+        return sum(t != source and all(t[i] == source[i] for i in shut) for t in by_length[len(u)]) == itself
+
+    inputs_exactly = set(inputs)
+    copies, alike = [], []
+    for p, k in zip(train, kinds, strict=True):
+        u = key(p)
+        copies.append(k == "one token changed" and unique_frame(u, 0))
+        alike.append(k not in KINDS and u not in inputs_exactly and unique_frame(u, 1))
+    return copies, alike
 
 
 def explained(shape: Shape, evals: dict, train: list[Parts], removed: list, kinds: list, n: int) -> None:
@@ -720,11 +740,11 @@ def table(rows: list[dict]) -> str:
     no evaluation input of their own type close by), precision, natural overlaps, time."""
     kinds = KINDS
     lines = ["| shape | " + " | ".join(f"recall: {k}" for k in kinds) + " | of them told apart from legitimate rows "
-             "| recall, all | clean rows removed "
+             "| legitimate rows alike removed | recall, all | clean rows removed "
              "| of them with no same-type input near | precision | natural overlaps removed "
              "| removed as renamed copies | rows removed / true copies | seconds (per 10k rows) |",
-             "|---|" + "---|" * (len(kinds) + 9)]
-    total = {k: (sum(r[k][0] for r in rows), sum(r[k][1] for r in rows)) for k in (*kinds, "told apart")}
+             "|---|" + "---|" * (len(kinds) + 10)]
+    total = {k: (sum(r[k][0] for r in rows), sum(r[k][1] for r in rows)) for k in (*kinds, "told apart", "alike")}
     total |= {k: sum(r[k] for r in rows) for k in ("false", "clean", "far", "false_far", "natural_removed",
                                                     "natural", "seconds", "rows", "renamed", "removed", "true")}
     for r in [*rows, {"shape": "**all**", **total}] if len(rows) > 1 else rows:
@@ -732,8 +752,8 @@ def table(rows: list[dict]) -> str:
         planted = sum(r[k][1] for k in kinds)
         cells = [f"{r[k][0]}/{r[k][1]} ({r[k][0] / r[k][1]:.0%})" if r[k][1] else "n/a" for k in kinds]
         precision = got / (got + r["false"]) if got + r["false"] else 1.0
-        apart = r["told apart"]
-        cells.append(f"{apart[0]}/{apart[1]} ({apart[0] / apart[1]:.0%})" if apart[1] else "n/a")
+        for found, of in (r["told apart"], r["alike"]):
+            cells.append(f"{found}/{of} ({found / of:.0%})" if of else "n/a")
         lines.append(f"| {r['shape']} | " + " | ".join(cells) + f" | {got / planted:.1%} | {r['false']}/{r['clean']} "
                      f"({r['false'] / max(1, r['clean']):.2%}) | {r['false_far']}/{r['far']} "
                      f"({r['false_far'] / max(1, r['far']):.2%}) "

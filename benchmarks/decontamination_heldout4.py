@@ -115,8 +115,9 @@ KEEP = frozenset({"self", "cls", *dir(builtins)})  # Python keywords are never c
 
 
 def _natural(name: str, word: str, context: dict[str, Context], question: str, lead: list[str],
-             rng: random.Random) -> Shape:
-    """A stdlib header line, a run of ``NATURAL_ROWS`` of them, the question in the template."""
+             rng: random.Random, what: str | None = None) -> Shape:
+    """A stdlib header line (or what ``what`` says), a run of ``NATURAL_ROWS`` of them, the question in the
+    template."""
     rows = _run(context, rng)
     vocabulary = _string_words(context)
 
@@ -125,10 +126,10 @@ def _natural(name: str, word: str, context: dict[str, Context], question: str, l
         changed = _one_token_changed(KEEP | keywords, vocabulary, p[0], r)
         return [changed] if changed else None
 
-    return Shape(name, f"a stdlib one-line `{word} ...:` header, {NATURAL_ROWS} unique rows "
-                 "from a run of stdlib files (tests included: many one name apart); the question in the template",
-                 rows, lambda p: f"{question}\n{p[0]}\nAnswer: ", change, lambda p, r: [r.choice(lead) + p[0]],
-                 _neighbours(context))
+    what = what or (f"a stdlib one-line `{word} ...:` header, {NATURAL_ROWS} unique rows from a run of stdlib "
+                     "files (tests included: many one name apart); the question in the template")
+    return Shape(name, what, rows, lambda p: f"{question}\n{p[0]}\nAnswer: ", change,
+                 lambda p, r: [r.choice(lead) + p[0]], _neighbours(context))
 
 
 def with_statements(rng: random.Random) -> Shape:

@@ -114,19 +114,19 @@ def stdlib_lines() -> tuple[dict[str, Context], dict[str, Context]]:
 
 
 def return_statements(rng: random.Random) -> Shape:
-    shape = _natural("return statement", "return", stdlib_lines()[0], "What does this line return?",
-                     ["Line: ", "The function ends with ", "Q: ", "From the method body: "], rng)
-    return dataclasses.replace(shape, what=f"a stdlib one-line `return ...` (two tokens and more after it), "
-                               f"{NATURAL_ROWS} unique rows from a run of stdlib files (tests included: many one "
-                               "name apart); the question in the template")
+    return _natural("return statement", "return", stdlib_lines()[0], "What does this line return?",
+                    ["Line: ", "The function ends with ", "Q: ", "From the method body: "], rng,
+                    what=f"a stdlib one-line `return ...` (two tokens and more after it), "
+                    f"{NATURAL_ROWS} unique rows from a run of stdlib files (tests included: many one "
+                    "name apart); the question in the template")
 
 
 def attribute_assignments(rng: random.Random) -> Shape:
-    shape = _natural("attribute assignment", "self", stdlib_lines()[1], "Which attribute does this line set, and to "
-                     "what?", ["Line: ", "In __init__ we find ", "Q: ", "Here is the assignment: "], rng)
-    return dataclasses.replace(shape, what=f"a stdlib one-line `self.<name> = <expr>`, {NATURAL_ROWS} unique rows "
-                               "from a run of stdlib files (tests included: `self.name = name` and kin one name "
-                               "apart); the question in the template")
+    return _natural("attribute assignment", "self", stdlib_lines()[1], "Which attribute does this line set, and to "
+                    "what?", ["Line: ", "In __init__ we find ", "Q: ", "Here is the assignment: "], rng,
+                    what=f"a stdlib one-line `self.<name> = <expr>`, {NATURAL_ROWS} unique rows "
+                    "from a run of stdlib files (tests included: `self.name = name` and kin one name "
+                    "apart); the question in the template")
 
 
 # --- one value drawn again (the synthetic shapes) -------------------------------------------------------

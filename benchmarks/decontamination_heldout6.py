@@ -112,11 +112,11 @@ def stdlib_lines() -> tuple[dict[str, Context], dict[str, Context]]:
 
 
 def if_headers(rng: random.Random) -> Shape:
-    shape = _natural("if header", "if", stdlib_lines()[0], "What condition does this line test?",
-                     ["Line: ", "The branch starts with ", "Q: ", "Here is the condition: "], rng)
-    return dataclasses.replace(shape, what=f"a stdlib one-line `if ...:` or `elif ...:` header, {NATURAL_ROWS} "
-                               "unique rows from a run of stdlib files (tests included: many one name apart); "
-                               "the question in the template")
+    return _natural("if header", "if", stdlib_lines()[0], "What condition does this line test?",
+                    ["Line: ", "The branch starts with ", "Q: ", "Here is the condition: "], rng,
+                    what=f"a stdlib one-line `if ...:` or `elif ...:` header, {NATURAL_ROWS} "
+                    "unique rows from a run of stdlib files (tests included: many one name apart); "
+                    "the question in the template")
 
 
 def append_calls(rng: random.Random) -> Shape:

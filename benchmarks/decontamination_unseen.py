@@ -3,9 +3,9 @@
     python benchmarks/decontamination_unseen.py --out benchmarks/results/decontamination_unseen.md
     python benchmarks/decontamination_unseen.py --shapes "csv row" --explain 10   # (tuning shapes only)
 
-Twenty-eight shapes, generated here and in ``benchmarks/decontamination_heldout.py``, ``_heldout2.py``,
-``_heldout3.py``, ``_heldout4.py``, ``_heldout5.py`` and
-``_heldout6.py`` (seeded, from the standard library's sources or synthetic;
+Thirty-two shapes, generated here and in ``benchmarks/decontamination_heldout.py``, ``_heldout2.py``,
+``_heldout3.py``, ``_heldout4.py``, ``_heldout5.py``,
+``_heldout6.py`` and ``_heldout7.py`` (seeded, from the standard library's sources or synthetic;
 nothing downloaded), none of them in ``benchmarks/decontamination.py``:
 
 - ``csv row`` (tuned on): a fixed instruction and one short CSV row of 3-4 literal values (numbers,
@@ -45,7 +45,11 @@ nothing downloaded), none of them in ``benchmarks/decontamination.py``:
   were read then (tuned on since); commit message and ingredient line stay held out;
 - ``if header``, ``append call``, ``shipping notice``, ``match score`` (sixth batch, **held out**):
   written by an engineer who never read the rule nor ran it, run against it once, the rule of the
-  fifth round (unchanged by batch 5's reading).
+  fifth round (unchanged by batch 5's reading); figures seen, never explained;
+- ``except or raise line``, ``arithmetic assignment``, ``docstring summary``, ``bank transaction``
+  (seventh batch, **held out**): written by an engineer who never read the rule nor ran it, run against
+  it once, the fifth round's rule (issue 50's sixth round measured a change to it on the tuned shapes
+  and kept none).
 
 Each plants the five leak kinds of ``benchmarks/decontamination.py`` (40 each, half from each split)
 beside the clean rows that must stay; "one token changed" changes one name or one number wherever it
@@ -88,11 +92,12 @@ from decontamination_heldout3 import assert_calls, email_headers, keyword_calls
 from decontamination_heldout4 import SHAPES_4
 from decontamination_heldout5 import SHAPES_5
 from decontamination_heldout6 import SHAPES_6
+from decontamination_heldout7 import SHAPES_7
 
 from recipetune.data.ops import Decontaminate
 from recipetune.trainer.data import STDLIB_SKIP_DIRS, walk_files
 
-HELD_OUT = ("log line", "trivia question", "config line", "commit message", "ingredient line", *SHAPES_6)
+HELD_OUT = ("log line", "trivia question", "config line", "commit message", "ingredient line", *SHAPES_6, *SHAPES_7)
 N = 2 * bench.EVAL + bench.POOL
 
 
@@ -330,7 +335,8 @@ SHAPES = {"csv row": csv_rows, "signature": signatures, "expression": expression
           "literal": literals, "url": urls, "import line": import_lines, "shell command": shell_commands,
           "address": addresses, "calendar event": calendar_events, "class header": class_headers,
           "raise statement": raise_statements, "html element": html_elements, "assert call": assert_calls,
-          "keyword call": keyword_calls, "email header": email_headers, **SHAPES_4, **SHAPES_5, **SHAPES_6}
+          "keyword call": keyword_calls, "email header": email_headers, **SHAPES_4, **SHAPES_5, **SHAPES_6,
+          **SHAPES_7}
 
 
 # --- measuring --------------------------------------------------------------------------------------
