@@ -116,8 +116,8 @@ KEEP = frozenset({"self", "cls", *dir(builtins)})  # Python keywords are never c
 
 def _natural(name: str, word: str, context: dict[str, Context], question: str, lead: list[str],
              rng: random.Random, what: str | None = None) -> Shape:
-    """A stdlib header line (or what ``what`` says), a run of ``NATURAL_ROWS`` of them, the question in the
-    template."""
+    """A stdlib line, a run of ``NATURAL_ROWS`` of them, the question in the template (``what``: the shape's
+    description, a header's by default)."""
     rows = _run(context, rng)
     vocabulary = _string_words(context)
 

@@ -49,7 +49,7 @@ nothing downloaded), none of them in ``benchmarks/decontamination.py``:
 - ``except or raise line``, ``arithmetic assignment``, ``docstring summary``, ``bank transaction``
   (seventh batch, **held out**): written by an engineer who never read the rule nor ran it, run against
   it once, the fifth round's rule (issue 50's sixth round measured a change to it on the tuned shapes
-  and kept none).
+  and kept none); only its re-instructed misses were read after.
 
 Each plants the five leak kinds of ``benchmarks/decontamination.py`` (40 each, half from each split)
 beside the clean rows that must stay; "one token changed" changes one name or one number wherever it
