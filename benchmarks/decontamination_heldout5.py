@@ -101,16 +101,23 @@ def stdlib_lines() -> tuple[dict[str, Context], dict[str, Context]]:
             elif _self_attribute(node):
                 found.append((assigns, node))
         for out, node in sorted(found, key=lambda x: x[1].lineno):
-            if node.lineno != node.end_lineno:
-                continue
-            whole = lines[node.lineno - 1]
-            line = whole.encode()[node.col_offset : node.end_col_offset].decode()  # the offsets count UTF-8 bytes
-            if line != whole.strip() or len(line) > LONGEST or line in out:
+            line = _whole_line(lines, node)
+            if line is None or line in out:
                 continue
             if out is returns and ntokens(line) < 3:  # `return x`, `return None`: one token after it
                 continue
             out[line] = lines_around(lines, node.lineno, node.lineno)
     return returns, assigns
+
+
+def _whole_line(lines: list[str], node: ast.AST) -> str | None:
+    """The statement ``node`` where it is a whole line of at most ``LONGEST`` characters as written (no
+    comment, nothing else on it)."""
+    if node.lineno != node.end_lineno:
+        return None
+    whole = lines[node.lineno - 1]
+    line = whole.encode()[node.col_offset : node.end_col_offset].decode()  # the offsets count UTF-8 bytes
+    return line if line == whole.strip() and len(line) <= LONGEST else None
 
 
 def return_statements(rng: random.Random) -> Shape:

@@ -72,7 +72,7 @@ from decontamination_heldout import MONTHS, _around, lines_around, stdlib_module
 from decontamination_heldout2 import NATURAL_ROWS, Context
 from decontamination_heldout3 import LONGEST, _one_token_changed, _string_words
 from decontamination_heldout4 import KEEP, Values, _drawn, _has_comment, _natural, drawn_rows
-from decontamination_heldout5 import _repeated
+from decontamination_heldout5 import _repeated, _whole_line
 
 N = 2 * bench.EVAL + bench.POOL
 
@@ -98,16 +98,17 @@ def stdlib_lines() -> tuple[dict[str, Context], dict[str, Context]]:
         for node in ast.walk(tree):
             if isinstance(node, ast.If) and node.test.end_lineno == node.lineno < node.body[0].lineno:
                 found.append((ifs, node))
-            elif _append(node) and node.lineno == node.end_lineno:
+            elif _append(node):
                 found.append((appends, node))
         for out, node in sorted(found, key=lambda x: x[1].lineno):
-            whole = lines[node.lineno - 1].strip()
             if out is ifs:
+                whole = lines[node.lineno - 1].strip()
                 ok = whole.startswith(("if ", "elif ")) and whole.endswith(":") and not _has_comment(whole)
-            else:  # the offsets count UTF-8 bytes
-                ok = whole == lines[node.lineno - 1].encode()[node.col_offset : node.end_col_offset].decode()
-            if ok and len(whole) <= LONGEST and whole not in out:
-                out[whole] = lines_around(lines, node.lineno, node.lineno)
+                line = whole if ok and len(whole) <= LONGEST else None
+            else:
+                line = _whole_line(lines, node)
+            if line is not None and line not in out:
+                out[line] = lines_around(lines, node.lineno, node.lineno)
     return ifs, appends
 
 

@@ -87,7 +87,7 @@ from decontamination_heldout import _around, lines_around, stdlib_modules
 from decontamination_heldout2 import NATURAL_ROWS, Context, _neighbours, _run
 from decontamination_heldout3 import LONGEST, MONTH_ABBR
 from decontamination_heldout4 import Values, _drawn, _has_comment, _natural, drawn_rows
-from decontamination_heldout5 import _repeated
+from decontamination_heldout5 import _repeated, _whole_line
 
 N = 2 * bench.EVAL + bench.POOL
 
@@ -98,16 +98,6 @@ def _arithmetic(node: ast.AST) -> bool:
     """``x += 1``, or one target assigned a binary operation: ``n = len(s) - 1``."""
     return isinstance(node, ast.AugAssign) or (isinstance(node, ast.Assign) and len(node.targets) == 1
                                                and isinstance(node.value, ast.BinOp))
-
-
-def _whole_line(lines: list[str], node: ast.AST) -> str | None:
-    """The statement ``node`` where it is a whole line of at most ``LONGEST`` characters as written (no
-    comment, nothing else on it)."""
-    if node.lineno != node.end_lineno:
-        return None
-    whole = lines[node.lineno - 1]
-    line = whole.encode()[node.col_offset : node.end_col_offset].decode()  # the offsets count UTF-8 bytes
-    return line if line == whole.strip() and len(line) <= LONGEST else None
 
 
 def _summary(node: ast.AST) -> tuple[int, list[str], str | None] | None:
