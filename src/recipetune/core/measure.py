@@ -56,6 +56,9 @@ class StepRecord(Record):
     # per sequence the loss was computed over.
     batch_fp: str | None = None
     seq_len: int | None = None
+    # The guard's own time per step over the gap this step's line closed (core/clock.py), where it
+    # could time it: what the trainer's step_time_s is checked against.
+    clock_s: float | None = None
 
 
 class EvalRecord(Record):
@@ -102,6 +105,36 @@ def robust_rate(steps: list[StepRecord]) -> Rate:
                 stalls=len(stalled), stall_time_s=sum(s.step_time_s - typical * s.tokens for s in stalled))
 
 
+CLOCK_Z = 3.0  # a trainer's clock is refused only when it disagrees with the guard's by over 3 standard errors,
+RUN_SLACK = 0.05  # and, for one run's own figures, by over 5% (what an honest loop leaves untimed: its logging)
+
+
+class ClockReading(Record):
+    """The guard's clock against the trainer's printed step times over one run (core/clock.py)."""
+
+    source: Literal["lines", "run"]  # each step line's arrival, or the process's wall time (lines buffered)
+    steps: int  # steps the guard timed
+    claimed_step_s: float  # the trainer's mean step time over them
+    clock_step_s: float  # the guard's
+    log_ratio: float  # log(guard's time / trainer's): the median over windows ("run": over the run)
+    error: float  # its standard error: the windows' scatter and the clock's resolution
+    resolution_s: float  # the largest uncertainty of one line's arrival
+    poll_cpu_s: float = 0.0  # CPU seconds the clock's thread used
+
+    def agrees(self, slack: float = RUN_SLACK) -> bool:
+        """Whether the trainer's clock is within noise (``CLOCK_Z`` standard errors) or ``slack`` of the guard's."""
+        return self.source == "lines" and abs(self.log_ratio) <= max(CLOCK_Z * self.error, slack)
+
+    def describe(self) -> str:
+        if self.source == "run":
+            return (f"the step lines arrived together (buffered output): the guard's clock is the process's wall "
+                    f"time, {1000 * self.clock_step_s:.1f} ms per step over the run (start-up included), against "
+                    f"the trainer's {1000 * self.claimed_step_s:.1f} ms")
+        return (f"the trainer says {1000 * self.claimed_step_s:.2f} ms per step, the guard's clock "
+                f"{1000 * self.clock_step_s:.2f} ms ({self.steps} steps timed; guard/trainer "
+                f"{math.exp(self.log_ratio):.3f}x +- {100 * self.error:.1f}%)")
+
+
 class RunSummary(Record):
     measured_steps: int
     warmup_steps: int
@@ -119,6 +152,7 @@ class RunSummary(Record):
     val_loss_last: float | None
     breakdown_s: dict[str, float]
     compile_s: float = 0.0  # seconds torch.compile spent in the run, apart from the steady-state figures
+    timed_by: str = "trainer"  # whose clock the throughput figures are on: "trainer" or "guard"
 
 
 class RunResult(Record):
@@ -136,6 +170,7 @@ class RunResult(Record):
     stderr_tail: str = ""
     out_dir: str = ""
     environment: dict[str, str] = Field(default_factory=dict)
+    clock: ClockReading | None = None  # the guard's clock against the trainer's (None: not timed)
 
     @property
     def ok(self) -> bool:
@@ -147,8 +182,28 @@ class RunResult(Record):
     def measured(self) -> list[StepRecord]:
         return [s for s in self.steps[self.warmup_steps :] if not s.profiled]
 
-    def summary(self) -> RunSummary:
-        measured, warm = self.measured(), self.steps[: self.warmup_steps]
+    def guard_clock(self) -> bool:
+        """Whether this run's own figures are on the guard's clock: where the trainer's step times
+        disagree with it beyond noise and beyond what an honest loop leaves untimed (core/clock.py)."""
+        return self.clock is not None and not self.clock.agrees()
+
+    def on_clock(self, guard: bool, whole_run: bool = False) -> list[StepRecord]:
+        """The measured steps timed by the trainer, or by the guard's clock: the steps it timed, or (buffered
+        lines, ``whole_run``) every step at the run's wall time per step."""
+        measured = self.measured()
+        if not guard or self.clock is None:
+            return measured
+        if whole_run or self.clock.source == "run":
+            per_step = self.wall_s / max(self.steps[-1].step if self.steps else 1, 1)
+            return [s.model_copy(update={"step_time_s": per_step}) for s in measured]
+        return [s.model_copy(update={"step_time_s": s.clock_s}) for s in measured if s.clock_s is not None]
+
+    def summary(self, guard_clock: bool | None = None, whole_run: bool = False) -> RunSummary:
+        """The run's figures; ``guard_clock``: on the guard's clock (True), the trainer's (False), or as
+        the run's own check says (None, ``guard_clock()``); ``whole_run``: the guard's clock as the run's wall
+        time per step (a comparison where some run's lines were buffered)."""
+        guard = self.guard_clock() if guard_clock is None else guard_clock and self.clock is not None
+        measured, warm = self.on_clock(guard, whole_run), self.steps[: self.warmup_steps]
         time_s = sum(s.step_time_s for s in measured)
         rate = robust_rate(measured)
         tps = rate.tokens_per_s
@@ -179,6 +234,7 @@ class RunResult(Record):
             val_loss_last=self.evals[-1].val_loss if self.evals else None,
             breakdown_s=breakdown,
             compile_s=sum(s.compile_s or 0.0 for s in self.steps),
+            timed_by="guard" if guard else "trainer",
         )
 
     def save(self, path: Path) -> None:

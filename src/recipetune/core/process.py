@@ -21,6 +21,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recipetune.core.clock import Arrival, LineClock
+
 PR_SET_PDEATHSIG = 1
 try:  # resolved here: the child, between fork and exec, must not load anything
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -42,6 +44,8 @@ class ProcessOutcome:
     wall_s: float
     stderr_tail: str
     stopped: bool = False  # killed because its stop file appeared (a search's pruner said stop)
+    arrivals: list[Arrival] = field(default_factory=list)  # each line of the timed files, on the guard's clock
+    poll_cpu_s: float = 0.0  # CPU the clock's thread used
 
 
 @dataclass(frozen=True)
@@ -186,11 +190,11 @@ class Watch:
             raise Cancelled("the executor was closed") from None
         return self.timed_out or self.stopped
 
-    def outcome(self, returncode: int | None, wall_s: float, log_dir: Path) -> ProcessOutcome:
+    def outcome(self, returncode: int | None, wall_s: float, log_dir: Path, clock: LineClock) -> ProcessOutcome:
         if self.on_poll:
             self.on_poll()  # the last word: the child's final lines
         return ProcessOutcome(None if self.timed_out else returncode, self.timed_out, wall_s,
-                              tail(log_dir / "stderr.log"), self.stopped)
+                              tail(log_dir / "stderr.log"), self.stopped, clock.arrivals, clock.poll_cpu_s)
 
 
 def run_process(
@@ -203,12 +207,15 @@ def run_process(
     on_poll: Callable[[], None] | None = None,
     poll_interval_s: float = 0.25,
     stop_file: Path | None = None,
+    timed: Sequence[Path] = (),
 ) -> ProcessOutcome:
     """Run ``argv`` (no shell) to completion, timeout or ``stop_file``'s appearance; stdout/stderr go to
-    files in ``log_dir``."""
+    files in ``log_dir``. The lines appended to the ``timed`` files (where the metrics come through) are
+    stamped on the guard's own clock as they arrive (core/clock.py)."""
     with opening(log_dir, env) as full_env, (log_dir / "stdout.log").open("wb") as out, \
             (log_dir / "stderr.log").open("wb") as err:
         watch = Watch(timeout_s, on_poll, stop_file)
+        clock = LineClock(timed, watch.start).__enter__()
         proc = subprocess.Popen(
             list(argv), stdout=out, stderr=err, env=full_env, cwd=cwd, start_new_session=True,
             preexec_fn=_die_with_parent if _prctl is not None else None,
@@ -225,8 +232,10 @@ def run_process(
         except BaseException:
             _kill_group(proc)  # Ctrl-C in the parent must not leave a trainer running
             raise
+        finally:
+            clock.__exit__()
         wall = time.perf_counter() - watch.start
-    return watch.outcome(proc.returncode, wall, log_dir)
+    return watch.outcome(proc.returncode, wall, log_dir, clock)
 
 
 def kill_orphans(run_dir: str | None) -> None:

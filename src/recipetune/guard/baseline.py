@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from recipetune.core import stats
+from recipetune.core import clock, stats
 from recipetune.core.files import write_atomic
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
@@ -49,6 +49,8 @@ class BaselineProfile(BaseModel):
     # field existed were all judged so); "auto": the guard finds out per candidate
     data_order: str = "fixed"
     noise_note: str = ""  # an absurd A/A noise refused and measured again, or a busy machine
+    timed_by: str = "trainer"  # whose clock the throughput figures are on: "trainer" or "guard" (core/clock.py)
+    clock_note: str = ""  # why: the trainer's times agree with the guard's clock, or how they disagree
 
     def save(self, path: Path) -> None:
         write_atomic(path, self.model_dump_json(indent=2))
@@ -81,7 +83,8 @@ def build_profile(
 ) -> BaselineProfile:
     parity = settings.parity
     distinct = loss.independent_repeats(seeds, runs)
-    throughputs = [r.summary().tokens_per_s_per_device for r in runs]
+    choice = clock.choose(runs)  # the trainer's printed times, where they agree with the guard's clock
+    throughputs = [choice.rate(r) for r in runs]
     aa = stats.aa_log_ratios(throughputs)
     tol, reference, kind = loss.tolerance(runs, parity, False, None, distinct)
     finals = [stats.mean_with_error([s.loss for s in loss.tail(r, loss.tokens(r)[-1], parity.tail)]).mean
@@ -102,6 +105,8 @@ def build_profile(
         final_losses=finals,
         final_metric=f"training loss (mean over the last {100 * parity.tail:.0f}% of the tokens)",
         data_order="fixed" if getattr(workload, "sample_order_fixed", False) else "auto",
+        timed_by="guard" if choice.guard else "trainer",
+        clock_note=choice.note,
     )
 
 
@@ -127,15 +132,17 @@ def remeasure_throughput(
         progress(f"A/A noise {100 * before:.0f}% is above speed.max_noise: measuring the baseline's throughput again")
     runs = [run_checked(workload, with_seed(recipe, profile.seeds[0]), settings.speed.steps, out_dir / f"again-{k}",
                         settings, "baseline throughput run") for k in range(n)]
-    rates = [r.summary().tokens_per_s_per_device for r in runs]
+    choice = clock.choose(runs)
+    rates = [choice.rate(r) for r in runs]
     aa = stats.aa_log_ratios(rates)
     noise = stats.noise_margin(aa, 0.0)
     note = (f"A/A noise {100 * before:.0f}% over the profile runs refused (above speed.max_noise "
             f"{100 * settings.speed.max_noise:.0f}%); measured again over {n} runs: {100 * noise:.0f}%")
     if noise > settings.speed.max_noise:
         note += "; still absurd: the machine was busy, and the final verdict will rely on its own pairs"
-    return profile.model_copy(update={"aa_log_ratios": aa, "throughput_noise": noise,
-                                      "tokens_per_s": statistics.median(rates), "noise_note": note})
+    return profile.model_copy(update={"aa_log_ratios": aa, "throughput_noise": noise, "noise_note": note,
+                                      "tokens_per_s": statistics.median(rates),
+                                      "timed_by": "guard" if choice.guard else "trainer", "clock_note": choice.note})
 
 
 def profile_baseline(

@@ -7,8 +7,11 @@ profile's median, and only the final verdict re-measures it interleaved.
 
 from __future__ import annotations
 
+import statistics
+
 from pydantic import BaseModel
 
+from recipetune.core import clock
 from recipetune.core.measure import RunResult
 from recipetune.core.words import ParityOutcome
 from recipetune.guard.baseline import BaselineProfile
@@ -23,14 +26,14 @@ class Screening(BaseModel):
     loss_gap: float | None  # the parity statistic: the candidate's loss measure minus the baseline's (nats)
     loss_tolerance: float | None  # T
     mode: str = "same batches"  # how the evidence was gathered (guard/parity.py)
+    clock: str = ""  # where the speed-up is on the guard's own clock: why (the trainer's times disagree)
 
 
 def screen(profile: BaselineProfile, candidate: RunResult, settings: GuardConfig) -> Screening:
     if not candidate.ok:
         return Screening(passed=False, reasons=[f"run {candidate.status}: {candidate.cause}"], speedup=None,
                          loss_gap=None, loss_tolerance=None)
-    summary = candidate.summary()
-    speedup = summary.tokens_per_s_per_device / profile.tokens_per_s if profile.tokens_per_s > 0 else None
+    speedup, clock_note = speed_against(profile, candidate)
     seed = candidate.recipe.get("seed")
     if profile.seeds[0] is not None and seed != profile.seeds[0]:
         return Screening(passed=False, reasons=[f"ran with seed {seed}, the baseline profile with "
@@ -47,4 +50,17 @@ def screen(profile: BaselineProfile, candidate: RunResult, settings: GuardConfig
         loss_gap=evidence.mean_diff,
         loss_tolerance=evidence.tolerance,
         mode=evidence.mode,
+        clock=clock_note,
     )
+
+
+def speed_against(profile: BaselineProfile, candidate: RunResult) -> tuple[float | None, str]:
+    """The candidate's tokens/s per device over the profile's, on the trainer's printed times where they
+    agree with the guard's own clock, else on the guard's clock for both (core/clock.py: ``choose``;
+    then the note says why)."""
+    choice = clock.choose(profile.runs, [candidate])
+    if not choice.guard and profile.timed_by == "trainer":
+        base = profile.tokens_per_s  # possibly measured again on quieter runs (baseline.remeasure_throughput)
+    else:
+        base = statistics.median(choice.rate(r) for r in profile.runs)
+    return (choice.rate(candidate) / base if base > 0 else None), (choice.note if choice.guard else "")

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from recipetune.core import stats
+from recipetune.core import clock, stats
+from recipetune.core.clock import ClockChoice
 from recipetune.core.console import Note
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
@@ -44,6 +45,9 @@ class Pair(BaseModel):
     candidate_dir: str
     baseline_stalls: int = 0
     candidate_stalls: int = 0
+    # what the trainer printed, where the figures above are on the guard's own clock (core/clock.py)
+    baseline_claimed_tokens_per_s: float | None = None
+    candidate_claimed_tokens_per_s: float | None = None
 
 
 class SpeedEvidence(BaseModel):
@@ -62,14 +66,19 @@ class SpeedEvidence(BaseModel):
     failure: str = ""  # a candidate run that failed: then nothing else here counts
     busy: str = ""  # the A/A noise stayed absurd after measuring again: no decision on speed
     notes: list[str] = []  # a refused stored noise, a re-measurement, each look
+    timed_by: str = "trainer"  # whose clock the pairs' figures are on: "trainer" or "guard" (core/clock.py)
+    clock: str = ""  # why: the trainer's times agree with the guard's clock, or how they disagree
+
+
+Runs = list[tuple[RunResult, RunResult]]  # each pair's (baseline, candidate) runs
 
 
 def _pairs(workload: Workload, baseline: Recipe, candidate: Recipe, settings: GuardConfig, out_dir: Path,
-           progress: Callable[[str], None] | None, first: int = 0, count: int | None = None) -> tuple[list[Pair], str]:
+           progress: Callable[[str], None] | None, first: int = 0, count: int | None = None) -> tuple[Runs, str]:
     """Interleaved pairs ``first`` .. ``first + count``; a failed candidate run ends them (its message is
     returned)."""
     sp = settings.speed
-    pairs: list[Pair] = []
+    pairs: Runs = []
     for i in range(first, first + (sp.pairs if count is None else count)):
         order = "AB" if i % 2 == 0 else "BA"
         runs: dict[str, RunResult] = {}
@@ -85,16 +94,26 @@ def _pairs(workload: Workload, baseline: Recipe, candidate: Recipe, settings: Gu
             if not result.ok:
                 return pairs, f"candidate speed run {result.status}: {result.cause}"
             runs[side] = result
-        a, b = runs["A"].summary(), runs["B"].summary()
-        pairs.append(Pair(
-            index=i + 1, order=order,
-            baseline_tokens_per_s=a.tokens_per_s_per_device, candidate_tokens_per_s=b.tokens_per_s_per_device,
-            ratio=b.tokens_per_s_per_device / a.tokens_per_s_per_device,
-            baseline_warmup_s=a.warmup_time_s, candidate_warmup_s=b.warmup_time_s,
-            baseline_dir=runs["A"].out_dir, candidate_dir=runs["B"].out_dir,
-            baseline_stalls=a.stalls, candidate_stalls=b.stalls,
-        ))
+        pairs.append((runs["A"], runs["B"]))
     return pairs, ""
+
+
+def timed(runs: Runs, choice: ClockChoice) -> list[Pair]:
+    """The pairs' figures on the clock ``choice`` names (the trainer's printed times kept beside the guard's)."""
+    pairs = []
+    for i, (base, cand) in enumerate(runs):
+        a, b = base.summary(False), cand.summary(False)
+        ta, tb = choice.rate(base), choice.rate(cand)
+        pairs.append(Pair(
+            index=i + 1, order="AB" if i % 2 == 0 else "BA",
+            baseline_tokens_per_s=ta, candidate_tokens_per_s=tb, ratio=tb / ta,
+            baseline_warmup_s=a.warmup_time_s, candidate_warmup_s=b.warmup_time_s,
+            baseline_dir=base.out_dir, candidate_dir=cand.out_dir,
+            baseline_stalls=a.stalls, candidate_stalls=b.stalls,
+            baseline_claimed_tokens_per_s=a.tokens_per_s_per_device if choice.guard else None,
+            candidate_claimed_tokens_per_s=b.tokens_per_s_per_device if choice.guard else None,
+        ))
+    return pairs
 
 
 def own_aa(pairs: list[Pair]) -> list[float]:
@@ -117,34 +136,47 @@ def measure_speed(
     out_dir: Path,
     prior_aa: list[float] | None = None,
     progress: Callable[[str], None] | None = None,
+    prior_runs: list[RunResult] | None = None,
 ) -> SpeedEvidence:
     """Interleaved pairs of ``settings.speed.steps`` steps each, in looks (``looks``), up to
-    ``settings.speed.pairs``."""
+    ``settings.speed.pairs``. Each look decides on the trainer's printed times only where they agree with
+    the guard's own clock (core/clock.py: ``choose``); else on the guard's clock, where the A/A noise of
+    ``prior_runs`` (the profile's) is measured again on that clock in place of ``prior_aa``."""
     sp = settings.speed
     notes: list[str] = []
     plan = looks(settings)
     one_sided = (1 - sp.confidence) / 2  # the interval's lower end is a one-sided test at this level
     spending = Spending(one_sided, "pocock", spent("pocock", plan[0] / plan[-1], one_sided) / one_sided)
-    pairs, failure = _pairs(workload, baseline, candidate, settings, out_dir, progress, 0, plan[0])
-    aa = own_aa(pairs)
+
+    def measured(runs: Runs) -> tuple[list[Pair], list[float], ClockChoice]:
+        choice = clock.choose([a for a, _ in runs], [b for _, b in runs])
+        pairs = timed(runs, choice)
+        return pairs, own_aa(pairs), choice
+
+    runs, failure = _pairs(workload, baseline, candidate, settings, out_dir, progress, 0, plan[0])
+    pairs, aa, choice = measured(runs)
     if not failure and sp.noise_margin is None and stats.noise_margin(aa, 0.0) > sp.max_noise:
         notes.append(f"A/A noise {100 * stats.noise_margin(aa, 0.0):.0f}% over the first round of pairs is above "
                      f"speed.max_noise {100 * sp.max_noise:.0f}%: measured again")
-        pairs, failure = _pairs(workload, baseline, candidate, settings, out_dir / "again", progress, 0, plan[0])
-        aa = own_aa(pairs)
+        runs, failure = _pairs(workload, baseline, candidate, settings, out_dir / "again", progress, 0, plan[0])
+        pairs, aa, choice = measured(runs)
     for k, n in enumerate(plan):
         if k:
-            more, failure = _pairs(workload, baseline, candidate, settings, out_dir, progress, len(pairs),
-                                   n - len(pairs))
-            pairs += more
-            aa = own_aa(pairs)
+            more, failure = _pairs(workload, baseline, candidate, settings, out_dir, progress, len(runs),
+                                   n - len(runs))
+            runs += more
+            pairs, aa, choice = measured(runs)
         if failure:
             return SpeedEvidence(pairs=pairs, speedup=None, ci_low=None, ci_high=None, confidence=sp.confidence,
                                  ci_method="", noise_margin=0.0, noise_source="", aa_log_ratios=[], faster=False,
                                  failure=failure, notes=notes)
         final = k == len(plan) - 1
         level = spending.look(n, n / plan[-1], final) if len(plan) > 1 else one_sided
-        evidence = _judge(pairs, aa, prior_aa, settings, 1 - 2 * level, notes)
+        prior = prior_aa
+        if choice.guard and prior_runs:  # the profile's A/A noise, on the clock this look decides on
+            prior = stats.aa_log_ratios([choice.rate(r) for r in prior_runs])
+        evidence = _judge(pairs, aa, prior, settings, 1 - 2 * level, notes)
+        evidence.timed_by, evidence.clock = ("guard" if choice.guard else "trainer"), choice.note
         if len(plan) > 1:
             verdict = ("clears the margin" if evidence.faster else "lies below the margin"
                        if (evidence.ci_high or 0) < 1 + evidence.noise_margin else "cannot tell yet")

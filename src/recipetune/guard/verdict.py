@@ -9,6 +9,8 @@ stored run); the verdict is also written there as ``verdict.json`` for machines,
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from recipetune.core import stats
 from recipetune.core.filenames import VERDICT
 from recipetune.core.files import write_atomic
 from recipetune.core.fmt import fmt_duration
@@ -151,10 +154,11 @@ def final_verdict(
     if progress:
         progress(f"speed: {settings.speed.pairs} interleaved pairs of {settings.speed.steps} steps")
     if executor is None:
-        speed = measure_speed(workload, baseline, candidate, settings, out_dir / "speed", prior_aa, progress)
+        speed = measure_speed(workload, baseline, candidate, settings, out_dir / "speed", prior_aa, progress,
+                              profile.runs)
     else:  # one placement: its interleaved pairs must see the same hardware
         speed = executor.call(measure_speed, workload, baseline, candidate, settings, out_dir / "speed", prior_aa,
-                              progress=progress).result()
+                              progress=progress, prior_runs=profile.runs).result()
     verdict.cost.update(speed_runs=2 * len(speed.pairs), speed_s=round(time.monotonic() - started, 1))
     _decide_speed(verdict, speed, f"loss parity holds ({evidence.summary()}); {evidence.horizon()}")
     return _finish(verdict, out_dir)
@@ -188,6 +192,8 @@ def _decide_speed(verdict: Verdict, speed: SpeedEvidence, loss: str) -> None:
     verdict.pairs = [p.model_dump(mode="json") for p in speed.pairs]
     verdict.speed = speed.model_dump(mode="json", exclude={"pairs"})
     verdict.notes += speed.notes
+    if speed.clock:
+        verdict.notes.append(f"speed timed by {speed.clock}")
     if speed.failure:
         verdict.reasons = [speed.failure]
         return
@@ -199,7 +205,13 @@ def _decide_speed(verdict: Verdict, speed: SpeedEvidence, loss: str) -> None:
     verdict.noise_margin, verdict.confidence = speed.noise_margin, speed.confidence
     power = (f"; the smallest speed-up these pairs could approve: {speed.smallest_approvable:.3f}x"
              if speed.smallest_approvable else "")
-    figures = (f"speed-up {speed.speedup:.3f}x, {100 * speed.confidence:.0f}% CI [{speed.ci_low:.3f}, "
+    claimed = ""
+    if speed.timed_by == "guard" and all(p.candidate_claimed_tokens_per_s for p in speed.pairs):
+        said = stats.log_ratios([p.candidate_claimed_tokens_per_s or 0.0 for p in speed.pairs],
+                                [p.baseline_claimed_tokens_per_s or 0.0 for p in speed.pairs])
+        claimed = (f" on the guard's own clock (the trainer's printed step times say "
+                   f"{math.exp(statistics.fmean(said)):.3f}x; they disagree with the guard's clock)")
+    figures = (f"speed-up {speed.speedup:.3f}x{claimed}, {100 * speed.confidence:.0f}% CI [{speed.ci_low:.3f}, "
                f"{speed.ci_high:.3f}] over {len(speed.pairs)} interleaved pairs; noise margin "
                f"{100 * speed.noise_margin:.1f}%{power}")
     if speed.busy:

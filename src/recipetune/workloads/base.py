@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipetune.core import clock
 from recipetune.core.filenames import RESULT
 from recipetune.core.measure import (
     EXIT_CODES,
@@ -185,16 +186,21 @@ def build_result(
     run_info: dict,
     parsed: tuple[list[StepRecord], list[EvalRecord]] | None = None,
     steps_done: int | None = None,
+    kind: clock.Kind = clock.jsonl_kind,
 ) -> RunResult:
     """Turn a finished process and its metrics stream into a RunResult (saved as result.json).
 
     ``run_info`` is what the trainer said about where it ran: ``n_devices``, ``flops_per_token``,
     ``peak_flops_per_device``, ``environment`` (all optional). ``parsed`` replaces reading
     ``metrics_path`` when the caller parsed them itself (e.g. from log lines); ``steps_done``
-    replaces their count when they sample the run (a trainer logging every 10th step).
+    replaces their count when they sample the run (a trainer logging every 10th step). ``kind`` tells
+    a step line from a validation line among the lines the runner timed (``outcome.arrivals``): each
+    step is stamped with the guard's own time for it and the run's clock reading is made
+    (core/clock.py).
     """
     status, cause = classify(outcome, out_dir)
     records, evals = parsed if parsed is not None else read_metrics_stream(metrics_path)
+    records = clock.stamp(records, outcome.arrivals, kind) if outcome.arrivals else records
     done = len(records) if steps_done is None else steps_done
     bad_step = first_nonfinite_step(records)
     if status == "ok" and bad_step is not None:
@@ -220,6 +226,11 @@ def build_result(
         out_dir=str(out_dir),
         environment=run_info.get("environment") or environment_fingerprint(),
     )
+    if outcome.arrivals:
+        last = records[-1].step if records else done
+        reading = clock.read(result.measured(), outcome.arrivals, outcome.wall_s, max(done, last),
+                             outcome.poll_cpu_s, kind)
+        result = result.model_copy(update={"clock": reading})
     result.save(out_dir / RESULT)
     return result
 

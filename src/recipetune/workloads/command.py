@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recipetune.core import expr, meanings
+from recipetune.core import clock, expr, meanings
 from recipetune.core.filenames import RESULT
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.process import STOP_FILE, run_process
@@ -385,6 +385,7 @@ class CommandWorkload(Workload):
             cwd=self.cwd,
             on_poll=on_poll,
             stop_file=out_dir / STOP_FILE,
+            timed=[metrics] if metrics is not None else logs,  # the guard's own clock (core/clock.py)
         )
         n_devices = self.n_devices(recipe)
         run_info = {"n_devices": n_devices, "flops_per_token": self.spec.flops_per_token,
@@ -399,7 +400,8 @@ class CommandWorkload(Workload):
         except log_formats.MetricsError as e:
             parsed, problem = ([], []), f"metrics: {e}"
         steps_done = max(len(parsed[0]), parsed[0][-1].step if parsed[0] else 0)
-        result = build_result(recipe, outcome, out_dir, steps, metrics, run_info, parsed, steps_done)
+        kind = self.preset.kind if self.preset is not None else clock.jsonl_kind
+        result = build_result(recipe, outcome, out_dir, steps, metrics, run_info, parsed, steps_done, kind)
         if not problem and not parsed[0] and result.status == "crash" and outcome.returncode == 0:
             source = metrics if metrics is not None else f"stdout/stderr (log preset '{self.preset.name}')"
             problem = f"{result.cause}: no step records found in {source}"

@@ -61,6 +61,11 @@ class LogPreset:
             return "step", {k: v for k, v in m.groupdict().items() if v is not None}
         return None
 
+    def kind(self, line: str) -> tuple[str, int] | None:
+        """``("step" | "val", step number)`` for a step or validation line (what the guard's clock times)."""
+        hit = self.match(line)
+        return None if hit is None else (hit[0], int(hit[1]["step"]))
+
 
 def make_preset(name: str, step_regex: str, val_regex: str | None = None, help: str = "") -> LogPreset:
     """Compile and vet a preset: required groups present, no group name recipetune would ignore."""

@@ -93,7 +93,7 @@ class ReferenceWorkload(Workload):
         if argv[:3] == [sys.executable, "-m", "recipetune.trainer"] and warm.enabled():
             argv, launch = argv[3:], warm.run_warm  # a fork of a process that imported torch once
         outcome = launch(argv, log_dir=out_dir, timeout_s=timeout_s, env={"PYTHONUNBUFFERED": "1"}, on_poll=on_poll,
-                         stop_file=out_dir / STOP_FILE)
+                         stop_file=out_dir / STOP_FILE, timed=[metrics])
         try:
             run_info = json.loads((out_dir / "run.json").read_text())
         except (OSError, json.JSONDecodeError):

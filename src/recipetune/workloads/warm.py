@@ -30,6 +30,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from recipetune.core.clock import LineClock
 from recipetune.core.process import ProcessOutcome, Watch, opening
 
 ENV_FLAG = "RECIPETUNE_WARM_START"
@@ -208,12 +209,14 @@ def run_warm(
     on_poll: Callable[[], None] | None = None,
     poll_interval_s: float = 0.25,
     stop_file: Path | None = None,
+    timed: Sequence[Path] = (),
 ) -> ProcessOutcome:
     """``python -m recipetune.trainer ARGS`` as a fork of the warm launcher; like ``run_process``."""
     with opening(log_dir, env) as full_env, Launcher.held() as proc:
         req = {"args": list(args), "stdout": str(log_dir / "stdout.log"), "stderr": str(log_dir / "stderr.log"),
                "cwd": str(cwd or Path.cwd()), "env": full_env}
         watch = Watch(timeout_s, on_poll, stop_file)
+        clock = LineClock(timed, watch.start).__enter__()
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(req) + "\n")
         proc.stdin.flush()
@@ -237,8 +240,10 @@ def run_warm(
             except Exception:
                 proc.kill()
             raise
+        finally:
+            clock.__exit__()
         wall = time.perf_counter() - watch.start
-    return watch.outcome(answer["returncode"], wall, log_dir)
+    return watch.outcome(answer["returncode"], wall, log_dir, clock)
 
 
 if __name__ == "__main__":
