@@ -6,6 +6,7 @@ Also the CSV route: Lightning's CSVLogger file as litgpt writes it, and a real l
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -272,3 +273,29 @@ def test_csv_route_spec_errors():
     with pytest.raises(SpecError, match="placeholder {run} names no knob") as e:
         litgpt_workload({"csv": "{out_dir}/{run}/m.csv", "columns": "litgpt"})
     assert e.value.field == "metrics.csv"
+
+
+def test_watch_reads_a_csv_route_run_folder(tmp_path):
+    """`recipetune watch` finds the CSV file under a run folder (the newest version_N) and reads its curves."""
+    from recipetune.config import load_campaign
+    from recipetune.speed.watch_read import metrics_files, read_curves
+
+    file = tmp_path / "c.yaml"
+    file.write_text(f"""workload:
+  kind: command
+  argv: ["{{python}}", "{TRAINER}", "--micro={{micro}}", "--global-batch=8", "--steps={{steps}}", "--out={{out_dir}}"]
+  knobs:
+    micro: {{default: 2, choices: [1, 2, 4, 8]}}
+  metrics: {{csv: "{{out_dir}}/logs/csv/version_*/metrics.csv", columns: litgpt}}
+  tokens_per_step: "8 * 32"
+baseline: {{micro: 2}}
+""")
+    c = load_campaign(file)
+    run = tmp_path / "run"
+    _, logged = litgpt_sample(accum=4)
+    old = write_csv(run / "logs/csv/version_0/metrics.csv", [({"loss": 9.0, "total_tokens": 256, "time": 1.0}, 0)])
+    os.utime(old, (1e9, 1e9))  # an earlier run's file
+    write_csv(run / "logs/csv/version_1/metrics.csv", logged)
+    files = metrics_files(c, run)
+    stream = read_curves(c, run, files)
+    assert len(stream.loss.steps) == 7 and len(stream.val.steps) == 3  # version_1's, not the older file's
