@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -299,3 +300,44 @@ baseline: {{micro: 2}}
     files = metrics_files(c, run)
     stream = read_curves(c, run, files)
     assert len(stream.loss.steps) == 7 and len(stream.val.steps) == 3  # version_1's, not the older file's
+
+
+def _section_yamls(title: str) -> list[str]:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "own-trainer.md").read_text()
+    section = page.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
+
+
+# torchtitan's command-line options at b5bcd76 that the torchtitan section uses
+# (tests/unit_tests/test_no_new_cli_options.py there lists every frozen option)
+TITAN_OPTIONS = {"--module", "--config", "--training.num_tokens_per_microbatch_per_dp_rank",
+                 "--training.num_tokens_per_train_step", "--training.max_context_length", "--training.steps",
+                 "--metrics.log_freq", "--debug.seed", "--compile.enable", "--compile.no-enable"}
+
+
+def test_the_torchtitan_and_litgpt_sections_yaml_loads_as_written(tmp_path):
+    from recipetune.config import load_campaign
+
+    (titan,) = _section_yamls("torchtitan")
+    (tmp_path / "titan.yaml").write_text(titan)
+    w = load_campaign(tmp_path / "titan.yaml").workload
+    for values in ({"micro": 2, "compile": True, "ac": "full"}, {"micro": 8, "compile": False, "ac": "none"}):
+        argv = w.command(w.resolve(values), 10, tmp_path)
+        flags = {a.split("=")[0] for a in argv[4:] if a.startswith("--")}
+        assert flags <= TITAN_OPTIONS, flags - TITAN_OPTIONS
+        assert f"--training.num_tokens_per_microbatch_per_dp_rank={values['micro'] * 8192}" in argv
+        assert ("--compile.enable" in argv) is values["compile"] and argv[-1] == f"activation-checkpoint:{values['ac']}"
+    assert not [a for a in argv if "local_batch_size" in a or "config_file" in a or "activation_checkpoint." in a]
+
+    (lit,) = _section_yamls("litgpt")
+    (tmp_path / "lit.yaml").write_text(lit)
+    c = load_campaign(tmp_path / "lit.yaml")
+    assert c.workload.csv_columns == csv_metrics.PRESETS["litgpt"]
+    assert all(spec.means for spec in c.config.workload.knobs.values())
+
+
+def test_the_litgpt_example_campaign_loads():
+    from recipetune.config import load_campaign
+
+    c = load_campaign(Path(__file__).resolve().parents[1] / "examples" / "litgpt" / "campaign.yaml")
+    assert c.workload.csv_columns == csv_metrics.PRESETS["litgpt"] and c.workload.tokens_per_step(c.baseline) == 256
