@@ -73,9 +73,16 @@ def test_torchtitan_lines_as_metrics_processor_prints_them():
 
 
 def megatron_line(iteration, loss, **kw):
-    args = {"train_iters": 1000, "consumed_train_samples": iteration * 16, "elapsed_time_per_iteration": 1.14756,
-            "learning_rate": 1e-4, "batch_size": 16, "losses": {"lm loss": loss}, "loss_scale": 1.0,
-            "grad_norm": 2.9184}
+    args = {
+        "train_iters": 1000,
+        "consumed_train_samples": iteration * 16,
+        "elapsed_time_per_iteration": 1.14756,
+        "learning_rate": 1e-4,
+        "batch_size": 16,
+        "losses": {"lm loss": loss},
+        "loss_scale": 1.0,
+        "grad_norm": 2.9184,
+    }
     return tf.megatron_step(iteration, **(args | kw))
 
 
@@ -109,11 +116,16 @@ def test_megatron_test_set_loss_is_no_validation():
 
 def litgpt_sample(accum=4, steps=7):
     return tf.litgpt_run(
-        accum=accum, micro=2, seq=32, steps=steps, eval_interval=3,
+        accum=accum,
+        micro=2,
+        seq=32,
+        steps=steps,
+        eval_interval=3,
         losses=[4.28174 - 0.01 * k for k in range(steps)],
         iter_times=[0.05] * steps,  # the last micro-batch and the optimizer step
         step_times=[0.05 * accum + 0.01] * steps,  # the whole step
-        val_losses=[4.275317, 4.233382], final_val=4.221312,
+        val_losses=[4.275317, 4.233382],
+        final_val=4.221312,
     )
 
 
@@ -145,11 +157,17 @@ def test_litgpt_real_run_output():
 
 def test_a_custom_val_regex_by_iteration_needs_the_iteration_on_step_lines():
     with pytest.raises(ValueError, match="needs an iter group"):
-        log_formats.make_preset("x", r"step (?P<step>\d+) loss (?P<loss>\S+) (?P<step_time_s>\S+)",
-                                r"iter (?P<iter>\d+) val (?P<val_loss>\S+)")
+        log_formats.make_preset(
+            "x",
+            r"step (?P<step>\d+) loss (?P<loss>\S+) (?P<step_time_s>\S+)",
+            r"iter (?P<iter>\d+) val (?P<val_loss>\S+)",
+        )
     with pytest.raises(ValueError, match="not both"):
-        log_formats.make_preset("x", r"it (?P<iter>\d+) step (?P<step>\d+) loss (?P<loss>\S+) (?P<step_time_s>\S+)",
-                                r"it (?P<iter>\d+) step (?P<step>\d+) val (?P<val_loss>\S+)")
+        log_formats.make_preset(
+            "x",
+            r"it (?P<iter>\d+) step (?P<step>\d+) loss (?P<loss>\S+) (?P<step_time_s>\S+)",
+            r"it (?P<iter>\d+) step (?P<step>\d+) val (?P<val_loss>\S+)",
+        )
 
 
 # ----------------------------------------------------------------------------------------- CSV route
@@ -232,8 +250,7 @@ TRAINER = FIXTURES / "litgpt_like_trainer.py"
 
 def litgpt_workload(metrics: dict, **extra) -> CommandWorkload:
     spec = {
-        "argv": ["{python}", str(TRAINER), "--micro={micro}", "--global-batch=8", "--steps={steps}",
-                 "--out={out_dir}"],
+        "argv": ["{python}", str(TRAINER), "--micro={micro}", "--global-batch=8", "--steps={steps}", "--out={out_dir}"],
         "knobs": {"micro": {"default": 2, "choices": [1, 2, 4, 8], "means": "micro_batch"}},
         "metrics": metrics,
         "tokens_per_step": "8 * 16",
@@ -310,9 +327,18 @@ def _section_yamls(title: str) -> list[str]:
 
 # torchtitan's command-line options at b5bcd76 that the torchtitan section uses
 # (tests/unit_tests/test_no_new_cli_options.py there lists every frozen option)
-TITAN_OPTIONS = {"--module", "--config", "--training.num_tokens_per_microbatch_per_dp_rank",
-                 "--training.num_tokens_per_train_step", "--training.max_context_length", "--training.steps",
-                 "--metrics.log_freq", "--debug.seed", "--compile.enable", "--compile.no-enable"}
+TITAN_OPTIONS = {
+    "--module",
+    "--config",
+    "--training.num_tokens_per_microbatch_per_dp_rank",
+    "--training.num_tokens_per_train_step",
+    "--training.max_context_length",
+    "--training.steps",
+    "--metrics.log_freq",
+    "--debug.seed",
+    "--compile.enable",
+    "--compile.no-enable",
+}
 
 
 def test_the_torchtitan_and_litgpt_sections_yaml_loads_as_written(tmp_path):
