@@ -2,7 +2,7 @@
 
 A run's training and validation loss curves, read the way the campaign file says its workload writes
 them (the reference trainer's ``metrics.jsonl``, a command workload's JSONL or log lines through its
-regex preset); the baseline: ``--baseline`` metrics files, or the campaign folder's profile and stored
+regex preset, or its CSV file); the baseline: ``--baseline`` metrics files, or the campaign folder's profile and stored
 runs of the baseline recipe (``guard-runs/``), with the guard's seed-to-seed spread and T where the
 folder holds a profile. What cannot be compared (a missing file, no loss, another workload, recipe or
 tokens per step) is ``WatchInput``: bad input, exit 2.
@@ -22,7 +22,7 @@ from recipetune.core.recipe import INVARIANT
 from recipetune.guard import drift
 from recipetune.guard.baseline import BaselineProfile
 from recipetune.guard.monitor import Measure
-from recipetune.workloads import log_formats
+from recipetune.workloads import csv_metrics, log_formats
 from recipetune.workloads.command import CommandWorkload, substitute
 
 
@@ -43,6 +43,8 @@ def metrics_files(campaign: Campaign, path: Path) -> list[Path]:
     if isinstance(w, CommandWorkload):
         if w.spec.metrics.jsonl:
             return [path / Path(substitute(w.spec.metrics.jsonl, {"out_dir": "", **_blank(w)})).name]
+        if w.spec.metrics.csv:  # where it lies under the run's folder (a * picks the newest)
+            return [path / substitute(w.spec.metrics.csv, {"out_dir": "", **_blank(w)}).lstrip("/")]
         return [path / "stdout.log", path / "stderr.log"]
     return [path / "metrics.jsonl"]
 
@@ -71,6 +73,8 @@ def read_curves(campaign: Campaign, path: Path, files: list[Path]) -> Stream:
     try:
         if isinstance(w, CommandWorkload) and w.preset is not None:
             steps, evals = log_formats.read_logs(files, w.preset, tps, w.n_devices(campaign.baseline))
+        elif isinstance(w, CommandWorkload) and w.spec.metrics.csv:
+            steps, evals = csv_metrics.read_csv(files[0], w.csv_columns, tps, w.n_devices(campaign.baseline))
         else:
             steps, evals = log_formats.read_jsonl(files[0], tps, w.n_devices(campaign.baseline))
     except (log_formats.MetricsError, OSError, UnicodeError) as e:
@@ -83,6 +87,7 @@ def read_curves(campaign: Campaign, path: Path, files: list[Path]) -> Stream:
 def no_loss(campaign: Campaign, path: Path) -> WatchInput:
     w = campaign.workload
     how = (f"log lines matching the '{w.preset.name}' preset" if isinstance(w, CommandWorkload) and w.preset
+           else "CSV rows with a loss" if isinstance(w, CommandWorkload) and w.spec.metrics.csv
            else "JSON lines with step and loss")
     return WatchInput(f"{path}: no training loss in it ({how}, as the campaign's {w.kind} workload writes them)")
 

@@ -1,7 +1,8 @@
 """Any training command as a workload: knob values into its arguments or environment, metrics
-read back from a JSONL stream or from log lines through a named regex preset.
+read back from a JSONL stream, from log lines through a named regex preset, or from the CSV file a
+trainer's logger writes (workloads/csv_metrics.py).
 
-Placeholders in ``argv``, ``env`` values and ``metrics.jsonl`` are plain ``{name}`` fields: a knob,
+Placeholders in ``argv``, ``env`` values and ``metrics.jsonl``/``metrics.csv`` are plain ``{name}`` fields: a knob,
 or ``{steps}``, ``{out_dir}`` (absolute), ``{recipe_json}`` (the recipe written as JSON) and
 ``{python}`` (the interpreter running recipetune). ``{{`` and ``}}`` are literal braces. Values are
 rendered as text (bools as ``true``/``false``) and each argv element stays one argument: the
@@ -27,7 +28,7 @@ from recipetune.core.filenames import RESULT
 from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import Knob, KnobError, KnobSet, Recipe
-from recipetune.workloads import fingerprint, log_formats
+from recipetune.workloads import csv_metrics, fingerprint, log_formats
 from recipetune.workloads.base import Invariant, ProgressFn, Workload, build_result, count_lines
 
 Scalar = bool | int | float | str
@@ -70,7 +71,7 @@ class KnobSpec(BaseModel):
 
 
 class MetricsSpec(BaseModel):
-    """Where the step metrics come from: exactly one of ``jsonl``, ``regex_preset``, ``step_regex``."""
+    """Where the step metrics come from: exactly one of ``jsonl``, ``regex_preset``, ``step_regex``, ``csv``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,6 +81,10 @@ class MetricsSpec(BaseModel):
         None, description="a custom step-line regex with named groups (see workloads/log_formats.py)"
     )
     val_regex: str | None = Field(None, description="with step_regex: a validation-line regex (step, val_loss)")
+    csv: str | None = Field(None, description="path template of a CSV file the trainer's logger writes; * matches "
+                            "a folder name, e.g. {out_dir}/logs/csv/version_*/metrics.csv")
+    columns: str | dict[str, str] | None = Field(
+        None, description="with csv: a column preset (litgpt) or {field: column} (see workloads/csv_metrics.py)")
 
 
 class CommandSpec(fingerprint.FingerprintFields):
@@ -191,8 +196,9 @@ class CommandWorkload(Workload):
         allowed = set(self._knobs) | set(RESERVED)
         templates = {f"argv.{i}": a for i, a in enumerate(spec.argv)}
         templates |= {f"env.{k}": v for k, v in spec.env.items()}
-        if spec.metrics.jsonl:
-            templates["metrics.jsonl"] = spec.metrics.jsonl
+        for route in ("jsonl", "csv"):
+            if getattr(spec.metrics, route):
+                templates[f"metrics.{route}"] = getattr(spec.metrics, route)
         for field, template in templates.items():
             try:
                 unknown = [n for n in placeholders(template) if n not in allowed]
@@ -201,6 +207,7 @@ class CommandWorkload(Workload):
             if unknown:
                 raise SpecError(field, f"placeholder {{{unknown[0]}}} names no knob; knobs are: "
                                 f"{', '.join(sorted(self._knobs)) or '(none)'}; also {', '.join(RESERVED)}")
+        self.csv_columns: dict[str, str] | None = None  # the csv route's column map (None: the file's own names)
         self.preset = self._metrics_source()
         for field in ("tokens_per_step", "devices"):
             text = getattr(spec, field)
@@ -210,6 +217,9 @@ class CommandWorkload(Workload):
         if self.preset and not self.preset.reports_tokens and spec.tokens_per_step is None:
             raise SpecError("tokens_per_step", f"the log preset '{self.preset.name}' does not report tokens; "
                             "set workload.tokens_per_step (an expression over knobs, e.g. 'batch * seq_len')")
+        if "tokens_seen" in (self.csv_columns or {}) and spec.tokens_per_step is None:
+            raise SpecError("tokens_per_step", "metrics.columns counts steps in tokens (tokens_seen): set "
+                            "workload.tokens_per_step, the global batch in tokens (e.g. 'global_batch * seq_len')")
         self._invariants = [self._invariant(i, text) for i, text in enumerate(spec.invariants)]
         for i, pattern in enumerate(spec.code or []):
             if not pattern.startswith("!") and not fingerprint.globbed(self.cwd, [pattern]):
@@ -243,12 +253,19 @@ class CommandWorkload(Workload):
 
     def _metrics_source(self) -> log_formats.LogPreset | None:
         m = self.spec.metrics
-        given = [k for k in ("jsonl", "regex_preset", "step_regex") if getattr(m, k)]
+        given = [k for k in ("jsonl", "regex_preset", "step_regex", "csv") if getattr(m, k)]
         if len(given) != 1:
-            raise SpecError("metrics", "give exactly one of jsonl, regex_preset, step_regex"
+            raise SpecError("metrics", "give exactly one of jsonl, regex_preset, step_regex, csv"
                             + (f"; got {', '.join(given)}" if given else ""))
         if m.val_regex and not m.step_regex:
             raise SpecError("metrics.val_regex", "only used together with step_regex")
+        if m.columns is not None and not m.csv:
+            raise SpecError("metrics.columns", "only used together with csv")
+        if m.columns is not None:
+            try:
+                self.csv_columns = csv_metrics.columns_of(m.columns)
+            except ValueError as e:
+                raise SpecError("metrics.columns", str(e)) from None
         try:
             if m.regex_preset:
                 return log_formats.get_preset(m.regex_preset)
@@ -351,10 +368,20 @@ class CommandWorkload(Workload):
         argv = [shlex.quote(a) for a in self.command(recipe, steps, out_dir)]
         return " ".join(["cd", shlex.quote(str(self.cwd)), "&&", *env, *argv])
 
-    def metrics_path(self, recipe: Recipe, steps: int, out_dir: Path) -> Path | None:
-        if not self.spec.metrics.jsonl:
-            return None
-        return self.cwd / substitute(self.spec.metrics.jsonl, self._values(recipe, steps, out_dir))
+    def metrics_path(self, recipe: Recipe, steps: int, out_dir: Path, route: str = "jsonl") -> Path | None:
+        """Where the run writes its JSONL stream (or, ``route="csv"``, its CSV file: a path that may hold ``*``)."""
+        template = getattr(self.spec.metrics, route)
+        return None if not template else self.cwd / substitute(template, self._values(recipe, steps, out_dir))
+
+    def read_metrics(self, recipe: Recipe, steps: int, out_dir: Path) -> log_formats.Records:
+        """The run's step and validation records, read the way the campaign says the trainer writes them."""
+        tps, n_devices = self.tokens_per_step(recipe), self.n_devices(recipe)
+        if (metrics := self.metrics_path(recipe, steps, out_dir)) is not None:
+            return log_formats.read_jsonl(metrics, tps, n_devices)
+        if (table := self.metrics_path(recipe, steps, out_dir, "csv")) is not None:
+            return csv_metrics.read_csv(table, self.csv_columns, tps, n_devices)
+        assert self.preset is not None
+        return log_formats.read_logs([out_dir / "stdout.log", out_dir / "stderr.log"], self.preset, tps, n_devices)
 
     def run(
         self,
@@ -367,13 +394,17 @@ class CommandWorkload(Workload):
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "recipe.json").write_text(json.dumps(dict(recipe), indent=2, sort_keys=True))
         metrics = self.metrics_path(recipe, steps, out_dir)
-        for stale in (metrics, out_dir / "status.json", out_dir / STOP_FILE):
+        table = self.metrics_path(recipe, steps, out_dir, "csv")
+        stale_tables = csv_metrics.matches(table) if table is not None else []
+        for stale in (metrics, *stale_tables, out_dir / "status.json", out_dir / STOP_FILE):
             if stale is not None:
                 stale.unlink(missing_ok=True)
         logs = [out_dir / "stdout.log", out_dir / "stderr.log"]
         on_poll = None
         if progress and metrics is not None:
             on_poll = lambda: progress(count_lines(metrics))  # noqa: E731
+        elif progress and table is not None:
+            on_poll = lambda: progress(len(self.steps_so_far(recipe, steps, out_dir)))  # noqa: E731
         elif progress and self.preset is not None:
             follower = LogFollower(logs, self.preset)
             on_poll = lambda: progress(follower.poll())  # noqa: E731
@@ -392,18 +423,14 @@ class CommandWorkload(Workload):
                     "peak_flops_per_device": self.spec.peak_flops_per_device}
         problem = ""
         try:
-            if metrics is not None:
-                parsed = log_formats.read_jsonl(metrics, self.tokens_per_step(recipe), n_devices)
-            else:
-                assert self.preset is not None
-                parsed = log_formats.read_logs(logs, self.preset, self.tokens_per_step(recipe), n_devices)
+            parsed = self.read_metrics(recipe, steps, out_dir)
         except log_formats.MetricsError as e:
             parsed, problem = ([], []), f"metrics: {e}"
         steps_done = max(len(parsed[0]), parsed[0][-1].step if parsed[0] else 0)
         kind = self.preset.kind if self.preset is not None else clock.jsonl_kind
         result = build_result(recipe, outcome, out_dir, steps, metrics, run_info, parsed, steps_done, kind)
         if not problem and not parsed[0] and result.status == "crash" and outcome.returncode == 0:
-            source = metrics if metrics is not None else f"stdout/stderr (log preset '{self.preset.name}')"
+            source = metrics or table or f"stdout/stderr (log preset '{self.preset.name}')"
             problem = f"{result.cause}: no step records found in {source}"
         if problem and result.status in ("ok", "crash"):
             # The run may have trained fine, but recipetune cannot measure it: say why.
@@ -413,14 +440,9 @@ class CommandWorkload(Workload):
         return result
 
     def steps_so_far(self, recipe: Recipe, steps: int, out_dir: Path) -> list[StepRecord]:
-        """A running trial's step records: its JSONL stream, or its log lines through the preset."""
+        """A running trial's step records, as far as they are written."""
         try:
-            metrics = self.metrics_path(recipe, steps, out_dir)
-            if metrics is not None:
-                return log_formats.read_jsonl(metrics, self.tokens_per_step(recipe), self.n_devices(recipe))[0]
-            assert self.preset is not None
-            logs = [out_dir / "stdout.log", out_dir / "stderr.log"]
-            return log_formats.read_logs(logs, self.preset, self.tokens_per_step(recipe), self.n_devices(recipe))[0]
+            return self.read_metrics(recipe, steps, out_dir)[0]
         except (log_formats.MetricsError, OSError, ValueError):
             return []  # a stream still being written that cannot be read yet: nothing to judge
 

@@ -9,9 +9,16 @@ optionally one for validation lines. Step-line groups (``step`` and ``loss`` req
     tokens_per_s_per_device          throughput of one device (torchtitan's ``tps``)
     lr, grad_norm, mem_gib, mem_bytes
 
-Validation-line groups: ``step`` and ``val_loss``. A step time the line does not print is derived
-from its throughput and the tokens per step. Colour codes are stripped before matching, numbers may
-carry thousands separators, and a step printed by several ranks counts once.
+    iter                             the trainer's iteration (micro-batch) count at that step
+
+Validation-line groups: ``val_loss``, and the step it was measured at: ``step``, or ``iter`` (an
+iteration count, turned into the step of the step line that printed the same ``iter``), or neither
+(the last step printed before it: a trainer's final evaluation). A step time the line does not print
+is derived from its throughput and the tokens per step. Colour codes are stripped before matching,
+numbers may carry thousands separators, and a step printed by several ranks counts once.
+
+Each preset below names the trainer source whose format string it was checked against;
+tests/fixtures/trainer_formats.py formats those strings and tests/test_trainer_formats.py reads them.
 """
 
 from __future__ import annotations
@@ -28,8 +35,8 @@ from recipetune.core.measure import EvalRecord, StepRecord
 NUM = r"[-+]?(?:\d[\d,]*(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+|nan|inf)"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 TIME_FIELDS = ("step_time_s", "step_time_ms", "tokens_per_s", "tokens_per_s_per_device")
-STEP_FIELDS = {"step", "loss", "tokens", "lr", "grad_norm", "mem_gib", "mem_bytes", *TIME_FIELDS}
-VAL_FIELDS = {"step", "val_loss"}
+STEP_FIELDS = {"step", "loss", "tokens", "lr", "grad_norm", "mem_gib", "mem_bytes", "iter", *TIME_FIELDS}
+VAL_FIELDS = {"step", "iter", "val_loss"}
 # Per-step fields a JSONL line may carry beyond the ones above, copied as they are.
 PASSTHROUGH = ("peak_mem_bytes", "data_s", "compute_s", "optim_s", "noise_scale", "batch_fp", "seq_len")
 
@@ -70,7 +77,7 @@ class LogPreset:
 def make_preset(name: str, step_regex: str, val_regex: str | None = None, help: str = "") -> LogPreset:
     """Compile and vet a preset: required groups present, no group name recipetune would ignore."""
     patterns = []
-    for regex, fields, required in ((step_regex, STEP_FIELDS, {"step", "loss"}), (val_regex, VAL_FIELDS, VAL_FIELDS)):
+    for regex, fields, required in ((step_regex, STEP_FIELDS, {"step", "loss"}), (val_regex, VAL_FIELDS, {"val_loss"})):
         if regex is None:
             patterns.append(None)
             continue
@@ -83,7 +90,14 @@ def make_preset(name: str, step_regex: str, val_regex: str | None = None, help: 
             raise ValueError(f"{regex!r} lacks the named group(s) {sorted(missing)}, e.g. (?P<step>\\d+)")
         if unknown := groups - fields:
             raise ValueError(f"{regex!r}: unknown group(s) {sorted(unknown)}; allowed: {sorted(fields)}")
+        if {"step", "iter"} <= groups and fields is VAL_FIELDS:
+            raise ValueError(f"{regex!r}: give the validation's step or its iteration (iter), not both")
         patterns.append(pattern)
+    if patterns[1] is not None and "iter" in patterns[1].groupindex and "iter" not in patterns[0].groupindex:
+        raise ValueError(
+            f"{val_regex!r} numbers validations by iteration (iter): the step regex needs an iter group "
+            "too, to turn an iteration into a step"
+        )
     if not set(TIME_FIELDS) & set(patterns[0].groupindex):
         raise ValueError(f"{step_regex!r} reports no step time: add a group named one of {list(TIME_FIELDS)}")
     return LogPreset(name, patterns[0], patterns[1], help)
@@ -92,17 +106,21 @@ def make_preset(name: str, step_regex: str, val_regex: str | None = None, help: 
 PRESETS: dict[str, LogPreset] = {
     p.name: p
     for p in (
-        # Karpathy's nanoGPT train.py: "iter 10: loss 3.2345, time 123.45ms, mfu 12.34%" every
-        # log_interval iterations, "step 100: train loss 3.1000, val loss 3.2000" at each eval.
+        # Karpathy's nanoGPT train.py (commit 3adf61e, 2025-11-12): every log_interval iterations
+        # f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {running_mfu*100:.2f}%", and at each
+        # eval f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}". The loss is
+        # the last micro-batch's (times the accumulation), the time the whole iteration's.
         make_preset(
             "nanogpt",
             rf"\biter (?P<step>\d+): loss (?P<loss>{NUM}), time (?P<step_time_ms>{NUM})ms",
             rf"\bstep (?P<step>\d+): train loss {NUM}, val loss (?P<val_loss>{NUM})",
             help="nanoGPT train.py (set --log_interval=1 to measure every step)",
         ),
-        # torchtitan's MetricsProcessor.log: "step: 10  loss:  7.1234  [grad_norm:  1.2345  ]memory:
-        # 12.34GiB(13.05%)  tps: 1,234  tflops: 56.78  mfu: 12.34%" (older releases print wps).
-        # tps is per device; the loss is the global average. Validation: "validate step: 10  loss: ..".
+        # torchtitan's MetricsProcessor.log (components/metrics.py, commit b5bcd76, 2026-08-21), colour codes
+        # between the fields: f"step: {step:2}  loss: {global_avg_loss:8.5f}  grad_norm: {grad_norm:7.4f}  memory:
+        # {max_reserved_gib:5.2f}GiB({max_reserved_pct:.2f}%)  tps: {round(tps):,}  tflops: {tflops:,.2f}  mfu:
+        # {mfu_str}" (older releases print wps, some no grad_norm). tps is per device over the log interval; the
+        # loss is the global average. Validation: f"validate step: {step:2}  loss: {loss:7.4f}  memory: ...".
         make_preset(
             "torchtitan",
             rf"(?<!validate )\bstep:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>{NUM})"
@@ -111,17 +129,34 @@ PRESETS: dict[str, LogPreset] = {
             rf"\bvalidate step:\s*(?P<step>\d+)\s+loss:\s*(?P<val_loss>{NUM})",
             help="torchtitan train.py (set --metrics.log_freq=1 to measure every step)",
         ),
-        # Megatron-LM's training_log (set --log-interval 1: the time is averaged over the interval):
-        # " iteration       10/    1000 | consumed samples: 160 | elapsed time per iteration (ms): 1147.6 |
-        # learning rate: 1.0E-04 | global batch size: 16 | lm loss: 7.399415E+00 | loss scale: 1.0 |
-        # grad norm: 2.918 | ...", and " validation loss at iteration 100 | lm loss value: 7.1E+00 |".
-        # The line prints sequences, not tokens: the campaign gives tokens_per_step.
+        # Megatron-LM's training_log (megatron/training/training.py, commit d98e8a6, 2026-08-22; set
+        # --log-interval 1: the time is averaged over the interval): " [date] iteration {:8d}/{:8d} | consumed
+        # samples: {:12d} | elapsed time per iteration (ms): {:.1f} | [throughput ... |] learning rate: {:.6E} |
+        # global batch size: {:5d} | lm loss: {:.6E} | loss scale: {:.1f} | grad norm: {:.3f} | ...", and
+        # evaluate_and_print_results: " validation loss at iteration N | lm loss value: {:.6E} | ..." during
+        # training, "... at iteration N on validation set | ..." after it. Its "... on test set" line is not a
+        # validation. The line prints sequences, not tokens: the campaign gives tokens_per_step.
         make_preset(
             "megatron",
             rf"\biteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*"
             rf"(?P<step_time_ms>{NUM}).*?\|\s*lm loss:\s*(?P<loss>{NUM})(?:.*?\bgrad norm:\s*(?P<grad_norm>{NUM}))?",
-            rf"\bvalidation loss at iteration\s+(?P<step>\d+)[^|]*\|\s*lm loss value:\s*(?P<val_loss>{NUM})",
+            rf"\bvalidation loss at iteration\s+(?P<step>\d+)(?: on validation set)?\s*\|\s*lm loss value:\s*"
+            rf"(?P<val_loss>{NUM})",
             help="Megatron-LM pretrain_gpt.py (set --log-interval 1 to measure every step)",
+        ),
+        # litgpt's pretrain.py (v0.5.13, commit 2685705, 2026-06-29), every train.log_interval optimizer steps:
+        # f"Epoch {epoch + 1} | iter {iter} step {step} | loss train: {loss:.3f}, val: {val_loss} | iter time:
+        # {iter_time * 1000:.2f} ms (step) remaining time: {timedelta}". The loss is the mean of the step's
+        # micro-batch losses on rank 0, to 3 decimals; "val:" repeats the last validation (not read); the iter
+        # time covers the last micro-batch and the optimizer step only, not the whole step. Validation:
+        # f"iter {iter_num}: val loss {val_loss:.4f}, val time: ..." (numbered by iteration) and, after
+        # training, f"Final evaluation | val loss: {val_loss:.3f} | val ppl: ..." (the last step).
+        make_preset(
+            "litgpt",
+            rf"\biter (?P<iter>\d+) step (?P<step>\d+) \| loss train: (?P<loss>{NUM}), val: \S+ \| "
+            rf"iter time: (?P<step_time_ms>{NUM}) ms",
+            rf"(?:\biter (?P<iter>\d+): val loss |\bFinal evaluation \| val loss: )(?P<val_loss>{NUM})",
+            help="litgpt pretrain (its iter time is the last micro-batch's: see docs/own-trainer.md, litgpt)",
         ),
     )
 }
@@ -177,7 +212,7 @@ def to_step_record(fields: Mapping[str, Any], tokens_per_step: int | None, n_dev
     )
 
 
-def _ordered(steps: list[StepRecord], evals: list[EvalRecord]) -> Records:
+def ordered(steps: list[StepRecord], evals: list[EvalRecord]) -> Records:
     """The first record of each step, in step order (several ranks may print the same step)."""
     first_steps = {s.step: s for s in reversed(steps)}
     first_evals = {e.step: e for e in reversed(evals)}
@@ -187,16 +222,34 @@ def _ordered(steps: list[StepRecord], evals: list[EvalRecord]) -> Records:
 def parse_lines(lines: Iterable[str], preset: LogPreset, tokens_per_step: int | None, n_devices: int) -> Records:
     steps: list[StepRecord] = []
     evals: list[EvalRecord] = []
+    step_of_iter: dict[int, int] = {}
     for line in lines:
         hit = preset.match(line)
         if hit is None:
             continue
         kind, fields = hit
-        if kind == "val":
-            evals.append(EvalRecord(step=int(fields["step"]), val_loss=number(fields["val_loss"])))
-        else:
+        if kind == "step":
             steps.append(to_step_record(fields, tokens_per_step, n_devices))
-    return _ordered(steps, evals)
+            if "iter" in fields:
+                step_of_iter[int(number(fields["iter"]))] = steps[-1].step
+        elif (step := _val_step(fields, step_of_iter, steps)) is not None:
+            evals.append(EvalRecord(step=step, val_loss=number(fields["val_loss"])))
+    return ordered(steps, evals)
+
+
+def _val_step(fields: Mapping[str, str], step_of_iter: Mapping[int, int], steps: list[StepRecord]) -> int | None:
+    """The step a validation line was measured at: its own, the step printed with its iteration, or the
+    last step printed (None before any)."""
+    if "step" in fields:
+        return int(fields["step"])
+    if "iter" in fields:
+        it = int(number(fields["iter"]))
+        if it not in step_of_iter:
+            raise MetricsError(
+                f"a validation at iteration {it}, where no step line was printed: log every step to tell its step"
+            )
+        return step_of_iter[it]
+    return steps[-1].step if steps else None
 
 
 def read_logs(paths: Iterable[Path], preset: LogPreset, tokens_per_step: int | None, n_devices: int) -> Records:
@@ -231,5 +284,4 @@ def read_jsonl(path: Path, tokens_per_step: int | None, n_devices: int) -> Recor
             raise
         except (TypeError, ValueError) as e:
             raise MetricsError(f"{path.name} line {i}: {e}") from None
-    return _ordered(steps, evals)
-
+    return ordered(steps, evals)
