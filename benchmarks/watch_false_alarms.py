@@ -12,21 +12,37 @@ noise 0.03 correlated over ~2.4 points, as the watch of real nano runs measured 
     python benchmarks/watch_false_alarms.py --runs 400
     python benchmarks/watch_false_alarms.py --runs 1000 --settings 0 3 --seed 3026   # fresh draws of two settings
     python benchmarks/watch_false_alarms.py --runs 1000 --steps 2000 --settings 4 --both   # both losses judged
+    python benchmarks/watch_false_alarms.py --runs 400 --steps 2000 --margin 1   # a profile with guard.parity.margin
 
 Both losses judged (``--measure auto`` where the runs record a validation loss): each at alpha / 2, the
 run's training and validation losses sharing the seed's offset (one model level), an alarm on either.
+
+With ``--margin K`` the baselines are a campaign folder's profile instead, as ``recipetune watch`` reads
+it without ``--baseline``: the 3 baseline curves are the profile's 3 seeds (guard/baseline.py:
+build_profile measures its spread sigma_M on them), ``guard.parity.margin`` is K x the offset's sd (T),
+and the run is judged by the command's own code (speed/watch_read.py: stored_baseline, speed/watch.py:
+Session), the training loss only.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 
 import numpy as np
+import yaml
 from scipy.signal import lfilter
 
+from recipetune.config import load_campaign
+from recipetune.core.filenames import PROFILE
+from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.stats import proportion_ci
 from recipetune.guard import drift
+from recipetune.guard.baseline import build_profile
 from recipetune.guard.monitor import Measure, Monitor, Monitors, direction
+from recipetune.speed.watch import Session
+from recipetune.speed.watch_read import Stream, stored_baseline
 
 SETTINGS = [  # (name, offset sd, per-point noise sd, EMA over the logged points, steps between points)
     ("fixture, raw", 0.01, 0.03, 0.0, 1),
@@ -76,6 +92,45 @@ def design(base: list[drift.Curve], t: np.ndarray, offset: float, every: int, al
     return drift.plan(base, t[:50], 50, None, max(3, -(-WINDOW // every)), alpha, rate=offset / HORIZON)
 
 
+def rate_profile(n: int, steps: int, offset: float, noise: float, ema: float, every: int, seed: int,
+                 margin: float) -> tuple[int, list[int], dict[str, int], dict[str, int]]:
+    """``rate`` against a campaign folder's profile of the 3 baseline seeds, with guard.parity.margin =
+    ``margin`` x ``offset`` (T), as the command reads and judges it; also which law the offset's sd had."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(every, steps + 1, every)
+    alarms, blocks, sides, laws = 0, [], {"above": 0, "below": 0}, {"known": 0, "t": 0}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        file = folder / "campaign.yaml"
+        file.write_text(yaml.safe_dump({
+            "workload": {"kind": "command", "argv": ["true"], "knobs": {"seed": {"default": 0, "means": "seed"}},
+                         "tokens_per_step": "64"},
+            "guard": {"parity": {"steps": HORIZON, "seeds": 3, "window": WINDOW, "margin": margin * offset}}}))
+        campaign = load_campaign(file)
+        cfg, seeds = campaign.config.guard, [0, 1, 2]
+        for _ in range(n):
+            base = [curve(rng, t, offset, noise, ema) for _ in range(3)]
+            runs = [_result(campaign.baseline.with_(seed=s), c) for s, c in zip(seeds, base, strict=True)]
+            build_profile(campaign.workload, campaign.baseline, runs, seeds, int(t[-1]), cfg).save(folder / PROFILE)
+            session = Session(campaign, folder / "run", [], stored_baseline(campaign, folder), 50, drift.ALPHA,
+                              drift.PERSIST)
+            run = curve(rng, t, offset, noise, ema)
+            monitor = session._monitor(Measure.LOSS, Stream(run, drift.Curve.of([], [], ""), 64), drift.ALPHA)
+            monitor.feed(run)
+            if monitor.alarm is not None:
+                alarms += 1
+                sides[direction(monitor.alarm.gap)] += 1
+            blocks.append(monitor.plan.noise.block_points)
+            laws["known" if monitor.plan.noise.dof is None else "t"] += 1
+    return alarms, blocks, sides, laws
+
+
+def _result(recipe, c: drift.Curve) -> RunResult:
+    steps = [StepRecord(step=int(s), loss=float(x), tokens=64, step_time_s=0.01) for s, x in zip(c.steps, c.loss,
+                                                                                                   strict=True)]
+    return RunResult(recipe=dict(recipe), recipe_id=recipe.id, status="ok", steps=steps, warmup_steps=2)
+
+
 def rate_both(n: int, steps: int, train: tuple, val: tuple, seed: int) -> tuple[int, dict[str, int]]:
     """Runs that alarm on either loss (each at alpha / 2), and on which: 'loss', 'val_loss', 'both'."""
     rng = np.random.default_rng(seed)
@@ -106,7 +161,22 @@ def main() -> None:
     ap.add_argument("--settings", type=int, nargs="*", help="which rows of SETTINGS (default: all)")
     ap.add_argument("--seed", type=int, default=2026, help="setting i draws from seed + i")
     ap.add_argument("--both", type=int, nargs="*", help="which rows of BOTH (default: all; none with --settings)")
+    ap.add_argument("--margin", type=float, help="against a campaign folder's profile with guard.parity.margin = "
+                    "MARGIN x the offset's sd (the training loss; no BOTH rows)")
     args = ap.parse_args()
+    if args.margin is not None:
+        print("| noise | runs | false alarms (above / below) | rate [95% CI] | block length in points (median) | "
+              "the offset's sd: known / t |\n|---|---|---|---|---|---|")
+        for i, (name, offset, noise, ema, every) in enumerate(SETTINGS):
+            if args.settings and i not in args.settings:
+                continue
+            k, blocks, sides, laws = rate_profile(args.runs, args.steps, offset, noise, ema, every, args.seed + i,
+                                                  args.margin)
+            r, lo, hi = proportion_ci(k, args.runs)
+            print(f"| {name} | {args.runs} | {k} ({sides['above']} / {sides['below']}) | {100 * r:.1f}% "
+                  f"[{100 * lo:.1f}, {100 * hi:.1f}] | {int(np.median(blocks))} | {laws['known']} / {laws['t']} |",
+                  flush=True)
+        return
     print("| noise | runs | false alarms (above / below) | rate [95% CI] | block length in points (median) |\n"
           "|---|---|---|---|---|")
     for i, (name, offset, noise, ema, every) in enumerate(SETTINGS):

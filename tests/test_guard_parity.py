@@ -54,7 +54,7 @@ def late(size: float) -> np.ndarray:
 
 
 def test_profile_tolerance_is_the_seed_to_seed_spread_of_the_loss_measure(profile):
-    assert 0.005 < profile.loss_reference < 0.1 and "training-loss measure" in profile.loss_reference_kind
+    assert 0.005 < profile.loss_reference < 0.1 and profile.loss_reference_kind == loss.ReferenceKind.SEEDS
     assert profile.loss_tolerance == pytest.approx(max(1e-3, profile.loss_reference))
     assert len(profile.final_losses) == 3
 
@@ -67,7 +67,9 @@ def test_one_t_rule_a_multiple_of_the_spread_at_least_the_floor_or_the_stated_ma
     stated = p.model_copy(update={"margin": 0.05})
     assert loss.tolerance_of(0.02, stated) == 0.05 and loss.tolerance_of(1e-5, stated) == 0.05
     t = loss.tolerance(profile.runs, stated, False, None, True)
-    assert (t.T, t.sigma, t.how) == (0.05, profile.loss_reference, "guard.parity.margin")
+    # the margin states T; sigma is still the 3 seeds' std, and its kind says so (watch's law: t on 2)
+    assert (t.T, t.sigma, t.kind) == (0.05, profile.loss_reference, loss.ReferenceKind.SEEDS)
+    assert loss.spread(profile.runs, stated, False, None, True).how(stated) == "guard.parity.margin"
     derived = loss.tolerance(profile.runs, p, False, None, True)
     assert (derived.T, derived.sigma) == (profile.loss_tolerance, profile.loss_reference)
 
@@ -180,7 +182,7 @@ def test_allowed_semantic_change_is_judged_at_equal_tokens_one_sided(profile):
 def test_one_seed_profile_uses_the_noise_within_the_run():
     one = GuardConfig.model_validate({"parity": {"steps": STEPS, "seeds": 1}})
     p = build_profile(WORKLOAD, BASE, [run(curve(0, 0), BASE)], [0], STEPS, one)
-    assert "within-run" in p.loss_reference_kind and p.loss_reference > 0
+    assert p.loss_reference_kind == loss.ReferenceKind.WITHIN_RUN and p.loss_reference > 0
     assert screen(p, run(curve(0, 0), BASE), one).passed
     assert not screen(p, run(curve(0, 0, extra=late(3 * p.loss_tolerance)), BASE), one).passed
 

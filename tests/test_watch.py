@@ -445,7 +445,10 @@ def test_without_baseline_files_the_campaign_folders_profile(tmp_path: Path) -> 
         c.workload.run(with_seed(c.baseline, s), 800, folder / "guard-runs" / f"long-{s}")
     code, found, out = watch(file, train(tmp_path / "long", steps=800, seed=9), "--folder", str(folder))
     assert code == 0, out
-    assert found["last_judged_step"] > 700 and len(found["baseline"]) == 5
+    # each long run replays its seed's profile run (the same batches): one sample, the longer kept, and a run
+    # stored twice is no news (not said); p2 has no longer copy
+    assert found["last_judged_step"] > 700 and [Path(b).name for b in found["baseline"]] == ["long-0", "long-1", "p2"]
+    assert found["baseline_left_out"] == []
 
 
 def test_without_a_profile_T_is_the_verdicts_rule_parity_margin_included(tmp_path: Path) -> None:

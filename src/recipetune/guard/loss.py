@@ -10,7 +10,8 @@ M: what the initial recipe itself shows. Both the profile and the parity test co
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from typing import NamedTuple
 
 import numpy as np
@@ -37,12 +38,20 @@ def has_final_val(run: RunResult) -> bool:
 
 
 def independent_repeats(seeds: Sequence[int | None], runs: Sequence[RunResult]) -> bool:
-    """Whether the baseline's repeats are independent samples: distinct seeds, or a trainer without a
-    seed knob whose repeats differ (it seeds itself); identical repeats are one sample, and so are
-    repeats that differ by float noise only (``replicas``)."""
-    if seeds and seeds[0] is not None:
-        return len(set(seeds)) > 1
+    """Whether the baseline's repeats are independent samples: repeats that differ beyond float noise
+    (``replicas``), at distinct seeds where the workload has a seed knob (a trainer without one seeds
+    itself). Identical repeats are one sample, and so are repeats that differ by float noise only, at
+    any seeds: a seed knob the trainer does not read is deaf (``deaf``)."""
+    if seeds and seeds[0] is not None and len(set(seeds)) < 2:
+        return False
     return len(runs) > 1 and any(not replicas(runs[0], r) for r in runs[1:])
+
+
+def deaf(seeds: Sequence[int | None], runs: Sequence[RunResult]) -> bool:
+    """A declared seed knob the trainer does not read: repeats at distinct seeds that are identical, or
+    equal up to float noise (``replicas``), as a seed passed where the trainer never looks gives."""
+    return (bool(seeds) and seeds[0] is not None and len(set(seeds)) > 1 and len(runs) > 1
+            and not independent_repeats(seeds, runs))
 
 
 REPLICA_RATIO = 0.5  # independent runs differ step by step by ~1.4x the step noise; float noise by ~0
@@ -54,7 +63,11 @@ def replicas(a: RunResult, b: RunResult) -> bool:
     step-to-step noise. A constant seed replays the batches; a GPU's nondeterministic kernels then move
     the losses by far less than another batch does, and such repeats are no more a sample than
     identical ones (run on other batches, two runs differ by about sqrt(2) x that noise)."""
-    la, lb = {s.step: s.loss for s in a.steps}, {s.step: s.loss for s in b.steps}
+    return replica_curves({s.step: s.loss for s in a.steps}, {s.step: s.loss for s in b.steps})
+
+
+def replica_curves(la: Mapping[int, float], lb: Mapping[int, float]) -> bool:
+    """``replicas`` on two loss curves, step -> loss (``recipetune watch``'s baselines are curves)."""
     if la == lb:
         return True
     common = sorted(la.keys() & lb.keys())
@@ -120,18 +133,58 @@ def tolerance_of(sigma: float, settings: ParitySettings) -> float:
     return settings.margin if settings.margin is not None else max(settings.floor, settings.tolerance * sigma)
 
 
+MARGIN = "guard.parity.margin"  # how T was set where the campaign states it (the verdict's words)
+
+
+class ReferenceKind(StrEnum):
+    """How sigma, the spread T is a multiple of, was measured: what its law is. The profile stores its value
+    (``loss_reference_kind``); ``recipetune watch`` takes the offset's law from it (speed/watch_read.py)."""
+
+    SEEDS = "seeds"  # the sample std of independent repeats' training-loss measure: Student's t on n - 1
+    WITHIN_RUN = "within-run"  # the runs' within-run standard error of M, from hundreds of points: known
+    VALIDATION_SEEDS = "validation seeds"  # the sample std of independent repeats' final validation loss
+
+    @classmethod
+    def read(cls, text: str) -> ReferenceKind:
+        """The kind a profile stores; a profile written before the kind was typed holds the words instead
+        ("seed-to-seed std of ...", "within-run standard error of ...", or "guard.parity.margin", which
+        hid how sigma was measured: read as seeds, the wider law, so a false-alarm chance is never understated).
+        ValueError where the text is none of them."""
+        if text in cls._value2member_map_:
+            return cls(text)
+        if text.startswith("seed-to-seed std of the baseline's final validation loss"):
+            return cls.VALIDATION_SEEDS
+        if text.startswith("seed-to-seed std") or text == MARGIN:
+            return cls.SEEDS
+        if text.startswith("within-run standard error"):
+            return cls.WITHIN_RUN
+        raise ValueError(f"{text!r} is not a kind of spread: allowed are {', '.join(k.value for k in cls)}")
+
+
+class Spread(NamedTuple):
+    """sigma, the baseline's seed-to-seed standard deviation of a loss measure, how it was measured, and
+    that in words (the verdict's)."""
+
+    sigma: float
+    kind: ReferenceKind
+    words: str
+
+    def how(self, settings: ParitySettings) -> str:
+        """What T rests on, as the verdict says it: the margin where the campaign states T, else these words."""
+        return MARGIN if settings.margin is not None else self.words
+
+
 class Tolerance(NamedTuple):
-    """T on a loss measure, the spread it is a multiple of, and how that spread was measured."""
+    """T on a loss measure, the spread it is a multiple of, and how that spread was measured (the profile's)."""
 
     T: float
     sigma: float
-    how: str  # "guard.parity.margin" where the campaign states T
+    kind: ReferenceKind  # how sigma was measured, also where guard.parity.margin states T
 
 
-def tolerance(runs: Sequence[RunResult], settings: ParitySettings, use_val: bool, total: float | None,
-              independent: bool) -> Tolerance:
-    """T on M over ``runs`` (cut at ``total`` tokens), from sigma, the baseline's own seed-to-seed standard
-    deviation of M (``tolerance_of``: parity.tolerance x sigma, at least parity.floor, or parity.margin).
+def spread(runs: Sequence[RunResult], settings: ParitySettings, use_val: bool, total: float | None,
+           independent: bool) -> Spread:
+    """sigma over ``runs`` (cut at ``total`` tokens): the baseline's own seed-to-seed standard deviation of M.
 
     For the training-loss measure sigma is the larger of the seeds' sample standard deviation and the
     runs' within-run standard error of M, the part of the variation that sampling within a run alone
@@ -139,21 +192,26 @@ def tolerance(runs: Sequence[RunResult], settings: ParitySettings, use_val: bool
     Without independent repeats the within-run error is all there is."""
     if use_val:
         vals = [r.evals[-1].val_loss for r in runs if has_final_val(r)]
-        sigma = stats.sample_std(vals)
-        how = f"seed-to-seed std of the baseline's final validation loss ({len(vals)} seeds)"
-    else:
-        ests = []
-        for r in runs:
-            cut = min(total, tokens(r)[-1]) if total is not None else tokens(r)[-1]
-            ests.append(stats.mean_with_error([s.loss for s in tail(r, cut, settings.tail)]))
-        within = float(np.sqrt(np.mean([e.se**2 for e in ests if math.isfinite(e.se)] or [0.0])))
-        seeds = stats.sample_std([e.mean for e in ests]) if independent and len(ests) > 1 else 0.0
-        sigma = max(seeds, within)
-        if seeds >= within:
-            how = f"seed-to-seed std of the baseline's training-loss measure ({len(ests)} seeds)"
-        else:
-            how = "within-run standard error of the baseline's training-loss measure" + (
-                f" (its {len(ests)} seeds' std is {seeds:.4f})" if seeds else "")
-    if settings.margin is not None:
-        how = "guard.parity.margin"
-    return Tolerance(tolerance_of(sigma, settings), sigma, how)
+        return Spread(stats.sample_std(vals), ReferenceKind.VALIDATION_SEEDS,
+                      f"seed-to-seed std of the baseline's final validation loss ({len(vals)} seeds)")
+    ests = []
+    for r in runs:
+        cut = min(total, tokens(r)[-1]) if total is not None else tokens(r)[-1]
+        ests.append(stats.mean_with_error([s.loss for s in tail(r, cut, settings.tail)]))
+    within = float(np.sqrt(np.mean([e.se**2 for e in ests if math.isfinite(e.se)] or [0.0])))
+    seeds = stats.sample_std([e.mean for e in ests]) if independent and len(ests) > 1 else 0.0
+    if seeds >= within:
+        return Spread(seeds, ReferenceKind.SEEDS,
+                      f"seed-to-seed std of the baseline's training-loss measure ({len(ests)} seeds)")
+    return Spread(within, ReferenceKind.WITHIN_RUN,
+                  "within-run standard error of the baseline's training-loss measure"
+                  + (f" (its {len(ests)} seeds' std is {seeds:.4f})" if seeds else ""))
+
+
+def tolerance(runs: Sequence[RunResult], settings: ParitySettings, use_val: bool, total: float | None,
+              independent: bool) -> Tolerance:
+    """T on M over ``runs`` (cut at ``total`` tokens), from sigma (``spread``): ``tolerance_of``,
+    parity.tolerance x sigma, at least parity.floor, or parity.margin. The kind is how sigma was measured,
+    margin or not: a spread measured on three seeds is an estimate whatever T is set to."""
+    x = spread(runs, settings, use_val, total, independent)
+    return Tolerance(tolerance_of(x.sigma, settings), x.sigma, x.kind)

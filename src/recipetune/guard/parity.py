@@ -34,12 +34,14 @@ from recipetune.guard.config import ParitySettings
 from recipetune.guard.evidence import Measured, Mode, ParityEvidence, confidence_label
 from recipetune.guard.loss import (
     MIN_TAIL,
+    deaf,
     has_final_val,
     independent_repeats,
+    spread,
     tail,
     tail_measure,
     tokens,
-    tolerance,
+    tolerance_of,
 )
 from recipetune.guard.trend import Slope, judge_trend, pair_slope
 
@@ -53,6 +55,11 @@ def semantic_edits(profile: BaselineProfile, recipe: dict) -> list[str]:
 def seed_note(profile: BaselineProfile) -> tuple[bool, str]:
     """Whether the baseline's repeats are independent samples, and what to say about the seed."""
     independent = independent_repeats(profile.seeds, profile.runs)
+    if deaf(profile.seeds, profile.runs):
+        return False, (f"the seed knob `seed` is deaf: {_repeats_said(profile)}, so the trainer does not read it "
+                       "(a seed passed where it never looks, or overridden by its own config): they are one sample, "
+                       "judged as for a trainer without a seed knob; one run per recipe is compared, its noise "
+                       "estimated within the run")
     if profile.seeds[0] is not None:
         return independent, f"seeds {profile.seeds}"
     if independent:
@@ -65,6 +72,18 @@ def seed_note(profile: BaselineProfile) -> tuple[bool, str]:
                        "compared, its noise estimated within the run")
     return False, ("the workload has no seed knob and its repeats are identical (it seeds itself with a "
                    "constant): one run per recipe is compared, its noise estimated within the run")
+
+
+def _repeats_said(profile: BaselineProfile) -> str:
+    """The evidence of a deaf seed knob: the repeats, their seeds and how far apart their losses are."""
+    runs, first = profile.runs, {s.step: s.loss for s in profile.runs[0].steps}
+    seeds = ",".join(str(s) for s in profile.seeds)
+    gaps = [abs(s.loss - first[s.step]) for r in runs[1:] for s in r.steps if s.step in first]
+    if not any(gaps):
+        return f"{len(runs)} runs at seeds {seeds} gave identical losses"
+    late = [first[t] for t in sorted(first)[len(first) // 2:]]
+    return (f"{len(runs)} runs at seeds {seeds} gave losses equal up to float noise (at most {max(gaps):.2g} nats "
+            f"apart at a step, where the logged loss moves {stats.step_noise(late):.2g} nats from step to step)")
 
 
 # ------------------------------------------------------------------------------- which batches
@@ -255,15 +274,16 @@ def _samples(profile: BaselineProfile, settings: ParitySettings, pairs: list[_Ru
         for b, c in pairs)
     samples: list[Sample] = []
     if train.shortest >= MIN_TAIL:
-        T, sigma, how = tolerance(profile.runs, settings, False, compared, independent)
+        x = spread(profile.runs, settings, False, compared, independent)
         samples.append(Sample(f"training loss (mean over {share})", train.baseline, train.candidate, train.ses,
-                              T, sigma, how))
+                              tolerance_of(x.sigma, settings), x.sigma, x.how(settings)))
     elif with_val:
         notes.append(f"fewer than {MIN_TAIL} logged losses in {share}: the validation loss alone is the measure")
     if with_val:
-        T, sigma, how = tolerance(profile.runs, settings, True, compared, independent)
+        x = spread(profile.runs, settings, True, compared, independent)
         samples.append(Sample("validation loss", [b.evals[-1].val_loss for b, _ in pairs],
-                              [c.evals[-1].val_loss for _, c in pairs], None, T, sigma, how))
+                              [c.evals[-1].val_loss for _, c in pairs], None, tolerance_of(x.sigma, settings), x.sigma,
+                              x.how(settings)))
     elif any(b.evals for b, _ in pairs):
         notes.append("the trainer prints a validation loss, but without independent repeats one value per run has "
                      "no measurable noise: the training loss is the measure")

@@ -215,6 +215,8 @@ def follow(session: Session, lines: Lines, keep_following: bool, poll_s: float) 
         ms = session.monitors
         if ms is not None and not had_plan:
             lines.say(f"judged on {session.measure_why}")
+            for copy in session.baseline.replicas:
+                lines.say(f"baseline {copy}")
             lines.several = len(ms.monitors) > 1
             for m in ms:
                 lines.plan(m, per_horizon(session, m))
@@ -245,7 +247,8 @@ def finding(session: Session, ended_by: str, seconds: float, command: str) -> di
     m = ms.decider
     out: dict[str, Any] = {"decision": m.outcome, "exit_code": EXIT_ALARM if m.outcome is Outcome.ALARM else 0,
                            "run": str(session.run), "workload": session.campaign.workload.kind,
-                           "baseline": session.baseline.sources, "ended_by": ended_by,
+                           "baseline": session.baseline.sources, "baseline_left_out": session.baseline.replicas,
+                           "ended_by": ended_by,
                            "run_points_read": session.points, "delay": per_horizon(session, m)}
     out.update(m.finding())
     out["measures"] = [x.measure for x in ms]

@@ -11,7 +11,7 @@ tokens per step) is ``WatchInput``: bad input, exit 2.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from recipetune.core.measure import RunResult
 from recipetune.core.recipe import INVARIANT
 from recipetune.guard import drift
 from recipetune.guard.baseline import BaselineProfile
+from recipetune.guard.loss import ReferenceKind, replica_curves
 from recipetune.guard.monitor import Measure
 from recipetune.workloads import csv_metrics, log_formats
 from recipetune.workloads.command import CommandWorkload, substitute
@@ -123,9 +124,23 @@ class Baseline:
     val_curves: list[drift.Curve]  # the validation loss (empty curves where a run recorded none)
     tokens: list[int | None]
     sigma_m: float | None  # the guard's seed-to-seed spread (the profile), where there is one
-    sigma_dof: int | None  # its degrees of freedom (None: the within-run error decided it)
+    sigma_dof: int | None  # its degrees of freedom (None: known, the within-run error decided)
     tolerance: float | None  # the profile's T
     sources: list[str]
+    replicas: list[str] = field(default_factory=list)  # baseline runs left out: copies of a kept one, and why
+
+
+def profile_spread(profile: BaselineProfile, file: Path) -> tuple[float, int | None, float]:
+    """The profile's sigma_M, its degrees of freedom and T. The law follows how sigma_M was measured
+    (``loss.ReferenceKind``): the seeds' sample std is Student's t on seeds - 1, with or without
+    guard.parity.margin (a margin states T, it does not make a spread of 3 seeds known); the within-run
+    error, from hundreds of points, is known."""
+    try:
+        kind = ReferenceKind.read(profile.loss_reference_kind)
+    except ValueError as e:
+        raise WatchInput(f"{file}: loss_reference_kind: {e}") from None
+    dof = len(profile.seeds) - 1 if kind is ReferenceKind.SEEDS and len(profile.seeds) > 1 else None
+    return profile.loss_reference, dof, profile.loss_tolerance
 
 
 def stored_baseline(campaign: Campaign, folder: Path) -> Baseline:
@@ -139,9 +154,7 @@ def stored_baseline(campaign: Campaign, folder: Path) -> Baseline:
         except (OSError, ValueError) as e:
             raise WatchInput(f"{profile_file}: not a baseline profile ({str(e).splitlines()[0]})") from None
         _same_experiment(campaign, profile.recipe, f"the baseline profile {profile_file}")
-        sigma, tol = profile.loss_reference, profile.loss_tolerance
-        seeded = profile.loss_reference_kind.startswith("seed-to-seed")
-        dof = len(profile.seeds) - 1 if seeded else None
+        sigma, dof, tol = profile_spread(profile, profile_file)
         runs += profile.runs
     base = {k: v for k, v in campaign.baseline.items() if k != "seed"}
     for result_file in sorted((folder / RUNS_FOLDER).glob(f"*/{RESULT}")):
@@ -151,38 +164,78 @@ def stored_baseline(campaign: Campaign, folder: Path) -> Baseline:
             continue
         if r.ok and {k: v for k, v in r.recipe.items() if k != "seed"} == base:
             runs.append(r)
-    unique: dict[tuple, RunResult] = {}
-    for r in runs:  # the profile's runs are stored in guard-runs/ too
-        unique.setdefault((r.recipe.get("seed"), len(r.steps), tuple(r.losses()[:3])), r)
-    if not unique:
+    if not runs:
         raise WatchInput(f"{folder}: no baseline to compare with: no {PROFILE} nor stored runs of the baseline "
                          f"recipe {campaign.baseline.id} in {RUNS_FOLDER}/; give --baseline METRICS (a run of the "
                          "baseline recipe) or --folder (the campaign's folder)")
-    curves = [drift.Curve.of([s.step for s in r.steps], r.losses(), r.out_dir) for r in unique.values()]
-    vals = [drift.Curve.of([e.step for e in r.evals], [e.val_loss for e in r.evals], r.out_dir)
-            for r in unique.values()]
-    tokens = [r.steps[0].tokens if r.steps else None for r in unique.values()]
-    return Baseline(curves, vals, tokens, sigma, dof, tol, [c.source for c in curves])
+    curves = [drift.Curve.of([s.step for s in r.steps], r.losses(), r.out_dir) for r in runs]
+    vals = [drift.Curve.of([e.step for e in r.evals], [e.val_loss for e in r.evals], r.out_dir) for r in runs]
+    tokens = [r.steps[0].tokens if r.steps else None for r in runs]
+    seeds = [f" (seed {r.recipe['seed']})" if "seed" in r.recipe else "" for r in runs]
+    return _distinct(Baseline(curves, vals, tokens, sigma, dof, tol, [c.source for c in curves]), seeds, sigma, folder)
 
 
 def given_baseline(campaign: Campaign, paths: list[Path], folder: Path) -> Baseline:
-    curves, vals, tokens = [], [], []
+    curves, vals, tokens, seeds = [], [], [], []
     for path in paths:
         files = metrics_files(campaign, path)
         if not any(f.exists() for f in files):
             raise WatchInput(f"{path}: holds no {', '.join(f.name for f in files)}")
-        check_recipe(campaign, path if path.is_dir() else path.parent, f"the baseline {path}")
+        run_folder = path if path.is_dir() else path.parent
+        check_recipe(campaign, run_folder, f"the baseline {path}")
         stream = read_curves(campaign, path, files)
         if len(stream.loss.steps) == 0:
             raise no_loss(campaign, path)
         curves.append(stream.loss)
         vals.append(stream.val)
         tokens.append(stream.tokens)
+        seeds.append(_seed_said(run_folder))
     sigma = tol = dof = None
     if (folder / PROFILE).is_file():  # the guard's measured spread, where the campaign has one
         stored = stored_baseline(campaign, folder)
         sigma, dof, tol = stored.sigma_m, stored.sigma_dof, stored.tolerance
-    return Baseline(curves, vals, tokens, sigma, dof, tol, [str(p) for p in paths])
+    return _distinct(Baseline(curves, vals, tokens, sigma, dof, tol, [str(p) for p in paths]), seeds, sigma,
+                     paths[0])
+
+
+def _seed_said(run_folder: Path) -> str:
+    try:
+        recipe = json.loads((run_folder / "recipe.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    return f" (seed {recipe['seed']})" if isinstance(recipe, dict) and "seed" in recipe else ""
+
+
+def _distinct(b: Baseline, seeds: list[str], sigma: float | None, where: Path) -> Baseline:
+    """The baseline runs that are samples: a run whose training loss is identical to a kept one's, or
+    equal up to float noise (``loss.replica_curves``: the same batches, whatever seed it was given, as a
+    seed knob the trainer does not read gives), is one sample with it, not another; the longer is kept.
+    Copies counted as curves would read as a spread of levels of 0 and a block noise of 0 (guard/drift.py:
+    the differences of consecutive curves). Where only copies remain and nothing else measures a spread
+    (no profile), that is bad input."""
+    losses = [dict(zip(c.steps.tolist(), c.loss.tolist(), strict=True)) for c in b.curves]
+    kept: list[int] = []
+    copies: list[str] = []  # every run left out, and why
+    said: list[str] = []  # those the watch says: not a run stored twice (the profile's runs are in guard-runs/ too)
+    for i in range(len(b.curves)):
+        twin = next((j for j in kept if replica_curves(losses[j], losses[i])), None)
+        if twin is None:
+            kept.append(i)
+            continue
+        if len(losses[i]) > len(losses[twin]):  # the longer covers more steps
+            kept[kept.index(twin)] = i
+            i, twin = twin, i
+        same = "identical to" if losses[i] == losses[twin] else "equal up to float noise to"
+        copies.append(f"{b.sources[i]}{seeds[i]}: its training loss is {same} {b.sources[twin]}{seeds[twin]}'s "
+                      "(the same batches: one sample), left out")
+        if not seeds[i] or seeds[i] != seeds[twin]:
+            said.append(copies[-1])
+    if len(kept) < 2 <= len(b.curves) and sigma is None:
+        raise WatchInput(f"{where}: the {len(b.curves)} baseline runs are one sample: {'; '.join(copies)}. A seed "
+                         "knob the trainer does not read gives such copies; give baseline runs that differ (other "
+                         "seeds the trainer reads), or the campaign's folder with its baseline profile (--folder)")
+    return Baseline([b.curves[i] for i in kept], [b.val_curves[i] for i in kept], [b.tokens[i] for i in kept],
+                    b.sigma_m, b.sigma_dof, b.tolerance, [b.sources[i] for i in kept], said)
 
 
 def check_tokens(baseline: Baseline, run_tokens: int | None, run: Path) -> None:
