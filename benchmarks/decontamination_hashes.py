@@ -21,16 +21,14 @@ import random
 import sys
 from pathlib import Path
 
-import decontamination as bench
-import decontamination_unseen as unseen
-
-SHAPES = {**bench.SHAPES, **unseen.SHAPES}
+from decontam.measure import plant
+from decontam.registry import REGISTRY
 
 
 def dump(name: str, seed: int) -> str:
     rng = random.Random(seed)
-    shape = SHAPES[name](rng)
-    evals, train, kinds = bench.plant(shape, rng)
+    shape = REGISTRY[name].make(rng)
+    evals, train, kinds = plant(shape, rng)
     rows = [[p, shape.render(p), shape.content(p), shape.types.get(p[-1])] for p in shape.rows]
     return json.dumps({"name": shape.name, "what": shape.what, "rows": rows, "evals": evals,
                        "train": [[p, k] for p, k in zip(train, kinds, strict=True)]}, ensure_ascii=False)
@@ -39,7 +37,7 @@ def dump(name: str, seed: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default=",".join(REGISTRY))
     parser.add_argument("--out", type=Path, help="write the hashes here (JSON)")
     parser.add_argument("--check", type=Path, help="compare with these hashes; exit 1 on any difference")
     args = parser.parse_args()
