@@ -1,6 +1,7 @@
 """The speed job with and without pruning, replayed through the real engine on the stored tables.
 
-    python benchmarks/speed_pruning.py benchmarks/table-reference.json benchmarks/table-command-fake.json \
+    python benchmarks/speed_pruning.py \
+        benchmarks/results/table-reference.json benchmarks/results/table-command-fake.json \
         --seeds 20 --budget 32 --strategies mcts-analyst,tpe,optuna-random [--out benchmarks/results/speed-pruning.json]
 
 Each replay is `bench replay`'s (bench/replay.py: ``TableJob`` through ``run_search``), once with

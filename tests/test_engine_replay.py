@@ -69,7 +69,7 @@ def test_a_replay_hangs_neither_on_rounding_nor_on_the_clock(tmp_path, monkeypat
 
 
 def test_a_table_from_an_older_knob_set_is_brought_up_to_date_with_a_note():
-    table = Table.load(ROOT / "benchmarks" / "table-reference.json")  # measured before tp, dp_* existed
+    table = Table.load(ROOT / "benchmarks" / "results" / "table-reference.json")  # measured before tp, dp_* existed
     workload = table.make_workload()
     assert not workload.relations().feasible(table.recipe(table.baseline_entry()))  # as stored: unusable
     current, [note] = table.up_to_date(workload)
@@ -83,7 +83,7 @@ def test_a_table_from_an_older_knob_set_is_brought_up_to_date_with_a_note():
 
 
 def test_a_table_with_a_knob_the_workload_no_longer_has_is_refused(tmp_path):
-    table = Table.load(ROOT / "benchmarks" / "table-command-fake.json")
+    table = Table.load(ROOT / "benchmarks" / "results" / "table-command-fake.json")
     stale = table.model_copy(update={"baseline": {**table.baseline, "fused_adam": True}})
     with pytest.raises(ConfigError, match="fused_adam.*not knobs of the command workload now"):
         stale.up_to_date(stale.make_workload(), "t.json")
@@ -105,7 +105,7 @@ def test_a_json_that_is_not_a_table_names_every_missing_field(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["greedy", "sequential"])
 def test_the_plain_baselines_run_through_the_engine(strategy, tmp_path):
-    table = Table.load(ROOT / "benchmarks" / "table-command-fake.json")
+    table = Table.load(ROOT / "benchmarks" / "results" / "table-command-fake.json")
     oracle = Oracle(table, random.Random(0), tmp_path / "runs")
     traj, outcome, store = run_replay(oracle, strategy, 10, 0, tmp_path / "campaign")
     ran = [r for r in store.records() if r.attrs.get("ran")]
@@ -122,7 +122,7 @@ def test_a_replay_with_pruning_stops_only_runs_two_aa_spreads_below_the_median(t
     command-fake's baseline repeats spread ~48%, so only a recipe near half the speed can stop."""
     import optuna
 
-    table = Table.load(ROOT / "benchmarks" / "table-command-fake.json")
+    table = Table.load(ROOT / "benchmarks" / "results" / "table-command-fake.json")
     oracle = Oracle(table, random.Random("command-fake-mcts-analyst-3"), tmp_path / "runs")
     traj, _, store = run_replay(oracle, "mcts-analyst", 10, 3, tmp_path / "campaign", pruner="median")
     trials = store.study.get_trials(deepcopy=False)
@@ -155,7 +155,7 @@ def test_pruning_that_stops_nothing_changes_nothing_a_search_draws(strategy, tmp
     be shown slower: with the pruner on, the study also holds the baseline's reference curve, and a
     model sampler must not read it as a trial (TPE counted it toward its startup trials when the
     curve was a trial of the study)."""
-    table = Table.load(ROOT / "benchmarks" / "table-reference.json")
+    table = Table.load(ROOT / "benchmarks" / "results" / "table-reference.json")
     seen = {}
     for pruner in ("none", "median"):
         oracle = Oracle(table, random.Random(f"reference-{strategy}-1"), tmp_path / pruner / "runs")

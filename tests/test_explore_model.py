@@ -32,7 +32,7 @@ SPACE = SearchSpace.from_lists(WORKLOAD.knobs(), {
 })
 EXPLORE = Rule.model_validate({"name": "explore", "action": {"knob": "*", "each": True},
                                "why": "no profile rule applies any more; try a change not yet measured from here"})
-TABLE = Path(__file__).resolve().parents[1] / "benchmarks" / "table-command-fake.json"
+TABLE = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "table-command-fake.json"
 
 
 def grown(n: int, seed: int = 0, failed: int = 0) -> SearchContext:

@@ -68,7 +68,7 @@ def test_greedy_and_sequential_selection_for_the_ablation(tiny_ft):
 
 
 def test_a_finetune_campaign_asks_the_model_where_no_rule_fires(tiny_ft, tmp_path):
-    """The quality job's default ``search.explore`` is the model (the ablation in docs/finetune.md:
+    """The quality job's default ``search.explore`` is the model (the ablation in docs/benchmarks.md:
     MCTS best on 6 of 8 task-seeds with it, 4 without); the seeded choice stays one setting away, and
     the speed job keeps the engine's default."""
     file = campaign_file(tiny_ft)
@@ -157,7 +157,7 @@ def test_analyst_reads_the_executor_report(tiny_ft, tmp_path):
 
 
 def test_two_moves_that_each_helped_are_one_child_apart(tiny_ft, tmp_path):
-    """The shape of stdlib-module at seed 1 (docs/finetune.md, "MCTS against the other arms"): lr and a
+    """The shape of stdlib-module at seed 1 (docs/benchmarks.md, "MCTS against the other arms"): lr and a
     data step each beat the baseline; expanding the lr node, the built-in playbook's first child adds
     the data step, ahead of the report's own rules. A data step that hurt is not carried over."""
     c = ftp.load_finetune_campaign(campaign_file(tiny_ft, data={

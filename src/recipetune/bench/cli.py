@@ -76,7 +76,7 @@ def replay_cmd(
     strategies: str = typer.Option(",".join(("mcts-analyst", "mcts-random", "greedy", "sequential", "tpe", "gp",
                                              "optuna-random", "grid")), help="comma-separated"),
     gp_seeds: int | None = typer.Option(None, help="fewer seeds for the (slow) gp sampler"),
-    out: Path = typer.Option(Path("benchmarks/replay.json"), help="summary (JSON)"),
+    out: Path = typer.Option(Path("benchmarks/results/replay.json"), help="summary (JSON)"),
     markdown_out: Path | None = typer.Option(None, "--markdown", help="the figures as Markdown tables"),
     plot_out: Path | None = typer.Option(None, "--plot", help="the figures as a PNG"),
 ) -> None:

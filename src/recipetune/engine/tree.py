@@ -19,7 +19,7 @@ What a subtree is worth to UCT (``backup``):
   the tree (min-max, as MuZero normalises its values). The best node is what a campaign returns, so
   the branch that holds it is the one to deepen; and the scaling keeps the exploration term in
   proportion, where rewards near the baseline differ by hundredths and c * sqrt(ln N / n) by tenths.
-  The measured case is in docs/finetune.md (the TREX ablation at 20 experiments).
+  The measured case is in docs/benchmarks.md (the TREX ablation at 20 experiments).
 
 Parallel search uses virtual loss (Chaslot et al. 2008): while a trial runs, every node on its
 parent's path counts one more visit with reward 0 (``pending``), so the next selection sees that

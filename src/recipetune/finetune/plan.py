@@ -60,7 +60,7 @@ class FinetuneSearchConfig(TreeSearchConfig):
                               "be told from noise (finetune/job.py: ceiling); 0: only a perfect baseline stops")
     timeout_s: float = Field(1800.0, gt=0, description="an experiment still running after this is killed")
     context_chars: int = Field(6000, ge=500, description="the llm Researcher's context, at most this much JSON")
-    # The TREX ablation (docs/finetune.md, 8 task-seeds over 3 tasks): MCTS was the best arm on 6 with
+    # The TREX ablation (docs/benchmarks.md, 8 task-seeds over 3 tasks): MCTS was the best arm on 6 with
     # the model, on 4 with the seeded choice. The speed job keeps the engine's default (its tables do not
     # favour the model).
     explore: Literal["model", "random"] = Field(
