@@ -37,7 +37,7 @@ from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services
 from recipetune.engine.loop import Search, run_search
 from recipetune.engine.plan import make_proposer
-from recipetune.engine.record import Figures
+from recipetune.engine.record import Evidence, Figures, failure_evidence
 from recipetune.engine.researcher import Explore, Proposal
 from recipetune.engine.samplers import FeasibleSampler, distributions, make_sampler
 from recipetune.engine.status import Status
@@ -213,13 +213,14 @@ class TableJob:
             self.trajectory.trials.append(Trial(entry.id, Status.PRUNED, None, true, m.wall_s))
             return Landing(Status.PRUNED, None, reward(shown, True, self.reward_span, self.cfg.failure_penalty),
                            f"pruned at window {stopped_at}: {shown:.2f}x", TableFigures(true=true, cost_s=m.wall_s),
-                           self.oracle.result(entry, m))
+                           self.oracle.result(entry, m), Evidence(shown))
         ok = m.status == "ok" and bool(m.tokens_per_s)
         observed = m.tokens_per_s / self.oracle.base_tps if ok else None  # type: ignore[operator]
         self.trajectory.trials.append(Trial(entry.id, Status.PASSED if ok else Status.FAILED, observed, true, m.wall_s))
         return Landing(Status.PASSED if ok else Status.FAILED, observed,
                        reward(observed, ok, self.reward_span, self.cfg.failure_penalty), "" if ok else m.cause,
-                       TableFigures(true=true, cost_s=m.wall_s), self.oracle.result(entry, m))
+                       TableFigures(true=true, cost_s=m.wall_s), self.oracle.result(entry, m),
+                       Evidence(observed) if observed else failure_evidence(m.status, None))
 
     def load(self, run_dir: Path) -> None:
         return None  # a replay is never resumed
