@@ -353,9 +353,11 @@ def sampler_for(strategy: str, oracle: Oracle, seed: int) -> optuna.samplers.Bas
 
 
 def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Path,
-               reporter: Reporter | None = None, pruner: str = "none") -> tuple[Trajectory, Outcome, CampaignStore]:
+               reporter: Reporter | None = None, pruner: str = "none", set_aside: float | None = None
+               ) -> tuple[Trajectory, Outcome, CampaignStore]:
     """``strategy`` against ``oracle``'s table through the engine's loop, its study in ``folder``;
-    with ``pruner`` (search.pruning.pruner), each run's throughput windows go to it."""
+    with ``pruner`` (search.pruning.pruner), each run's throughput windows go to it; ``set_aside``:
+    search.set_aside (None: the campaign's default)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -364,7 +366,8 @@ def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Pa
     name, _, mode = strategy.removeprefix("mcts-").partition("-")
     cfg = TreeSearchConfig(strategy=SAMPLERS.get(strategy, "mcts"), seed=seed,  # type: ignore[arg-type]
                            budget={"trials": budget}, pruning={"pruner": pruner},  # type: ignore[arg-type]
-                           backup="max" if mode == "max" else "mean")
+                           backup="max" if mode == "max" else "mean",
+                           **({} if set_aside is None else {"set_aside": set_aside}))
     job = TableJob(oracle, cfg)
     job.trajectory = Trajectory(strategy, seed)
     store = CampaignStore(folder, None, sampler_for(strategy, oracle, seed))
@@ -380,12 +383,13 @@ def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Pa
     return job.trajectory, outcome, store
 
 
-def replay(table: Table, strategy: str, budget: int, seed: int, pruner: str = "none") -> Trajectory:
+def replay(table: Table, strategy: str, budget: int, seed: int, pruner: str = "none",
+           set_aside: float | None = None) -> Trajectory:
     """One replay of ``strategy`` against ``table``; deterministic for a given seed (and the same
     draws with and without ``pruner``)."""
     with tempfile.TemporaryDirectory(prefix="recipetune-replay-") as scratch:
         oracle = Oracle(table, random.Random(f"{table.name}-{strategy}-{seed}"), Path(scratch) / "runs")
         trajectory, _, store = run_replay(oracle, strategy, budget, seed, Path(scratch) / "campaign",
-                                          pruner=pruner)
+                                          pruner=pruner, set_aside=set_aside)
         store.storage.engine.dispose()  # the study's file goes with the folder
         return trajectory

@@ -35,7 +35,7 @@ from recipetune.engine.tree import Node, Tree
 
 Z = 2.0  # standard deviations: "predicted with high confidence" is its optimistic end below the bar
 TAU = 0.5  # log-ratio allowance for unseen interactions, per knob away from the nearest measured recipe
-PRIOR_SD = math.log(8.0)  # a value's effect before any measurement: within 8x either way
+PRIOR_SD = math.log(4.0)  # a value's effect before any measurement: within 16x either way (2 sd)
 MIN_NOISE = 0.02  # a baseline's measured noise is never taken below 2%
 
 
