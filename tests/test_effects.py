@@ -169,3 +169,24 @@ def test_set_aside_recipes_run_when_nothing_else_is_left(tmp_path):
     early = [i for i in slow if i < len(trials) - len(slow)]  # before the end: what taught the rule
     # random draws move several knobs at once: two of them before the model can tell which value is slow
     assert 1 <= len(early) <= 2 and slow[len(early):] == list(range(len(trials) - len(slow) + len(early), len(trials)))
+
+
+def test_the_report_lists_what_was_set_aside_and_on_which_trials(tmp_path):
+    from recipetune.core.filenames import SET_ASIDE
+    from recipetune.report.model import set_aside_rows
+    from recipetune.report.sources import CampaignFiles
+    from recipetune.report.terminal import set_aside_lines
+
+    tree = tree_of(({"b": "b1"}, Evidence(1.3)), ({"a": "a1"}, Evidence(0.015, "timeout")))
+    aside = effects(tree).judge(BASE.with_(a="a1", b="b1"))
+    assert aside is not None
+    lines = [json.dumps({"source": "analyst", **aside.record()})] * 2  # announced twice: listed once
+    (tmp_path / SET_ASIDE).write_text("\n".join(lines) + "\n")
+    files = CampaignFiles(tmp_path, {}, {}, {}, [], {}, None, [], None, [],
+                          set_aside=[json.loads(line) for line in lines])
+    rows = set_aside_rows(files)
+    assert len(rows) == 1 and rows[0].values == 'a="a1"'
+    assert rows[0].measured == 'trial 1 (a="a1"): at most 0.015x (timeout)'
+    from recipetune.report.model import Report  # noqa: F401 (the field the HTML and terminal read)
+    text = " ".join(str(t) for t in set_aside_lines(type("R", (), {"set_aside": rows})()))  # type: ignore[arg-type]
+    assert "trial 1" in text and 'a="a1"' in text
