@@ -37,7 +37,7 @@ from recipetune.engine.config import TreeSearchConfig
 from recipetune.engine.job import Checked, Finished, Landing, Outcome, Progress, Reporter, Root, Row, Services
 from recipetune.engine.loop import Search, run_search
 from recipetune.engine.plan import make_proposer
-from recipetune.engine.record import Figures
+from recipetune.engine.record import Evidence, Figures, failure_evidence
 from recipetune.engine.researcher import Explore, Proposal
 from recipetune.engine.samplers import FeasibleSampler, distributions, make_sampler
 from recipetune.engine.status import Status
@@ -213,13 +213,14 @@ class TableJob:
             self.trajectory.trials.append(Trial(entry.id, Status.PRUNED, None, true, m.wall_s))
             return Landing(Status.PRUNED, None, reward(shown, True, self.reward_span, self.cfg.failure_penalty),
                            f"pruned at window {stopped_at}: {shown:.2f}x", TableFigures(true=true, cost_s=m.wall_s),
-                           self.oracle.result(entry, m))
+                           self.oracle.result(entry, m), Evidence(shown))
         ok = m.status == "ok" and bool(m.tokens_per_s)
         observed = m.tokens_per_s / self.oracle.base_tps if ok else None  # type: ignore[operator]
         self.trajectory.trials.append(Trial(entry.id, Status.PASSED if ok else Status.FAILED, observed, true, m.wall_s))
         return Landing(Status.PASSED if ok else Status.FAILED, observed,
                        reward(observed, ok, self.reward_span, self.cfg.failure_penalty), "" if ok else m.cause,
-                       TableFigures(true=true, cost_s=m.wall_s), self.oracle.result(entry, m))
+                       TableFigures(true=true, cost_s=m.wall_s), self.oracle.result(entry, m),
+                       Evidence(observed) if observed else failure_evidence(m.status, None))
 
     def load(self, run_dir: Path) -> None:
         return None  # a replay is never resumed
@@ -352,9 +353,11 @@ def sampler_for(strategy: str, oracle: Oracle, seed: int) -> optuna.samplers.Bas
 
 
 def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Path,
-               reporter: Reporter | None = None, pruner: str = "none") -> tuple[Trajectory, Outcome, CampaignStore]:
+               reporter: Reporter | None = None, pruner: str = "none", set_aside: float | None = None
+               ) -> tuple[Trajectory, Outcome, CampaignStore]:
     """``strategy`` against ``oracle``'s table through the engine's loop, its study in ``folder``;
-    with ``pruner`` (search.pruning.pruner), each run's throughput windows go to it."""
+    with ``pruner`` (search.pruning.pruner), each run's throughput windows go to it; ``set_aside``:
+    search.set_aside (None: the campaign's default)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -363,7 +366,8 @@ def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Pa
     name, _, mode = strategy.removeprefix("mcts-").partition("-")
     cfg = TreeSearchConfig(strategy=SAMPLERS.get(strategy, "mcts"), seed=seed,  # type: ignore[arg-type]
                            budget={"trials": budget}, pruning={"pruner": pruner},  # type: ignore[arg-type]
-                           backup="max" if mode == "max" else "mean")
+                           backup="max" if mode == "max" else "mean",
+                           **({} if set_aside is None else {"set_aside": set_aside}))
     job = TableJob(oracle, cfg)
     job.trajectory = Trajectory(strategy, seed)
     store = CampaignStore(folder, None, sampler_for(strategy, oracle, seed))
@@ -379,12 +383,13 @@ def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Pa
     return job.trajectory, outcome, store
 
 
-def replay(table: Table, strategy: str, budget: int, seed: int, pruner: str = "none") -> Trajectory:
+def replay(table: Table, strategy: str, budget: int, seed: int, pruner: str = "none",
+           set_aside: float | None = None) -> Trajectory:
     """One replay of ``strategy`` against ``table``; deterministic for a given seed (and the same
     draws with and without ``pruner``)."""
     with tempfile.TemporaryDirectory(prefix="recipetune-replay-") as scratch:
         oracle = Oracle(table, random.Random(f"{table.name}-{strategy}-{seed}"), Path(scratch) / "runs")
         trajectory, _, store = run_replay(oracle, strategy, budget, seed, Path(scratch) / "campaign",
-                                          pruner=pruner)
+                                          pruner=pruner, set_aside=set_aside)
         store.storage.engine.dispose()  # the study's file goes with the folder
         return trajectory

@@ -10,6 +10,7 @@ from __future__ import annotations
 STUDY_DB = "study.db"  # the study: trials and their attributes, the campaign's meta (engine/store.py)
 CAMPAIGN = "campaign.json"  # the campaign's settings (CampaignConfig), overrides applied (engine/loop.py)
 REJECTED = "rejected_proposals.jsonl"  # proposals that never became a recipe (engine/loop.py)
+SET_ASIDE = "set_aside.jsonl"  # recipes set aside as predicted far slower, and on which trials (engine/loop.py)
 VERDICT = "verdict.json"  # the decision (engine/job.py; a verify's out folder: guard.verdict.Verdict)
 APPROVED = "approved.yaml"  # the file that runs the approved recipe (engine/job.py)
 PROFILE = "baseline_profile.json"  # the speed job's guard.baseline.BaselineProfile (speed/job.py)

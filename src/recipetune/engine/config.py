@@ -97,6 +97,10 @@ class TreeSearchConfig(BaseModel):
     backup: Literal["mean", "max"] = Field(
         "mean", description="what a subtree is worth to uct: mean (its mean reward, classic UCT) or max (its best "
                             "reward, min-max scaled over the tree's rewards: the campaign's result is its best node)")
+    set_aside: float = Field(
+        0.5, ge=0.0, lt=1.0, description="set aside, until nothing else is left, a recipe whose speed the measured "
+                                         "trials predict with confidence below this share of the incumbent's "
+                                         "(engine/effects.py); 0 sets nothing aside")
     failure_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward of a rejected or failed trial")
     playbook: str | None = Field(None, description="extra analyst rules (YAML), added before the built-in ones")
     explore: Literal["model", "random"] = Field(

@@ -23,7 +23,7 @@ from recipetune.core.filenames import APPROVED, VERDICT
 from recipetune.core.files import write_atomic
 from recipetune.core.recipe import Recipe, SearchSpace
 from recipetune.core.words import Decision
-from recipetune.engine.record import Figures, Trial
+from recipetune.engine.record import Evidence, Figures, Trial
 from recipetune.engine.researcher import Subject
 from recipetune.engine.status import NodeStatus
 from recipetune.engine.store import CampaignStore
@@ -174,6 +174,7 @@ class Landing:
     cause: str = ""
     figures: Figures | None = None  # the job's figures, stored with the trial (engine/record.py)
     result: Any = None  # what the proposer reads of this run
+    evidence: Evidence | None = None  # its speed over the baseline's, or its bound (a timeout, an OOM)
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,7 @@ class LLMProposer:
             edits = check_edits(item["edits"], context, self.name)
             if edits is None:
                 continue
-            fresh = fresh_recipe(node, edits, context, taken)
+            fresh = fresh_recipe(node, edits, context, taken, source=self.name)
             if fresh is None:
                 context.reject(self.name, "already measured (or no change from the node)", item)
                 continue

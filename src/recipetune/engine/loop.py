@@ -25,13 +25,14 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
-from recipetune.core.filenames import CAMPAIGN, REJECTED
+from recipetune.core.filenames import CAMPAIGN, REJECTED, SET_ASIDE
 from recipetune.core.process import kill_orphans
 from recipetune.core.recipe import Recipe
 from recipetune.engine.config import TreeSearchConfig
+from recipetune.engine.effects import Effects
 from recipetune.engine.job import Finished, Job, Outcome, Root, Row, Services
 from recipetune.engine.researcher import Proposer, SearchContext
-from recipetune.engine.status import Refusal
+from recipetune.engine.status import Refusal, Status
 from recipetune.engine.stopping import Stopping
 from recipetune.engine.store import Refused
 from recipetune.engine.strategy import Candidate, SamplerStrategy, Strategy, TreeStrategy, Wait
@@ -57,6 +58,8 @@ class Search:
         self.tree: Tree = Tree(self.baseline)  # replaced by start(), which has the baseline's result
         self.strategy: Strategy | None = None
         self.root = Root(None, None)  # the baseline, once start() measured it
+        self.effects: Effects | None = None  # the set-aside rule, on the tree start() builds
+        self.culprits: set[str] = set()  # the values the log has named as the reason for a set-aside
 
     # start -----------------------------------------------------------------------------------
 
@@ -73,6 +76,7 @@ class Search:
             store.write_json(CAMPAIGN, self.snapshot)
         root = self.root = self.job.start(self.services)
         self.tree = Tree(self.baseline, root.result, self.cfg.exploration, score=root.score, backup=self.cfg.backup)
+        self.effects = Effects(self.tree, self.job.space, root.noise, self.cfg.set_aside)
         if root.curve and self.cfg.pruning.on and root.score is not None:
             store.set_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
         self.trials.rebuild(self.tree, store.records())
@@ -105,10 +109,31 @@ class Search:
     def record_repeat(self, c: Candidate, prior: Node | None) -> None:
         self.trials.record_repeat(self.tree, c, prior)
 
+    def record_set_aside(self, c: Candidate, value: float) -> None:
+        assert self.effects is not None
+        self.trials.record_set_aside(self.tree, c, value, self.effects.pool[c.recipe.id].aside.line())
+
+    def announce(self) -> None:
+        """The recipes set aside since the last call: each a line of the campaign folder's SET_ASIDE and a
+        row of the live table; the log names each new reason once, with the measurements behind it."""
+        if self.effects is None:
+            return
+        for pooled in self.effects.fresh():
+            aside = pooled.aside
+            self.store.append_jsonl(SET_ASIDE, {"time": time.time(), "source": pooled.source, **aside.record()})
+            trials = ", ".join(str(m.trial) for m in aside.measurements[:6])
+            self.reporter.row(Row(f"a{aside.recipe.id}", None, aside.change, Status.SET_ASIDE, source=pooled.source,
+                                  rationale=f"predicted {aside.predicted:.2g}x the incumbent's speed",
+                                  cause=f"{aside.culprit()}: at most {aside.upper:.2g}x the incumbent's speed, "
+                                        f"on trials {trials}"))
+            if aside.culprit() not in self.culprits:
+                self.culprits.add(aside.culprit())
+                self.reporter.phase(aside.line())
+
     def context(self) -> SearchContext:
         """What the Researcher reads: the job's knobs and briefing, the tree so far."""
         return SearchContext(self.job.subject, self.baseline, self.job.space, self.tree, self.cfg.seed,
-                             **self.job.briefing)
+                             effects=self.effects, **self.job.briefing)
 
     def make_strategy(self, proposer: Proposer | None) -> Strategy:
         if self.cfg.strategy == "mcts":
@@ -175,6 +200,7 @@ class Search:
             stop = stopping.why(self.root, self.tree)
             while len(self.inflight) < self.executor.parallel and stopping.left() and not stop:
                 c = strategy.ask()
+                self.announce()
                 if c is None:
                     break
                 if isinstance(c, Wait):

@@ -84,7 +84,7 @@ class AnalystProposer:
             for rule, options in queues:  # round-robin: diverse children before a second idea per rule
                 while options and len(out) < k:
                     edits, keep, said = options.pop(0)
-                    fresh = fresh_recipe(node, edits, context, taken, keep)
+                    fresh = fresh_recipe(node, edits, context, taken, keep, self.name)
                     if fresh is None:
                         continue
                     recipe, edits, note = fresh
@@ -119,7 +119,8 @@ class RandomProposer:
             if len(out) == k:
                 break
             draw = {name: rng.choice(values) for name, values in context.space.values.items()}
-            fresh = fresh_recipe(node, draw, context, taken, keep=False)  # any drawn knob may move to repair it
+            # any drawn knob may move to repair it
+            fresh = fresh_recipe(node, draw, context, taken, keep=False, source=self.name)
             if fresh is None:
                 continue
             recipe, edits, note = fresh

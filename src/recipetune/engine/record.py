@@ -35,6 +35,35 @@ class Figures(BaseModel):
         return self.model_dump(mode="json", exclude_unset=True)
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What one trial measured of its speed: its ratio to the baseline's, or (``censored``: why) the
+    most it can be."""
+
+    ratio: float
+    censored: str = ""  # "" measured; "timeout" or "oom": ``ratio`` is an upper bound
+
+    def stored(self) -> dict[str, Any]:
+        """The trial's attributes that keep it (``Trial.evidence_ratio``, ``Trial.evidence_censored``)."""
+        return {"evidence_ratio": self.ratio, "evidence_censored": self.censored}
+
+    def text(self) -> str:
+        return f"at most {self.ratio:.3g}x ({self.censored})" if self.censored else f"{self.ratio:.3g}x"
+
+
+TOO_BIG = 0.1  # the ratio an OOM counts as, at most: it does not run at all
+
+
+def failure_evidence(status: str, bound: float | None) -> Evidence | None:
+    """A run that did not finish, as evidence: a timeout is at most ``bound`` (what the time allowed),
+    an OOM at most ``TOO_BIG``; anything else (a crash, NaN) says nothing of speed."""
+    if status == "timeout" and bound is not None and bound > 0:
+        return Evidence(bound, "timeout")
+    if status == "oom":
+        return Evidence(TOO_BIG, "oom")
+    return None
+
+
 F = TypeVar("F", bound=Figures)
 
 
@@ -54,9 +83,16 @@ class Trial(BaseModel, Generic[F]):
     run_dir: str | None = None
     reward: float | None = None
     score: float | None = None  # the job's figure of merit, for a passed trial
+    evidence_ratio: float | None = None  # what it measured of its speed over the baseline's (``Evidence``)
+    evidence_censored: str = ""
     figures: F
 
-    @field_validator("recipe_id", "parent", "proposer", "rationale", "status", "cause", mode="before")
+    def evidence(self) -> Evidence | None:
+        """What the trial measured of its speed, as the search learns from it (engine/effects.py)."""
+        return None if self.evidence_ratio is None else Evidence(self.evidence_ratio, self.evidence_censored)
+
+    @field_validator("recipe_id", "parent", "proposer", "rationale", "status", "cause", "evidence_censored",
+                     mode="before")
     @classmethod
     def _text(cls, value: Any) -> Any:
         return "" if value is None else value  # a null text reads as none, as a missing one does

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 from recipetune.core.meanings import Glossary
 from recipetune.core.recipe import KnobSet, Recipe, Scalar, SearchSpace
 from recipetune.core.relations import Relations
+from recipetune.engine.effects import Effects
 from recipetune.engine.tree import Node, Tree
 
 Explore = Literal["model", "random"]
@@ -82,6 +83,9 @@ class SearchContext:
     rejections: list[Rejection] = field(default_factory=list)
     # Nodes where the proposer failed (every answer unusable), as opposed to having nothing new.
     failed: dict[str, str] = field(default_factory=dict)
+    # What the measured trials say of each knob value's speed: recipes predicted far slower than the
+    # incumbent are set aside (engine/effects.py), never proposed while anything else is left.
+    effects: Effects | None = None
     relations: Relations = field(init=False)
     glossary: Glossary = field(init=False)
 
@@ -121,11 +125,15 @@ class Proposer(Protocol):
 
 
 def fresh_recipe(node: Node, edits: dict[str, Scalar], context: SearchContext, taken: set[str],
-           keep: bool = True) -> tuple[Recipe, dict[str, Scalar], str] | None:
+           keep: bool = True, source: str = "") -> tuple[Recipe, dict[str, Scalar], str] | None:
     """The recipe ``edits`` make from ``node`` (relations repaired), its edits from the node and the
-    repair note; None when it is the node itself or already tried."""
+    repair note; None when it is the node itself, already tried, or set aside (predicted far slower
+    than the incumbent: engine/effects.py; kept, with ``source``, for when nothing else is left)."""
     recipe, note = context.complete(node.recipe, edits, keep)
     if recipe == node.recipe or context.seen(recipe) or recipe.id in taken:
+        return None
+    if context.effects is not None and (aside := context.effects.judge(recipe)) is not None:
+        context.effects.hold(aside, node, recipe.edits_from(node.recipe), source)
         return None
     return recipe, recipe.edits_from(node.recipe), note
 

@@ -18,6 +18,7 @@ class Status(Word):
     FAILED = "failed"  # crashed, out of memory, lost ...: the cause says
     PRUNED = "pruned"  # stopped early by the study's pruner
     DUPLICATE = "duplicate"  # a sampler asked for a recipe already tried: nothing ran
+    SET_ASIDE = "set aside"  # predicted far slower than the incumbent (engine/effects.py): not run, yet
     UNRUN = "unrun"  # other drivers' runs took the shared budget first
     INTERRUPTED = "interrupted"  # its driver stopped while it ran: its recipe may run again
     BASELINE = "baseline"  # the tree's root

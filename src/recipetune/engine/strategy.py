@@ -20,6 +20,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from recipetune.core.recipe import KnobError, Recipe
 from recipetune.core.relations import Relations
+from recipetune.engine.effects import Effects, Pooled
 from recipetune.engine.researcher import Proposal, Proposer, SearchContext
 from recipetune.engine.store import CampaignStore
 from recipetune.engine.tree import Node, Tree
@@ -51,6 +52,7 @@ class SearchView(Protocol):
     tree: Tree
     store: CampaignStore
     dists: dict[str, BaseDistribution]
+    effects: Effects | None  # the set-aside rule (engine/effects.py); None: nothing is set aside
 
     def taken(self, recipe: Recipe) -> bool: ...
 
@@ -63,6 +65,22 @@ class SearchView(Protocol):
     def record_rejections(self, context: SearchContext) -> None: ...
 
     def record_repeat(self, candidate: Candidate, prior: Node | None) -> None: ...
+
+    def record_set_aside(self, candidate: Candidate, value: float) -> None: ...
+
+
+def released(view: SearchView) -> Candidate | None:
+    """Nothing else is left: the set-aside recipe predicted fastest, as a candidate (its rationale
+    says it was set aside and why it runs now), or None when none is."""
+    pooled: Pooled | None = view.effects.release(view.taken) if view.effects is not None else None
+    if pooled is None:
+        return None
+    aside = pooled.aside
+    why = (f"set aside earlier (predicted {aside.predicted:.2g}x the incumbent's speed, for {aside.culprit()}); "
+           "run now: nothing else is left")
+    view.phase(f"running {aside.change}, {why}")
+    recipe, note = view.couple(aside.recipe)
+    return Candidate(recipe, pooled.parent, Proposal(pooled.edits, why, pooled.source), note)
 
 
 class Strategy(Protocol):
@@ -94,7 +112,7 @@ class TreeStrategy:
             if not self.queue:
                 node = tree.select(self.selection)
                 if node is None:
-                    return None
+                    return released(view)
                 proposals = self.proposer.propose(node, self.context, self.children)
                 view.record_rejections(self.context)
                 # Proposers skip what was tried; this holds for any proposer, so a node can only be
@@ -129,7 +147,10 @@ class SamplerStrategy:
     """An Optuna sampler (engine/samplers.py) asks the study for the next point; every candidate
     hangs from the root. A point already tried is told to the sampler as that trial's value (it
     must hear an outcome to move on) and is not run again; after 100 repeats in a row, or once every
-    feasible point was tried, the space is exhausted."""
+    feasible point was tried, the space is exhausted. A point the measured trials predict far slower
+    than the incumbent (engine/effects.py) is set aside: its trial is told that prediction, nothing
+    runs, and it counts as a repeat; the set-aside points run, fastest predicted first, only when
+    nothing else is left."""
 
     MAX_REPEATS = 100
 
@@ -163,9 +184,10 @@ class SamplerStrategy:
     def ask(self) -> Candidate | Wait | None:
         view, tree = self.view, self.view.tree
         while True:
-            if self.grid_done() or len(tree) + len(view.inflight_ids()) >= self.space_size() \
+            aside = len(view.effects.pool) if view.effects is not None else 0
+            if self.grid_done() or len(tree) + len(view.inflight_ids()) + aside >= self.space_size() \
                     or self.repeats > self.MAX_REPEATS:
-                return None
+                return released(view)
             trial, recipe = self.draw()
             edits = recipe.edits_from(self.baseline)
             proposal = Proposal(edits, f"{self.name} sampler", self.name)
@@ -174,6 +196,12 @@ class SamplerStrategy:
             if recipe in tree or recipe.id in view.inflight_ids():
                 self.repeats += 1
                 view.record_repeat(candidate, tree.nodes.get(recipe.id))
+                continue
+            judged = view.effects.judge(recipe) if view.effects is not None else None
+            if judged is not None:  # the sampler hears the prediction as this point's value; nothing runs
+                self.repeats += 1
+                view.effects.hold(judged, tree.root, edits, self.name)  # type: ignore[union-attr]
+                view.record_set_aside(candidate, judged.predicted * judged.incumbent)
                 continue
             self.before, self.repeats = self.repeats, 0  # a new point: the count of repeats starts again
             return candidate

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from recipetune.core.recipe import Recipe
+from recipetune.engine.record import Evidence
 from recipetune.engine.status import NodeStatus, Status
 
 Backup = Literal["mean", "max"]
@@ -52,6 +53,7 @@ class Node:
     source: str = ""  # which proposer suggested it
     trial: int | None = None  # the study's trial number
     result: Any = None  # what its run reported, for the proposer: a RunResult, an ExperimentReport
+    evidence: Evidence | None = None  # what it measured of its speed (engine/effects.py learns from it)
     children: list[Node] = field(default_factory=list)
     reward: float | None = None  # its own reward; None for a recipe that never ran
     visits: int = 0

@@ -120,6 +120,13 @@ class Trials:
             f"trial {prior.trial}" if prior is not None else "a running trial"
         self.store.finish(number, value, {"status": Status.DUPLICATE, "ran": False, "cause": f"same recipe as {same}"})
 
+    def record_set_aside(self, tree: Tree, c: Candidate, value: float, cause: str) -> None:
+        """A sampler asked for a recipe set aside (engine/effects.py): its trial is told the predicted
+        speed-up, nothing runs."""
+        number = self.store.begin(c.recipe, self.dists, {"parent": tree.root.id, "proposer": self.cfg.strategy},
+                                  c.trial)
+        self.store.finish(number, value, {"status": Status.SET_ASIDE, "ran": False, "cause": cause})
+
     # landing -----------------------------------------------------------------------------------
 
     def judge(self, pending: Pending) -> Landing:
@@ -150,6 +157,7 @@ class Trials:
         stored = landing.figures.stored() if landing.figures is not None else {}
         figures = {**stored, "status": landing.status, "cause": landing.cause, "reward": landing.reward,
                    "score": landing.score if passed else None,
+                   **(landing.evidence.stored() if landing.evidence is not None else {}),
                    **({"attempts": attempts.read_text().count("\n")} if attempts.exists() else {})}
         store.finish(number, landing.score if passed else None, figures, pruned=landing.status == Status.PRUNED)
         stopping = self.stopping
@@ -159,7 +167,7 @@ class Trials:
             {"rationale": proposal.rationale, "proposer": proposal.source, **figures})))
         node = tree.add(recipe, parent=c.parent, status=landing.status, value=landing.reward,
                         score=landing.score if passed else None, cause=landing.cause, rationale=proposal.rationale,
-                        source=proposal.source, trial=number, result=landing.result)
+                        source=proposal.source, trial=number, result=landing.result, evidence=landing.evidence)
         store.set_meta("search_elapsed_s", stopping.elapsed())
         self.reporter.best(tree.best(), self.job.baseline)
         self.reporter.campaign(stopping.runs - in_flight, self.cfg.budget.trials, stopping.elapsed())
@@ -191,7 +199,7 @@ class Trials:
             parent = tree.nodes.get(t.parent, tree.root)
             result = self.job.load(Path(t.run_dir)) if t.run_dir else None
             tree.add(rec.recipe, parent, t.status, t.reward, score=t.score, cause=t.cause, rationale=t.rationale,
-                     source=t.proposer, trial=rec.number, result=result)
+                     source=t.proposer, trial=rec.number, result=result, evidence=t.evidence())
             self.report_record(rec)
         if records and not quiet:
             self.reporter.phase(f"resumed: {len(records)} trials in the study, {self.stopping.runs} runs of the "

@@ -131,6 +131,36 @@ class Curve(BaseModel):
     loss: list[float | None]
 
 
+class SetAsideRow(BaseModel):
+    """A recipe the search set aside as predicted far slower than the incumbent (engine/effects.py), and
+    the measurements it was set aside on."""
+
+    change: str
+    source: str = ""
+    predicted: float | None = None  # its predicted speed over the incumbent's
+    upper: float | None = None  # the most it plausibly is, over the incumbent's
+    values: str = ""  # the values that make it slow
+    measured: str = ""  # the trials behind it: number, change, ratio to the baseline (or its bound)
+
+
+def set_aside_rows(files: CampaignFiles) -> list[SetAsideRow]:
+    """The campaign folder's set-aside recipes (each once, the latest word on it)."""
+    rows: dict[str, SetAsideRow] = {}
+    for r in files.set_aside:
+        values = r.get("values") if isinstance(r.get("values"), dict) else {}
+        measured = [m for m in r.get("measurements") or [] if isinstance(m, dict)]
+        text = "; ".join(
+            f"trial {m.get('trial')} ({m.get('change')}): "
+            + (f"at most {m['ratio']:.3g}x ({m.get('censored')})" if m.get("censored") else f"{m['ratio']:.3g}x")
+            for m in measured if isinstance(m.get("ratio"), int | float))
+        rows[str(r.get("recipe_id"))] = SetAsideRow(
+            change=str(r.get("change", "")), source=str(r.get("source", "")),
+            predicted=r.get("predicted") if isinstance(r.get("predicted"), int | float) else None,
+            upper=r.get("upper") if isinstance(r.get("upper"), int | float) else None,
+            values=", ".join(json_knob(k, v) for k, v in values.items()), measured=text)
+    return list(rows.values())
+
+
 class Report(BaseModel):
     folder: str
     job: str = src.SPEED  # speed (`recipetune tune`) | quality (`recipetune finetune`)
@@ -148,6 +178,7 @@ class Report(BaseModel):
     curves: list[Curve]
     smoothing_window: int
     rejected_proposals: list[dict[str, Any]]
+    set_aside: list[SetAsideRow] = []  # recipes predicted far slower than the incumbent, not run (or run last)
     environment: dict[str, str]
     commands: dict[str, list[str]]
     metric: str = ""  # the quality job's validation and test metric
@@ -201,6 +232,7 @@ def count(trials: list[Trial], files: CampaignFiles) -> dict[str, int]:
     for status in (Status.PASSED, Status.REJECTED, Status.FAILED, Status.PRUNED, Status.INTERRUPTED, Status.DUPLICATE):
         counts[status] = sum(t.status == status for t in trials)
     counts["invalid proposals"] = len(files.rejected)
+    counts["set aside"] = len({r.get("recipe_id") for r in files.set_aside})
     return counts
 
 

@@ -21,6 +21,7 @@ from recipetune.core.filenames import (
     PROFILE,
     REJECTED,
     RESULT,
+    SET_ASIDE,
     STUDY_DB,
     VERDICT,
 )
@@ -75,6 +76,7 @@ class CampaignFiles:
     verdict: dict[str, Any] | None
     finalists: list[dict[str, Any]]
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    set_aside: list[dict[str, Any]] = field(default_factory=list)  # engine/effects.py: SetAside.record
     baseline_report: dict[str, Any] | None = None  # the quality job's baseline experiment
 
     @property
@@ -163,7 +165,7 @@ def read_campaign(folder: Path) -> CampaignFiles:
         folder=folder, meta=study_attrs.get(M_CAMPAIGN) or {}, study_attrs=study_attrs, config=config,
         records=records, results=results, profile=profile, profile_runs=runs, verdict=_json(folder / VERDICT),
         finalists=[f for f in finalists if isinstance(f, dict)], rejected=_jsonl(folder / REJECTED),
-        baseline_report=_json(folder / BASELINE_REPORT),
+        set_aside=_jsonl(folder / SET_ASIDE), baseline_report=_json(folder / BASELINE_REPORT),
     )
 
 

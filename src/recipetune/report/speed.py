@@ -31,6 +31,7 @@ from recipetune.report.model import (
     count,
     link,
     mark_path,
+    set_aside_rows,
 )
 from recipetune.report.sources import CampaignFiles, number
 from recipetune.speed.job import SpeedFigures
@@ -292,6 +293,6 @@ def build_speed(files: CampaignFiles) -> Report:
         evidence=evidence, finalists=finalists, baseline=base, winner=winner, trials=trials,
         counts=count(trials, files), curves=curves, smoothing_window=int(window),
         rejected_proposals=[{k: r.get(k) for k in ("source", "reason", "raw")} for r in files.rejected],
-        environment=_environment(files, base),
+        set_aside=set_aside_rows(files), environment=_environment(files, base),
         commands=commands(files, vfile.get("recipe") if winner is not None else None),
     )

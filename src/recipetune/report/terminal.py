@@ -138,5 +138,20 @@ def search_tree(r: Report) -> Tree:
     return root
 
 
+def set_aside_lines(r: Report) -> list[RenderableType]:
+    """The recipes set aside as predicted far slower than the incumbent, and the trials that said so."""
+    if not r.set_aside:
+        return []
+    lines: list[RenderableType] = [Text(f"set aside ({len(r.set_aside)}): predicted far slower than the incumbent",
+                                        style="bold")]
+    for a in r.set_aside[:12]:
+        predicted = f"{a.predicted:.2g}x" if a.predicted is not None else "?"
+        lines.append(Text(f"  {a.change}: {predicted} the incumbent, for {a.values or 'its values'}; "
+                          f"measured {a.measured}", style="dim"))
+    if len(r.set_aside) > 12:
+        lines.append(Text(f"  ... and {len(r.set_aside) - 12} more (report.json)", style="dim"))
+    return lines
+
+
 def render(r: Report, width: int = 200) -> Group:
-    return Group(verdict_panel(r), trial_table(r, width), search_tree(r))
+    return Group(verdict_panel(r), trial_table(r, width), search_tree(r), *set_aside_lines(r))

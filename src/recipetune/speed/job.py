@@ -39,7 +39,7 @@ from recipetune.engine.job import (
     watch,
 )
 from recipetune.engine.loop import run_search
-from recipetune.engine.record import Figures, Trial
+from recipetune.engine.record import Evidence, Figures, Trial, failure_evidence
 from recipetune.engine.status import Status
 from recipetune.execute.executor import Executor
 from recipetune.execute.factory import make_executor
@@ -226,7 +226,7 @@ class SpeedJob:
                      f"({self.cfg.pruning.pruner} pruner)")
             value = reward(at["value"], True, self.cfg.reward_span, self.cfg.failure_penalty)
             figures = SpeedFigures(run_status="pruned", pruned_at=at["checkpoint"], speedup_at_prune=at["value"])
-            return Landing(Status.PRUNED, None, value, cause, figures, result)
+            return Landing(Status.PRUNED, None, value, cause, figures, result, Evidence(at["value"]))
         screening = None
         if result.ok:
             assert self.profile is not None
@@ -249,7 +249,23 @@ class SpeedJob:
             peak_mem_bytes=summary.peak_mem_bytes if summary else None,
             loss_last=summary.loss_last if summary else None,
         )
-        return Landing(status, speedup, value, cause, figures, result)
+        measured = Evidence(screening.speedup) if screening is not None and screening.speedup else \
+            failure_evidence(result.status, self.bound(result, recipe))
+        return Landing(status, speedup, value, cause, figures, result, measured)
+
+    def bound(self, result: RunResult, recipe: Recipe) -> float | None:
+        """The most a run that timed out can be worth over the baseline's tokens/s per device: the
+        trial's tokens could not be trained in ``run.timeout_s``; or, where its steps before the kill
+        measured more, that (a slow start is not the steady speed)."""
+        assert self.profile is not None
+        if self.profile.tokens_per_s <= 0 or not self.profile.runs or not self.profile.runs[0].steps:
+            return None
+        tokens = self.cfg.steps_per_trial * self.profile.runs[0].steps[0].tokens
+        devices = max(self.workload.n_devices(recipe), 1)
+        bound = tokens / self.campaign.config.run.timeout_s / devices / self.profile.tokens_per_s
+        if result.measured():
+            bound = max(bound, result.summary().tokens_per_s_per_device / self.profile.tokens_per_s)
+        return bound
 
     def load(self, run_dir: Path) -> RunResult | None:
         if (run_dir / RESULT).exists():

@@ -30,7 +30,8 @@ from recipetune.execute.executor import Executor
 
 console = Console()
 STATUS_STYLE = {Status.PASSED: "green", Status.REJECTED: "yellow", Status.FAILED: "red", Status.PRUNED: "magenta",
-                "invalid": "magenta", Status.RUNNING: "cyan", Status.INTERRUPTED: "dim", Status.DUPLICATE: "dim"}
+                "invalid": "magenta", Status.RUNNING: "cyan", Status.INTERRUPTED: "dim", Status.DUPLICATE: "dim",
+                Status.SET_ASIDE: "dim yellow"}
 MAX_ROWS = 40  # the table keeps the latest trials; the study keeps them all
 
 

@@ -1,0 +1,192 @@
+"""The set-aside rule (engine/effects.py): each knob value's effect learned from every trial measured with
+it, a timeout or an OOM as a bound, and a recipe predicted with confidence far slower than the incumbent
+set aside until nothing else is left; each case beside the one built to fool it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from recipetune.bench.replay import replay
+from recipetune.bench.table import Table
+from recipetune.core.recipe import Recipe, SearchSpace
+from recipetune.engine.effects import Effects
+from recipetune.engine.record import Evidence, Trial, failure_evidence
+from recipetune.engine.tree import Tree
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = Recipe({"a": "a0", "b": "b0", "c": "c0", "d": "d0"})
+SPACE = SearchSpace({"a": ("a0", "a1"), "b": ("b0", "b1"), "c": ("c0", "c1"), "d": ("d0", "d1")})
+NOISE = 0.05  # the baseline's A/A noise the rule is told
+
+
+def tree_of(*measured: tuple[dict, Evidence]) -> Tree:
+    tree = Tree(BASE, None, score=1.0)
+    for i, (edits, evidence) in enumerate(measured):
+        ratio = evidence.ratio if not evidence.censored else None
+        tree.add(BASE.with_(**edits), tree.root, "passed" if ratio else "failed", 0.5, score=ratio, trial=i,
+                 evidence=evidence)
+    return tree
+
+
+def effects(tree: Tree, noise: float = NOISE) -> Effects:
+    return Effects(tree, SPACE, noise, 0.5)
+
+
+def test_one_timeout_sets_aside_the_value_next_to_other_knobs_not_the_knobs_themselves():
+    # a1 timed out (at most 0.015x): the engineer's "bf16 is hopeless on this CPU", from one trial
+    tree = tree_of(({"b": "b1"}, Evidence(1.3)), ({"a": "a1"}, Evidence(0.015, "timeout")))
+    rule = effects(tree)
+    aside = rule.judge(BASE.with_(a="a1", b="b1", c="c1"))
+    assert aside is not None and aside.values == {"a": "a1"}
+    assert [(m.trial, m.evidence.ratio, m.evidence.censored) for m in aside.measurements] == [(1, 0.015, "timeout")]
+    assert "trial 1" in aside.line() and "at most 0.015x (timeout)" in aside.line()
+    # what the slow value is not in may run: b1, c1 and their combination
+    assert rule.judge(BASE.with_(b="b1", c="c1")) is None
+    assert rule.judge(BASE.with_(c="c1")) is None  # never measured: no evidence, nothing set aside
+
+
+def test_a_value_measured_slightly_slower_within_noise_is_never_set_aside_beside_one_far_slower():
+    # 1-3 noise widths slower, in three contexts each: the mild one stays, the far one goes
+    mild = math.exp(-2 * NOISE)
+    tree = tree_of(({"a": "a1"}, Evidence(mild)), ({"a": "a1", "b": "b1"}, Evidence(mild * 1.2)),
+                   ({"b": "b1"}, Evidence(1.2)), ({"c": "c1"}, Evidence(0.05)),
+                   ({"c": "c1", "b": "b1"}, Evidence(0.06)), ({"d": "d1"}, Evidence(1.0)))
+    rule = effects(tree)
+    assert rule.judge(BASE.with_(a="a1", d="d1")) is None
+    assert rule.judge(BASE.with_(a="a1", b="b1", d="d1")) is None
+    assert rule.judge(BASE.with_(c="c1", d="d1")) is not None
+    # the same slow trials under a noise as wide as the effect: nothing is certain enough
+    assert effects(tree, noise=3.0).judge(BASE.with_(c="c1", d="d1")) is None
+
+
+def test_an_interaction_a_value_slow_with_one_knob_is_still_tried_with_another():
+    # a1 measured 0.35x next to b0; b1 alone is even. a1 with b1 may be the fastest (the interaction):
+    # one measurement within the allowance for interactions does not set it aside ...
+    tree = tree_of(({"a": "a1"}, Evidence(0.35)), ({"b": "b1"}, Evidence(1.0)))
+    assert effects(tree).judge(BASE.with_(a="a1", b="b1")) is None
+    # ... and where the measured trials show an interaction, the allowance grows with it
+    inter = tree_of(({"a": "a1"}, Evidence(0.35)), ({"b": "b1"}, Evidence(1.0)), ({"c": "c1"}, Evidence(1.0)),
+                    ({"a": "a1", "c": "c1"}, Evidence(0.35)), ({"b": "b1", "c": "c1"}, Evidence(1.0)),
+                    ({"a": "a1", "d": "d1"}, Evidence(2.5)), ({"d": "d1"}, Evidence(1.0)))
+    plain = tree_of(({"a": "a1"}, Evidence(0.35)), ({"b": "b1"}, Evidence(1.0)), ({"c": "c1"}, Evidence(1.0)),
+                    ({"a": "a1", "c": "c1"}, Evidence(0.35)), ({"b": "b1", "c": "c1"}, Evidence(1.0)),
+                    ({"a": "a1", "d": "d1"}, Evidence(0.35)), ({"d": "d1"}, Evidence(1.0)))
+    assert effects(inter).fit().tau2 > effects(plain).fit().tau2  # type: ignore[union-attr]
+
+
+def test_an_oom_is_evidence_of_a_recipe_too_big_and_a_crash_is_none():
+    assert failure_evidence("oom", None) == Evidence(0.1, "oom")
+    assert failure_evidence("timeout", 0.02) == Evidence(0.02, "timeout")
+    assert failure_evidence("crash", 0.02) is None and failure_evidence("nan", None) is None
+    tree = tree_of(({"a": "a1", "b": "b1"}, Evidence(0.1, "oom")), ({"b": "b1"}, Evidence(1.2)),
+                   ({"d": "d1"}, Evidence(1.0)))
+    assert effects(tree).judge(BASE.with_(a="a1", b="b1", d="d1")) is not None
+
+
+def test_the_incumbent_raises_the_bar_and_zero_turns_the_rule_off():
+    # 0.3x is above half the baseline's speed's optimistic end, but far below half of a 3x incumbent
+    slow = (({"a": "a1"}, Evidence(0.3)), ({"a": "a1", "c": "c1"}, Evidence(0.3)), ({"c": "c1"}, Evidence(1.0)),
+            ({"d": "d1"}, Evidence(1.0)))
+    alone = tree_of(*slow)
+    assert effects(alone).judge(BASE.with_(a="a1", d="d1")) is None
+    fast = tree_of(*slow, ({"b": "b1"}, Evidence(3.0)), ({"b": "b1", "c": "c1"}, Evidence(3.0)))
+    assert effects(fast).judge(BASE.with_(a="a1", d="d1")) is not None
+    assert Effects(fast, SPACE, NOISE, 0.0).judge(BASE.with_(a="a1", d="d1")) is None
+
+
+def test_a_trial_keeps_its_evidence_and_a_resume_reads_it_back():
+    stored = {"status": "failed", **Evidence(0.02, "timeout").stored()}
+    assert Trial[Trial.model_fields["figures"].annotation].model_validate(  # type: ignore[name-defined]
+        {**stored, "figures": {}}).evidence() == Evidence(0.02, "timeout")
+    assert Trial.model_validate({"status": "passed", "figures": {}}).evidence() is None  # written before: none
+
+
+# -- through the engine's loop, against a planted table -------------------------------------------
+
+
+def planted(speed, path: Path) -> Table:  # noqa: ANN001
+    """The reference table's space, every recipe's three repeats at ``speed(values)`` times the baseline's
+    (within 2%)."""
+    raw = json.loads((ROOT / "benchmarks" / "table-reference.json").read_text())
+    base = next(e for e in raw["entries"] if e["id"] == raw["baseline_id"])["runs"][0]["tokens_per_s"]
+    for e in raw["entries"]:
+        runs = []
+        for i, wiggle in enumerate((-0.02, 0.0, 0.02)):
+            tps = base * speed(e["values"]) * math.exp(wiggle)
+            run = {**e["runs"][0], "repeat": i, "status": "ok", "tokens_per_s": tps}
+            runs.append({**run, "step_s": run["tokens_per_step"] / tps, "wall_s": 20 * run["tokens_per_step"] / tps})
+        e["runs"] = runs
+    path.write_text(json.dumps(raw))
+    return Table.load(path)
+
+
+def common(v: dict) -> float:
+    return ({1: 1.0, 4: 1.25, 16: 1.4}[v["micro_batch_size"]] * (1.05 if v["optimizer_impl"] == "foreach" else 1.0)
+            * (0.9 if v["activation_checkpointing"] == "selective" else 1.0)
+            * (0.97 if v["dataloader_workers"] == 1 else 1.0))
+
+
+@pytest.mark.slow
+def test_a_search_tries_a_value_far_slower_once(tmp_path):
+    # math attention 25x slower everywhere (bf16 on this CPU): 5 and 6 of 20 trials on it without the rule
+    table = planted(lambda v: common(v) * (0.04 if v["attention"] == "math" else 1.0), tmp_path / "slow.json")
+    for seed in (0, 1):
+        before = replay(table, "mcts-analyst", 20, seed, set_aside=0.0)
+        after = replay(table, "mcts-analyst", 20, seed)
+        assert sum(t.true < 0.5 for t in before.trials) >= 4
+        assert sum(t.true < 0.5 for t in after.trials) == 1
+        best = table.best().tokens_per_s() / table.baseline_entry().tokens_per_s()
+        assert after.to_reach(0.98 * best)[0] == before.to_reach(0.98 * best)[0]
+
+
+@pytest.mark.slow
+def test_an_interaction_found_without_the_rule_is_found_with_it(tmp_path):
+    # math attention is 0.3x with activation checkpointing off, 1.6x with it on: the best recipe has both
+    def speed(v: dict) -> float:
+        math_ = 1.6 if v["activation_checkpointing"] == "selective" else 0.3
+        return common(v) * (math_ if v["attention"] == "math" else 1.0)
+
+    table = planted(speed, tmp_path / "interaction.json")
+    best = table.best().tokens_per_s() / table.baseline_entry().tokens_per_s()
+    for seed in (0, 2):
+        before, after = (replay(table, "tpe", 20, seed, set_aside=s) for s in (0.0, 0.5))
+        reached = after.to_reach(0.98 * best)[0]
+        assert reached is not None and reached == before.to_reach(0.98 * best)[0]
+
+
+@pytest.mark.slow
+def test_set_aside_recipes_run_when_nothing_else_is_left(tmp_path):
+    # a budget larger than the space: what was set aside runs last, so every feasible recipe runs
+    table = planted(lambda v: common(v) * (0.04 if v["attention"] == "math" else 1.0), tmp_path / "slow.json")
+    n = sum(1 for e in table.entries if e.feasible and e.runs) - 1
+    trials = replay(table, "mcts-random", n + 5, 0).trials
+    assert len({t.recipe_id for t in trials}) == n
+    slow = [i for i, t in enumerate(trials) if t.true < 0.5]
+    early = [i for i in slow if i < len(trials) - len(slow)]  # before the end: what taught the rule
+    # random draws move several knobs at once: two of them before the model can tell which value is slow
+    assert 1 <= len(early) <= 2 and slow[len(early):] == list(range(len(trials) - len(slow) + len(early), len(trials)))
+
+
+def test_the_report_lists_what_was_set_aside_and_on_which_trials(tmp_path):
+    from recipetune.core.filenames import SET_ASIDE
+    from recipetune.report.model import set_aside_rows
+    from recipetune.report.sources import CampaignFiles
+    from recipetune.report.terminal import set_aside_lines
+
+    tree = tree_of(({"b": "b1"}, Evidence(1.3)), ({"a": "a1"}, Evidence(0.015, "timeout")))
+    aside = effects(tree).judge(BASE.with_(a="a1", b="b1"))
+    assert aside is not None
+    lines = [json.dumps({"source": "analyst", **aside.record()})] * 2  # announced twice: listed once
+    (tmp_path / SET_ASIDE).write_text("\n".join(lines) + "\n")
+    files = CampaignFiles(tmp_path, {}, {}, {}, [], {}, None, [], None, [],
+                          set_aside=[json.loads(line) for line in lines])
+    rows = set_aside_rows(files)
+    assert len(rows) == 1 and rows[0].values == 'a="a1"'
+    assert rows[0].measured == 'trial 1 (a="a1"): at most 0.015x (timeout)'
+    from recipetune.report.model import Report  # noqa: F401 (the field the HTML and terminal read)
+    text = " ".join(str(t) for t in set_aside_lines(type("R", (), {"set_aside": rows})()))  # type: ignore[arg-type]
+    assert "trial 1" in text and 'a="a1"' in text
