@@ -155,3 +155,19 @@ def test_every_route_is_timed_and_a_lie_is_seen(tmp_path, route):
     assert not choose([results["honest"]], [results["last"]]).note.startswith("the trainer's")
     # the honest run is the equivalent case: its own figures stay the trainer's
     assert results["honest"].summary().timed_by == "trainer", honest.describe()
+
+
+# --- what a logged loss means: a noise that changes with a speed knob ------------------------------------------
+
+
+def test_a_loss_line_whose_noise_changes_with_the_split_is_named():
+    from recipetune.guard.parity import loss_line_note
+
+    # nanoGPT: the last micro-batch's loss times the accumulation, 0.35 nats a step at 2 x 16, 0.088 at 32 x 1
+    assert "not the step's loss" in loss_line_note(0.35, 0.088, 30)
+    # the equivalent it must not flag: the same noise up to chance
+    assert loss_line_note(0.20, 0.21, 400) == ""
+    # the edge: 1.6x apart is beyond chance over 400 losses, not over 10
+    assert loss_line_note(0.16, 0.10, 400) and not loss_line_note(0.16, 0.10, 10)
+    # a change too small to mean another figure is no news, however many losses
+    assert loss_line_note(0.13, 0.10, 100_000) == ""

@@ -52,6 +52,28 @@ def semantic_edits(profile: BaselineProfile, recipe: dict) -> list[str]:
                   if role != SPEED and name != "seed" and recipe.get(name) != profile.recipe.get(name))
 
 
+LOSS_LINE_Z = 4.0  # strict: the note says the trainer's loss line means something else per recipe
+LOSS_LINE_RATIO = 1.5  # and only where the two noises differ by more than this (a smaller change is no news)
+
+
+def loss_line_note(base: float, cand: float, n: int) -> str:
+    """Where the logged loss's step-to-step noise changes with a speed knob beyond chance (a variance-ratio
+    test over ``n`` logged losses a side, log variance ratio against its normal-theory standard error
+    sqrt(4 / (n - 1)), at ``LOSS_LINE_Z``), the loss line is not the step's loss: nanoGPT prints the last
+    micro-batch's loss times the accumulation (0.35 nats a step at 2 x 16, 0.088 at 32 x 1)."""
+    if base <= 0 or cand <= 0 or n < 3:
+        return ""
+    z = abs(2 * np.log(base / cand)) / np.sqrt(4 / (n - 1))
+    ratio = max(base, cand) / min(base, cand)
+    if z < LOSS_LINE_Z or ratio < LOSS_LINE_RATIO:
+        return ""
+    return (f"the loss line is not the step's loss: its step-to-step noise is {ratio:.1f}x "
+            f"{'larger' if base > cand else 'smaller'} for the baseline ({base:.3g} nats) than for the candidate "
+            f"({cand:.3g}) (a trainer that logs one micro-batch's loss, or a sum over "
+            "micro-batches, does this); the guard compares means over many steps, which stay valid, but each "
+            "logged figure says less than a step's loss would")
+
+
 def seed_note(profile: BaselineProfile) -> tuple[bool, str]:
     """Whether the baseline's repeats are independent samples, and what to say about the seed."""
     independent = independent_repeats(profile.seeds, profile.runs)
@@ -207,6 +229,9 @@ def measure(
     share = f"the last {100 * settings.tail:.0f}% of the tokens"
     notes = [note, f"step-to-step noise of the logged loss: baseline {np.mean(t.noise['baseline']):.4f}, candidate "
                    f"{np.mean(t.noise['candidate']):.4f} nats"]
+    if meaning := loss_line_note(float(np.mean(t.noise["baseline"])), float(np.mean(t.noise["candidate"])),
+                                 t.shortest * len(pairs)):
+        notes.append(meaning)
     samples = _samples(profile, settings, pairs, t, compared, independent, share, notes)
     return Measurements(
         mode=mode, mode_reason=why, independent=independent, two_sided=not equal_tokens, problems=problems,
