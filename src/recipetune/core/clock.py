@@ -166,8 +166,8 @@ def read(measured: list[StepRecord], arrivals: Sequence[Arrival], wall_s: float,
     timed = [s for s in measured if s.clock_s is not None]
     claimed = sum(s.step_time_s for s in measured)
     resolution = max((a.uncertainty for a in arrivals if kind(a.text)), default=0.0)
-    if not measured or claimed <= 0:
-        return None
+    if not measured or claimed <= 0 or not any((kind(a.text) or ("",))[0] == "step" for a in arrivals):
+        return None  # no step line came through the timed files (a CSV route): nothing this clock can vouch for
     span = sum(s.clock_s for s in timed)  # type: ignore[misc]
     claimed_timed = sum(s.step_time_s for s in timed)
     bunched = not timed or span + 2 * resolution < 0.5 * claimed_timed

@@ -71,7 +71,9 @@ class LogPreset:
     def kind(self, line: str) -> tuple[str, int] | None:
         """``("step" | "val", step number)`` for a step or validation line (what the guard's clock times)."""
         hit = self.match(line)
-        return None if hit is None else (hit[0], int(hit[1]["step"]))
+        if hit is None:
+            return None
+        return hit[0], int(hit[1]["step"]) if "step" in hit[1] else -1  # a validation line may number no step
 
 
 def make_preset(name: str, step_regex: str, val_regex: str | None = None, help: str = "") -> LogPreset:
