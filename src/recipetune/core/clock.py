@@ -29,7 +29,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipetune.core.measure import CLOCK_Z, MEDIAN_ERROR, THROUGHPUT_WINDOWS, ClockReading, RunResult, StepRecord
+from recipetune.core.measure import (
+    CLOCK_Z,
+    MEDIAN_ERROR,
+    THROUGHPUT_WINDOWS,
+    ClockReading,
+    RunResult,
+    StepRecord,
+    windows,
+)
 
 MIN_POLL_S = 0.001
 MAX_POLL_S = 0.05
@@ -128,19 +136,26 @@ class LineClock:
 Kind = Callable[[str], "tuple[str, int] | None"]  # a line -> ("step" | "val", step number), or None
 
 
+def _classified(arrivals: Sequence[Arrival], kind: Kind) -> list[tuple[Arrival, str, int]]:
+    """The step and validation lines among ``arrivals``: (arrival, "step" | "val", step number)."""
+    return [(a, *hit) for a in arrivals if (hit := kind(a.text)) is not None]
+
+
+def _first_steps(lines: list[tuple[Arrival, str, int]]) -> dict[int, Arrival]:
+    """Each step's first line (several ranks may print one step)."""
+    first: dict[int, Arrival] = {}
+    for a, what, step in lines:
+        if what == "step":
+            first.setdefault(step, a)
+    return first
+
+
 def stamp(steps: list[StepRecord], arrivals: Sequence[Arrival], kind: Kind) -> list[StepRecord]:
     """``steps`` with ``clock_s``: the guard's time per step over the gap that ended with the step's line,
     where the gap holds no validation line (a validation's work is not a step's) and follows a step line."""
-    first: dict[int, Arrival] = {}
-    vals: list[float] = []
-    for a in arrivals:
-        hit = kind(a.text)
-        if hit is None:
-            continue
-        if hit[0] == "val":
-            vals.append(a.t)
-        else:
-            first.setdefault(hit[1], a)
+    lines = _classified(arrivals, kind)
+    first = _first_steps(lines)
+    vals = [a.t for a, what, _ in lines if what == "val"]
     out, prev = [], None
     for s in steps:
         here = first.get(s.step)
@@ -154,19 +169,15 @@ def stamp(steps: list[StepRecord], arrivals: Sequence[Arrival], kind: Kind) -> l
     return out
 
 
-def _windows(items: list, k: int) -> list[list]:
-    cuts = [round(i * len(items) / k) for i in range(k + 1)]
-    return [items[a:b] for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
-
-
 def read(measured: list[StepRecord], arrivals: Sequence[Arrival], wall_s: float, steps_done: int,
          poll_cpu_s: float, kind: Kind) -> ClockReading | None:
     """The guard's clock against the trainer's over a run's measured steps (``measured``, already
     stamped). None when no step line was seen at all (nothing to time)."""
     timed = [s for s in measured if s.clock_s is not None]
     claimed = sum(s.step_time_s for s in measured)
-    resolution = max((a.uncertainty for a in arrivals if kind(a.text)), default=0.0)
-    if not measured or claimed <= 0 or not any((kind(a.text) or ("",))[0] == "step" for a in arrivals):
+    lines = _classified(arrivals, kind)
+    resolution = max((a.uncertainty for a, _, _ in lines), default=0.0)
+    if not measured or claimed <= 0 or not any(what == "step" for _, what, _ in lines):
         return None  # no step line came through the timed files (a CSV route): nothing this clock can vouch for
     span = sum(s.clock_s for s in timed)  # type: ignore[misc]
     claimed_timed = sum(s.step_time_s for s in timed)
@@ -180,14 +191,10 @@ def read(measured: list[StepRecord], arrivals: Sequence[Arrival], wall_s: float,
                             clock_step_s=per_step, log_ratio=q, error=0.0, resolution_s=resolution,
                             poll_cpu_s=poll_cpu_s)
     # Each end of a window is known to within its line's uncertainty (uniform: sigma = u / sqrt(12)).
-    arrived: dict[int, float] = {}
-    for a in arrivals:
-        hit = kind(a.text)
-        if hit is not None and hit[0] == "step":
-            arrived.setdefault(hit[1], a.uncertainty)
+    arrived = {step: a.uncertainty for step, a in _first_steps(lines).items()}
     k = min(THROUGHPUT_WINDOWS, max(1, len(timed) // 2))
     ratios, errors = [], []
-    for w in _windows(timed, k):
+    for w in windows(timed, k):
         guard, trainer = sum(s.clock_s for s in w), sum(s.step_time_s for s in w)  # type: ignore[misc]
         ends = max(arrived.get(s.step, resolution) for s in w)
         if guard <= 0 or trainer <= 0:

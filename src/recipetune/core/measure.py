@@ -80,6 +80,12 @@ class Rate(Record):
     stall_time_s: float  # time the stalled steps took beyond a median step
 
 
+def windows(items: list, k: int) -> list[list]:
+    """``items`` cut into ``k`` contiguous windows of (nearly) equal counts."""
+    cuts = [round(i * len(items) / k) for i in range(k + 1)]
+    return [items[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
 def robust_rate(steps: list[StepRecord]) -> Rate:
     """Tokens/s of a run that one stall cannot wreck: the measured steps are cut into up to
     ``THROUGHPUT_WINDOWS`` contiguous windows (at least 2 steps each) and the figure is the median of
@@ -89,11 +95,10 @@ def robust_rate(steps: list[StepRecord]) -> Rate:
     time_s, tokens = sum(s.step_time_s for s in steps), sum(s.tokens for s in steps)
     mean = tokens / time_s if time_s > 0 else 0.0
     k = min(THROUGHPUT_WINDOWS, max(1, len(steps) // 2))
-    cuts = [round(i * len(steps) / k) for i in range(k + 1)]
     rates = []
-    for a, b in zip(cuts, cuts[1:], strict=False):
-        t = sum(s.step_time_s for s in steps[a:b])
-        rates.append(sum(s.tokens for s in steps[a:b]) / t if t > 0 else 0.0)
+    for window in windows(steps, k):
+        t = sum(s.step_time_s for s in window)
+        rates.append(sum(s.tokens for s in window) / t if t > 0 else 0.0)
     per_token = [s.step_time_s / s.tokens for s in steps if s.tokens > 0]
     typical = statistics.median(per_token) if per_token else 0.0
     stalled = [s for s in steps if s.tokens > 0 and s.step_time_s > STALL_FACTOR * typical * s.tokens]
