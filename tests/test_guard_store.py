@@ -68,10 +68,7 @@ def test_a_changed_model_file_trains_again_and_the_verdict_names_it(tmp_path):
     store = tmp_path / "store"
     args = ["verify", str(camp), str(camp), "micro_batch=8", "--runs", str(store), "--json"]
     first = runner.invoke(app, [*args, "--out", str(tmp_path / "v1")])
-    # Replays the batches (parity holds). Its printed step time is modelled, not measured: the guard's own
-    # clock refuses it, so the speed decision is the wall clock's (within noise here): 0 or 3, never 1 or 2.
-    assert first.exit_code in (0, 3), first.output
-    assert json.loads(first.stdout)["parity"]["outcome"] == "holds"
+    assert first.exit_code == 0, first.output  # replays the batches; faster by its modelled step time
     again = json.loads(runner.invoke(app, [*args, "--out", str(tmp_path / "v2")]).stdout)
     assert again["cost"]["parity_runs"] == 0 and again["cost"]["parity_reused"] == 6  # profile 3, candidate 3
     edit_lr(tmp_path / "nano", 0.08)  # model.py, imported by train.py; the command line is unchanged
