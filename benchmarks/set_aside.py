@@ -77,7 +77,7 @@ def interaction(v: dict) -> float:  # math attention 0.3x without activation che
 
 def planted_table(speed, path: Path) -> Table:  # noqa: ANN001
     """The reference table's space, each recipe's three repeats at ``speed(values)`` times the baseline's (+-2%)."""
-    raw = json.loads((ROOT / "benchmarks" / "table-reference.json").read_text())
+    raw = json.loads((ROOT / "benchmarks" / "results" / "table-reference.json").read_text())
     base = next(e for e in raw["entries"] if e["id"] == raw["baseline_id"])["runs"][0]["tokens_per_s"]
     for e in raw["entries"]:
         runs = []

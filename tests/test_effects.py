@@ -111,7 +111,7 @@ def test_a_trial_keeps_its_evidence_and_a_resume_reads_it_back():
 def planted(speed, path: Path) -> Table:  # noqa: ANN001
     """The reference table's space, every recipe's three repeats at ``speed(values)`` times the baseline's
     (within 2%)."""
-    raw = json.loads((ROOT / "benchmarks" / "table-reference.json").read_text())
+    raw = json.loads((ROOT / "benchmarks" / "results" / "table-reference.json").read_text())
     base = next(e for e in raw["entries"] if e["id"] == raw["baseline_id"])["runs"][0]["tokens_per_s"]
     for e in raw["entries"]:
         runs = []

@@ -111,6 +111,23 @@ def test_stamp_divides_a_gap_by_its_steps_and_skips_a_validation():
     assert [s.clock_s for s in stamped] == [None, pytest.approx(0.1), None, pytest.approx(0.1)]
 
 
+def test_lines_written_in_bursts_share_their_gap():
+    # a trainer that writes its lines once per loss sync (every 4 steps of 12 ms): one poll sees four lines;
+    # each of their steps gets a quarter of the gap (never a zero that would make a window's time nothing)
+    steps = [StepRecord(step=s, loss=1.0, tokens=1, step_time_s=0.012) for s in range(1, 13)]
+    arrivals = [Arrival(0.05 + 0.048 * ((s - 1) // 4), 0.002, f"step {s}") for s in range(1, 13)]
+    stamped = clock.stamp(steps, arrivals, kind)
+    assert [s.clock_s for s in stamped[:4]] == [None] * 4
+    assert [s.clock_s for s in stamped[4:]] == [pytest.approx(0.012)] * 8
+    r = clock.read(stamped[2:], arrivals, 0.3, 12, 0.0, kind)
+    assert r is not None and r.source == "lines" and r.agrees()
+    honest = RunResult(recipe={}, recipe_id="r", status="ok", steps=stamped, warmup_steps=2, wall_s=0.3, clock=r)
+    assert honest.summary(True).tokens_per_s == pytest.approx(1 / 0.012)
+    # a run none of whose measured steps the clock could time is read on its wall time, never as 0 tokens/s
+    short = honest.model_copy(update={"steps": stamped[:4]})
+    assert short.summary(True).tokens_per_s == pytest.approx(4 / 0.3)
+
+
 def test_read_sees_a_uniform_lie_and_a_log_held_to_the_end():
     steps = [StepRecord(step=s, loss=1.0, tokens=1, step_time_s=0.025) for s in range(1, 31)]
     paced = [Arrival(0.1 * s, 0.002, f"step {s}") for s in range(1, 31)]

@@ -152,20 +152,31 @@ def _first_steps(lines: list[tuple[Arrival, str, int]]) -> dict[int, Arrival]:
 
 def stamp(steps: list[StepRecord], arrivals: Sequence[Arrival], kind: Kind) -> list[StepRecord]:
     """``steps`` with ``clock_s``: the guard's time per step over the gap that ended with the step's line,
-    where the gap holds no validation line (a validation's work is not a step's) and follows a step line."""
+    where the gap holds no validation line (a validation's work is not a step's) and follows a step line.
+    Lines that one poll saw together (a trainer that writes its lines in bursts, e.g. once per loss sync)
+    share their gap: each of their steps gets the gap over all of them, never a zero."""
     lines = _classified(arrivals, kind)
     first = _first_steps(lines)
     vals = [a.t for a, what, _ in lines if what == "val"]
+    # runs of consecutive steps whose lines arrived in one poll: (index of the run's last step) for each step
+    ends = list(range(len(steps)))
+    for i in range(len(steps) - 2, -1, -1):
+        here, nxt = first.get(steps[i].step), first.get(steps[i + 1].step)
+        if here is not None and nxt is not None and nxt.t == here.t:
+            ends[i] = ends[i + 1]
     out, prev = [], None
-    for s in steps:
+    for i, s in enumerate(steps):
         here = first.get(s.step)
         clock = None
         if here is not None and prev is not None and s.step > prev[0]:
-            t0 = prev[1].t
-            if not any(t0 < v <= here.t for v in vals):
-                clock = (here.t - t0) / (s.step - prev[0])
+            t0, last = prev[1].t, steps[ends[i]].step
+            if here.t > t0 and not any(t0 < v <= here.t for v in vals):
+                clock = (here.t - t0) / (last - prev[0])
         out.append(s.model_copy(update={"clock_s": clock}) if clock is not None else s)
-        prev = (s.step, here) if here is not None else None
+        if here is None:
+            prev = None
+        elif ends[i] == i:  # the last of its poll's lines: the next gap starts here
+            prev = (s.step, here)
     return out
 
 
@@ -196,7 +207,8 @@ def read(measured: list[StepRecord], arrivals: Sequence[Arrival], wall_s: float,
     ratios, errors = [], []
     for w in windows(timed, k):
         guard, trainer = sum(s.clock_s for s in w), sum(s.step_time_s for s in w)  # type: ignore[misc]
-        ends = max(arrived.get(s.step, resolution) for s in w)
+        before = max((n for n in arrived if n < w[0].step), default=None)  # the line the window's time starts at
+        ends = max(arrived.get(n, resolution) for n in [*(s.step for s in w), before] if n is not None)
         if guard <= 0 or trainer <= 0:
             continue  # a window inside the clock's resolution: it says nothing either way
         ratios.append(math.log(guard / trainer))
