@@ -38,8 +38,8 @@ from recipetune.core.console import Note
 from recipetune.core.fmt import fmt_duration
 from recipetune.core.measure import RunResult
 from recipetune.core.recipe import Recipe
-from recipetune.core.sequential import NEVER, factor_needed, seeds_needed
-from recipetune.core.stats import paired
+from recipetune.core.sequential import NEVER, factor_needed, predictive_power, seeds_needed
+from recipetune.core.stats import paired, quantile
 from recipetune.core.words import LookOutcome, LooksStop, ParityOutcome, TrendOutcome
 from recipetune.guard.baseline import BaselineProfile, GuardError, with_seed
 from recipetune.guard.config import GuardConfig
@@ -351,6 +351,15 @@ def _by_steps(v: _Verdict) -> Gathered:
         own = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
         target = max(plan, own)
         plan = target
+        chance = _steps_chance(m, factor, rest / 2, p.max_steps_factor) if look < 3 and target > factor else None
+        if chance is not None and chance < p.futility:
+            pct, cap = f"{100 * chance:.0f}%", f"{p.max_steps_factor}x"
+            _stopped(v, ev, Stop(f"{line}; the chance that runs {cap} as long tell (equivalent or different "
+                                 f"beyond T) is {pct}, below parity.futility {100 * p.futility:.0f}%: stopped",
+                                 _not_shown(ev, f"runs {cap} as long (guard.parity.max_steps_factor) would tell "
+                                                f"with a chance of {pct} (parity.futility {100 * p.futility:.0f}%); "
+                                                f"{what}")))
+            return _steps_gathered(v, ev, planned, LooksStop.FUTILITY, factor)
         if look == 3 or target <= factor:
             v.say(line)
             ev.reasons.append(f"after {look} look(s): {what} (guard.parity.max_steps_factor {p.max_steps_factor})")
@@ -382,7 +391,26 @@ def _say_steps_plan(v: _Verdict) -> None:
     v.say(f"parity plan: T {v.profile.loss_tolerance:.4f} nats; the baseline's repeats are identical (or differ "
           f"by float noise only), so only longer runs add evidence: one candidate run at {v.cand_steps} steps, "
           f"then, if it cannot tell, pairs up to the length that resolves T (at most {p.max_steps_factor}x); at most "
-          f"{v.settings.max_parity_runs} run(s) of {v.profile.steps} steps (guard.max_parity_runs)")
+          f"{v.settings.max_parity_runs} run(s) of {v.profile.steps} steps (guard.max_parity_runs); "
+          f"{_steps_forecast(v)}")
+
+
+def _steps_forecast(v: _Verdict) -> str:
+    """What the looks are expected to spend if the candidate trains on other batches than the baseline's: a
+    pair's difference then has about sqrt(2) times one run's within-run error (the profile's reference), and
+    the runs must grow until that resolves T (``factor_needed``)."""
+    p = v.settings.parity
+    se = math.sqrt(2.0) * v.profile.loss_reference
+    need = factor_needed(se, v.profile.loss_tolerance, p.alpha * (1.0 - p.first_look) / 2, p.power)
+    if need <= 1.0:
+        return f"the first run is expected to decide (~{fmt_duration(v.seconds(1))})"
+    last = float(min(p.max_steps_factor, max(2, math.ceil(need))))
+    factors = [float(math.ceil(math.sqrt(last))), last] if last >= 4 else [last]
+    runs = 1 + sum(2 * f for f in factors)
+    beyond = (f"; about {need:.0f}x would be needed, beyond the cap: such a verdict most likely ends not shown "
+              f"equivalent") if need > p.max_steps_factor else ""
+    return (f"if its batches differ from the baseline's, expected: pairs at {', '.join(f'{f:g}x' for f in factors)} "
+            f"({runs:g} runs of the profile's length, ~{fmt_duration(v.seconds(runs))}){beyond}")
 
 
 def _steps_gathered(v: _Verdict, ev: ParityEvidence, planned: int, stop: LooksStop, factor: float) -> Gathered:
@@ -416,6 +444,30 @@ def _steps_need(v: _Verdict, m: Measurements, factor: float, rest: float) -> tup
         return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would resolve T"
     need = factor * MIN_TAIL / max(1, m.tail_records)
     return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
+
+
+def _steps_chance(m: Measurements, factor: float, level: float, cap: float) -> float | None:
+    """Predictive power of the longest pair the plan may run (``cap`` times the profile's length): the chance
+    that it decides, either way, given this look (flat prior). The longer pair is new runs, so its mean
+    difference is normal around this look's with variance se^2 + se_cap^2, se_cap = se sqrt(factor / cap) (the
+    error shrinks as 1 / sqrt(tokens)); it shows equivalence within T less its critical value times se_cap,
+    and a difference beyond T plus it. A pair likely to show a poison is never stopped for futility: only one
+    that would most likely end "cannot resolve". The least of the measures' chances (each must decide); None
+    where this look has no error to predict from."""
+    chances = []
+    for x in m.samples:
+        est = paired([c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)], x.ses, False)
+        if not math.isfinite(est.se) or cap <= factor:
+            return None
+        se_cap = est.se * math.sqrt(factor / cap)
+        z, spread, T = quantile(level, None), math.hypot(est.se, se_cap), x.tolerance
+        margin = T - z * se_cap
+        band = (-margin if m.two_sided else -math.inf, margin) if margin > 0 else (0.0, 0.0)
+        decides = predictive_power(est.mean, spread, *band) + predictive_power(est.mean, spread, T + z * se_cap)
+        if m.two_sided:
+            decides += predictive_power(est.mean, spread, -math.inf, -T - z * se_cap)
+        chances.append(decides)
+    return min(chances) if chances else None
 
 
 def _steps_over_budget(v: _Verdict, ev: ParityEvidence, line: str, nxt: float, cost: float,

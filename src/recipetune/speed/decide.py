@@ -1,7 +1,7 @@
 """The end of a speed campaign: the guard's final verdict on the best few screened candidates, then
 the decision, APPROVED or KEEP BASELINE, written by the engine's ``conclude`` (engine/job.py).
 
-    decide()         final verdicts on the finalists, side by side (a resume keeps the finished ones)
+    decide()         final verdicts on the finalists, best first (a resume keeps the finished ones)
     approved_text()  approved.yaml: a campaign file whose baseline is the approved recipe
 """
 
@@ -11,7 +11,6 @@ import contextlib
 import shlex
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +23,7 @@ from recipetune.core.recipe import Recipe
 from recipetune.core.words import Decision
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.engine.tree import Node
-from recipetune.guard.verdict import cost_text
+from recipetune.guard.verdict import cost_text, tokens_per_step
 
 if TYPE_CHECKING:
     from recipetune.guard.baseline import BaselineProfile
@@ -45,38 +44,41 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
     previous = {v["candidate_id"]: v for v in store.read_json(FINALISTS) or []}
     verdicts: list[tuple[Node, Verdict]] = []
     saved: list[dict] = []
-    # The finalists are judged side by side, each verdict in a thread of this driver: its parity runs
-    # go to the executor as separate units (on Ray, across the cluster), its interleaved speed pairs as
-    # one unit on one placement. Parity runs are stored in the campaign's guard-runs/ folder, so the
-    # finalists share the baseline's (and a resumed campaign finds every run already made).
-    todo = [n for n in finalists if n.id not in previous]
-    pending: dict[str, Future[Verdict]] = {}
-
-    def told(change: str) -> Callable[[str], None]:
+    passed: list[str] = []  # finalists not judged, and why
+    # Best first, one at a time: the fastest screened finalist gets its verdict first, a slower one only when
+    # the faster ones were not approved (an approved faster one is the decision), and never one whose proof
+    # would repeat a failed one's (its parity runs go to the executor side by side, on Ray across the
+    # cluster; the runs are stored in the campaign's guard-runs/ folder, so every verdict shares the
+    # baseline's, and a resumed campaign finds every run already made).
+    def told(prefix: str) -> Callable[[str], None]:
         """A verdict's plan and each look's outcome reach the live view; what runs now does not."""
-        prefix = f"{change}: " if len(todo) > 1 else ""
-        return lambda msg: phase(prefix + msg) if isinstance(msg, Note) else None
+        return lambda msg: phase(f"{prefix}: {msg}" if prefix else msg) if isinstance(msg, Note) else None
 
-    with ThreadPoolExecutor(max_workers=max(1, len(todo)), thread_name_prefix="verdict") as pool:
-        for n in todo:
-            change = n.recipe.describe_diff(baseline)
+    for n in finalists:
+        change = n.recipe.describe_diff(baseline)
+        why = _not_judged(n, verdicts, campaign) if n.id not in previous else None
+        if why is not None:
+            phase(f"final verdict for {change}: not judged, {why}")
+            passed.append(f"{change}: not judged, {why}")
+            continue
+        if n.id in previous:
+            verdict = guard.load_verdict(previous[n.id]["verdict"])
+        else:
             phase(f"final verdict for {change} (screened {n.score:.2f}x)")
-            pending[n.id] = pool.submit(
-                guard.final_verdict, campaign.workload, baseline, n.recipe, campaign.config.guard,
-                store.folder / "final" / n.id, allow_semantic=allowed(n.recipe), profile=profile,
-                progress=told(change),
+            verdict = guard.final_verdict(
+                campaign.workload, baseline, n.recipe, campaign.config.guard, store.folder / "final" / n.id,
+                allow_semantic=allowed(n.recipe), profile=profile,
+                progress=told(change if len(finalists) > 1 else ""),
                 executor=executor, runs_folder=store.folder / RUNS_FOLDER,
             )
-        for n in finalists:
-            verdict = guard.load_verdict(previous[n.id]["verdict"]) if n.id in previous else pending[n.id].result()
-            verdicts.append((n, verdict))
-            saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.score,
-                          "verdict": verdict.model_dump(mode="json")})
-            store.write_json(FINALISTS, saved)  # after each: a resume does not redo a finished verdict
+        verdicts.append((n, verdict))
+        saved.append({"candidate_id": n.id, "trial": n.trial, "screened_speedup": n.score,
+                      "verdict": verdict.model_dump(mode="json")})
+        store.write_json(FINALISTS, saved)  # after each: a resume does not redo a finished verdict
     approved = [(n, v) for n, v in verdicts if v.decision == Decision.APPROVED]
     if not approved:
         reasons = [f"{n.recipe.describe_diff(baseline)}: {v.decision}: {'; '.join(v.reasons)}{_spent(v)}"
-                   for n, v in verdicts]
+                   for n, v in verdicts] + passed
         return _conclude(campaign, services, Outcome(Decision.KEEP_BASELINE, reasons, tree, verdicts=verdicts,
                                                      runs=runs))
     winner, verdict = max(approved, key=lambda nv: nv[1].speedup or 0.0)
@@ -85,6 +87,29 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
                       approved=approved_text(campaign, winner.recipe, verdict),
                       launch=launch_commands(campaign, winner.recipe, services.store.folder / "approved-run"))
     return _conclude(campaign, services, outcome)
+
+
+# How a parity verdict ends when the runs could not tell (not a difference shown): the same proof on the
+# same trainer ends the same way for another split of the same change.
+UNRESOLVED = ("plan", "budget", "futility", "time", "too short")
+
+
+def _not_judged(n: Node, verdicts: list[tuple[Node, Verdict]], campaign: Campaign) -> str | None:
+    """Why finalist ``n`` is not judged after ``verdicts`` (the faster finalists'), or None: a faster one was
+    approved, or one that changed the same knobs, at as many tokens a step (so over the same horizon), could
+    not tell parity: its runs' noise against T, not its recipe, ended it, and the same proof would end the
+    same way."""
+    baseline, workload = campaign.baseline, campaign.workload
+    for m, v in verdicts:
+        if v.decision == Decision.APPROVED:
+            return f"the faster {m.recipe.describe_diff(baseline)} was approved"
+    for m, v in verdicts:
+        if v.decision == Decision.KEEP_BASELINE and v.stop in UNRESOLVED \
+                and set(m.recipe.diff(baseline)) == set(n.recipe.diff(baseline)) \
+                and tokens_per_step(workload, m.recipe) == tokens_per_step(workload, n.recipe):
+            return (f"the same proof as {m.recipe.describe_diff(baseline)}'s (the same knobs changed, as many "
+                    f"tokens a step), which ended \"{v.stop}\": parity not shown, the runs could not tell")
+    return None
 
 
 def _spent(verdict: Verdict) -> str:
