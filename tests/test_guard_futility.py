@@ -65,3 +65,27 @@ def test_a_saving_never_buys_an_approval_and_a_clear_poison_is_still_rejected(tm
         # a poison likely to be shown different is not stopped: at most one rejection in 30 worlds turns
         # into KEEP BASELINE (its first look read it small by chance), none into an approval
         assert ruled.count("fails") >= never.count("fails") - 1, (cap, never, ruled)
+
+
+def test_a_proof_too_long_says_what_would_shorten_it_measured_from_its_runs(tmp_path):
+    # nanoGPT's loss line: the last micro-batch's loss, so the baseline's (2 sequences a micro-batch) is far
+    # noisier a step than the candidate's (32): a line with the step's loss on both sides would need
+    # (b^2 + c^2) / (2 c^2) times fewer steps
+    import re
+
+    from test_guard_independent import LossWorkload, no_seed_profile
+
+    cfg = settings(max_steps_factor=1)
+    profile = no_seed_profile(100, cfg)
+    got = gather(LossWorkload(), profile, BASE, CAND, 100, cfg, tmp_path / "split", equal_tokens=False)
+    reason = got.evidence.reasons[-1]
+    said = re.search(r"about (\d+) steps would resolve T.*about (\d+) steps", reason)
+    need, shorter = (int(x) for x in said.groups())
+    quiet, loud = (float(x) for x in re.search(r"noise ([\d.]+) nats a step, as the candidate's, not ([\d.]+)",
+                                               reason).groups())
+    assert loud > 4 * quiet and need / shorter == pytest.approx((loud**2 + quiet**2) / (2 * quiet**2), rel=0.05)
+    assert "a seed knob the trainer reads" in reason
+    # beside it, a split whose loss line's noise moves less than 1.5x (2 vs 4 sequences: 1.41x): no such advice
+    near = BASE.with_(batch_size=4, grad_accum=8)
+    got = gather(LossWorkload(), profile, BASE, near, 100, cfg, tmp_path / "near", equal_tokens=False)
+    assert "the step's loss" not in " ".join(got.evidence.reasons)

@@ -44,7 +44,15 @@ from recipetune.core.words import LookOutcome, LooksStop, ParityOutcome, TrendOu
 from recipetune.guard.baseline import BaselineProfile, GuardError, with_seed
 from recipetune.guard.config import GuardConfig
 from recipetune.guard.loss import MIN_TAIL
-from recipetune.guard.parity import Measurements, ParityEvidence, Sample, judge, measure, seed_note
+from recipetune.guard.parity import (
+    Measurements,
+    ParityEvidence,
+    Sample,
+    judge,
+    loss_line_note,
+    measure,
+    seed_note,
+)
 from recipetune.guard.runs import Runs, wait_all
 from recipetune.guard.sequential import Pairs, SeedDesign, SeedLook
 from recipetune.workloads.base import Workload
@@ -441,9 +449,30 @@ def _steps_need(v: _Verdict, m: Measurements, factor: float, rest: float) -> tup
         x = m.samples[0]
         se = paired([c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)], x.ses, False).se
         need = factor * factor_needed(se, x.tolerance, rest / 2, p.power, m.two_sided)
-        return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would resolve T"
+        return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would resolve T{_advice(v, m, need)}"
     need = factor * MIN_TAIL / max(1, m.tail_records)
     return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
+
+
+def _advice(v: _Verdict, m: Measurements, need: float) -> str:
+    """What would shorten a proof that needs runs ``need`` times the profile's length, measured from these
+    runs: where the loss line's noise differs between the two recipes beyond chance (parity.py:
+    ``loss_line_note``: one micro-batch's loss), a line carrying the step's loss (the quieter side's noise on
+    both) divides the steps needed by (b^2 + c^2) / (2 min^2); a seed knob the trainer reads lets repeats at
+    the profile's length add evidence instead of longer runs."""
+    if need * v.profile.steps <= v.profile.steps:
+        return ""
+    b, c = m.noise.get("baseline", 0.0), m.noise.get("candidate", 0.0)
+    said = []
+    if loss_line_note(b, c, m.tail_records):
+        quiet = min(b, c)
+        shorter = need * 2 * quiet**2 / (b**2 + c**2)
+        said.append(f"a loss line that is the step's loss (its noise {quiet:.3g} nats a step, as the "
+                    f"{'candidate' if c < b else 'baseline'}'s, not {max(b, c):.3g}) would resolve it in runs of "
+                    f"about {math.ceil(shorter * v.profile.steps)} steps")
+    said.append(f"a seed knob the trainer reads would let repeats of {v.profile.steps} steps add evidence instead "
+                f"of longer runs")
+    return "; to shorten the proof: " + "; ".join(said)
 
 
 def _steps_chance(m: Measurements, factor: float, level: float, cap: float) -> float | None:
