@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from recipetune.cli import app
 from recipetune.core.files import FileLock
+from recipetune.core.measure import RunResult, StepRecord
 from recipetune.guard.runs import FINGERPRINT_FILE, STORE_FILE, Runs
 from recipetune.workloads.command import CommandSpec, CommandWorkload, SpecError
 
@@ -329,3 +330,41 @@ def test_a_bad_runs_folder_exits_2_before_anything_runs(tmp_path, monkeypatch, c
     assert res.exit_code == 2, res.output
     assert expected in res.output and str(runs) in res.output.replace("\n", "")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_trial_run_kept_is_the_verdicts_candidate_run_and_nothing_replaces_a_stored_one(tmp_path):
+    trainer(tmp_path / "nano")
+    wl = workload(tmp_path / "nano")
+    recipe = wl.resolve({"micro_batch": 8})
+    steps = [StepRecord(step=i, loss=2.0, tokens=64, step_time_s=0.01) for i in range(1, 21)]
+    trial = RunResult(recipe=dict(recipe), recipe_id=recipe.id, status="ok", steps=steps,
+                      out_dir=str(tmp_path / "trials" / "0001"))
+    runs = Runs(wl, folder=tmp_path / "store")
+    assert not runs.has(recipe, 20)
+    assert runs.adopt(recipe, 20, trial)
+    assert runs.has(recipe, 20) and not runs.has(recipe, 40)  # the same steps only
+    got = runs.start(recipe, 20, tmp_path / "verdict" / "parity" / "seed-0").result()
+    assert got.losses() == trial.losses() and runs.launched == 0 and runs.reused == 1
+    assert not runs.adopt(recipe, 20, trial.model_copy(update={"steps": steps[:5]}))  # the stored one stays
+    other = wl.resolve({"micro_batch": 2})
+    assert not runs.adopt(other, 20, trial.model_copy(update={"status": "crash"}))  # only a finished run
+    assert not runs.adopt(other, 20, trial)  # a result is kept only under its own recipe
+
+
+@pytest.mark.slow
+def test_a_campaign_trains_its_winners_first_parity_run_once(tmp_path):
+    """The search trial of the winner ran at the baseline's seed for the parity steps: the final verdict
+    reuses it as its first candidate run instead of training it again."""
+    camp = trainer(tmp_path / "nano")
+    log = tmp_path / "trained.jsonl"
+    env = {**os.environ, "TRAINED_LOG": str(log), "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-m", "recipetune", "tune", str(camp), "--out", str(tmp_path / "c")],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    finals = json.loads((tmp_path / "c" / "verdicts.json").read_text())
+    assert finals, "no finalist reached the guard"
+    micro = finals[0]["verdict"]["candidate"]["micro_batch"]
+    trained = [json.loads(line) for line in log.read_text().splitlines()]
+    first = [r for r in trained if r["micro_batch"] == micro and r["seed"] == 0 and r["steps"] == 20]
+    assert len(first) == 1, first  # the trial; the verdict's first candidate run is that one
+    assert finals[0]["verdict"]["cost"]["parity_reused"] == 1  # the trial's (the profile's are the profile)

@@ -209,6 +209,7 @@ class FakeGuard:
     profile_baseline = staticmethod(fake_profile_baseline)
     screen = staticmethod(fake_screen)
     final_verdict = staticmethod(fake_final_verdict)
+    keep_run = staticmethod(lambda workload, recipe, steps, result, runs_folder: False)
     load_profile = staticmethod(Profile.model_validate_json)
     load_verdict = staticmethod(Verdict.model_validate)
 

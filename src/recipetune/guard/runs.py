@@ -229,6 +229,24 @@ class Runs:
         finally:
             lock.release()
 
+    def adopt(self, recipe: Recipe, steps: int, result: RunResult, repeat: int = 0) -> bool:
+        """Keep a finished run made elsewhere (a search trial of ``steps`` steps at the baseline's seed) as
+        this run, so that a verdict asking for it reuses it instead of training it again; whether it was
+        kept. Nothing is replaced: a run already stored, or being made by someone else, stays."""
+        if self.folder is None or not result.ok:
+            return False
+        path = self.folder / self.key(recipe, steps, repeat)
+        lock = FileLock(_lock_path(path))
+        if not lock.acquire():
+            return False
+        try:
+            if stored(path, recipe) is not None or result.recipe != dict(recipe):
+                return False
+            self._keep(result, path, recipe, steps, repeat)
+            return True
+        finally:
+            lock.release()
+
     def _submit(self, recipe: Recipe, steps: int, path: Path) -> Future[RunResult]:
         self._count(launched=1, steps=steps)
         future = self.executor.submit(self.workload, recipe, steps, path, self.timeout_s, measured=False)

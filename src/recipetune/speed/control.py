@@ -38,6 +38,11 @@ class Guard(Protocol):
                       progress: Callable[[str], None] | None = None, executor: Executor | None = None,
                       runs_folder: Path | None = None) -> Verdict: ...
 
+    def keep_run(self, workload: Workload, recipe: Recipe, steps: int, result: RunResult,
+                 runs_folder: Path) -> bool:
+        """Keep a search trial's run in the runs folder, where a final verdict's first candidate run
+        at the same recipe, seed and steps finds it: whether it was kept."""
+
     def load_profile(self, text: str) -> BaselineProfile:
         """A profile read back from baseline_profile.json (a resume)."""
 
@@ -77,6 +82,12 @@ class RealGuard:
 
         return final_verdict(workload, baseline, candidate, settings, out_dir, allow_semantic=allow_semantic,
                              profile=profile, progress=progress, executor=executor, runs_folder=runs_folder)
+
+    def keep_run(self, workload: Workload, recipe: Recipe, steps: int, result: RunResult,
+                 runs_folder: Path) -> bool:
+        from recipetune.guard.runs import Runs
+
+        return Runs(workload, folder=runs_folder).adopt(recipe, steps, result)
 
     def load_profile(self, text: str) -> BaselineProfile:
         from recipetune.guard.baseline import BaselineProfile

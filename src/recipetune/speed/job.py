@@ -200,10 +200,13 @@ class SpeedJob:
         if violations:
             refusal = "static check: " + "; ".join(f"{v.knob}: {v.message}" for v in violations)
             return Checked(recipe, note, refusal, [vars(v) for v in violations])
+        return Checked(recipe, note, plan={"steps": self.trial_steps(recipe)})
+
+    def trial_steps(self, recipe: Recipe) -> int:
         steps = self.cfg.steps_per_trial
         if self.batch is not None:  # another batch trains the profile's tokens, to be judged at equal tokens
             steps = self.batch.trial_steps(recipe, steps, self.profile.steps if self.profile else steps)
-        return Checked(recipe, note, plan={"steps": steps})
+        return steps
 
     def submit(self, recipe: Recipe, run_dir: Path, plan: dict[str, Any], progress: Progress) -> Future:
         assert self.services is not None
@@ -229,9 +232,12 @@ class SpeedJob:
             return Landing(Status.PRUNED, None, value, cause, figures, result, Evidence(at["value"]))
         screening = None
         if result.ok:
-            assert self.profile is not None
+            assert self.profile is not None and self.services is not None
             screening = self.guard.screen(self.profile, result, self.settings)
             status, cause = (Status.PASSED, "") if screening.passed else (Status.REJECTED, "; ".join(screening.reasons))
+            if screening.passed:  # the final verdict's first candidate run, where it has the same steps: not run twice
+                self.guard.keep_run(self.workload, recipe, self.trial_steps(recipe), result,
+                                    self.services.store.folder / RUNS_FOLDER)
         else:
             status, cause = Status.FAILED, f"{result.status}: {result.cause}"
         summary = result.summary() if result.steps else None
