@@ -190,3 +190,29 @@ def test_the_report_lists_what_was_set_aside_and_on_which_trials(tmp_path):
     from recipetune.report.model import Report  # noqa: F401 (the field the HTML and terminal read)
     text = " ".join(str(t) for t in set_aside_lines(type("R", (), {"set_aside": rows})()))  # type: ignore[arg-type]
     assert "trial 1" in text and 'a="a1"' in text
+
+
+def test_a_timeout_bounds_the_trial_by_its_own_tokens_and_what_its_steps_measured(tmp_path):
+    # speed/job.py: SpeedJob.bound. A trial that timed out trained fewer than its tokens in run.timeout_s: its
+    # speed-up is at most tokens / timeout over the baseline's rate, counted with the trial's own tokens a step
+    # (not the baseline's), raised to what its measured steps showed before the kill
+    import test_search_campaign as t
+
+    from recipetune.core.measure import RunResult, StepRecord
+    from recipetune.speed.job import SpeedJob
+
+    camp = t.make_campaign(tmp_path, {"speed": [1, 2]})
+    job = SpeedJob(t.plan(camp, tmp_path / "campaign", False), t.FakeGuard())
+    base = RunResult(recipe=dict(camp.baseline), recipe_id=camp.baseline.id, status="ok",
+                     steps=[StepRecord(step=i, loss=1.0, tokens=100, step_time_s=0.01) for i in range(1, 5)])
+    job.profile = t.Profile(recipe=dict(camp.baseline), runs=[base], tokens_per_s=10_000.0)
+    recipe = camp.baseline.with_(speed=2)
+    timeout, steps = camp.config.run.timeout_s, camp.config.search.steps_per_trial
+    silent = RunResult(recipe=dict(recipe), recipe_id=recipe.id, status="timeout")
+    assert job.bound(silent, recipe) == pytest.approx(steps * 100 / timeout / 10_000)
+    bigger = [StepRecord(step=i, loss=1.0, tokens=400, step_time_s=1.0) for i in range(1, 3)]
+    started = silent.model_copy(update={"steps": bigger, "warmup_steps": 2})  # 4x the tokens a step: 4x the bound
+    assert job.bound(started, recipe) == pytest.approx(4 * steps * 100 / timeout / 10_000)
+    fast = [StepRecord(step=i, loss=1.0, tokens=400, step_time_s=0.001) for i in range(1, 31)]
+    measured = silent.model_copy(update={"steps": fast, "warmup_steps": 2})  # killed after a slow start
+    assert job.bound(measured, recipe) == pytest.approx(400_000 / 10_000, rel=0.01)

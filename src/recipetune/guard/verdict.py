@@ -31,7 +31,7 @@ from recipetune.guard.looks import gather
 from recipetune.guard.runs import Runs
 from recipetune.guard.speed import SpeedEvidence, measure_speed
 from recipetune.guard.static import StaticReport, static_report
-from recipetune.workloads.base import Workload
+from recipetune.workloads.base import Workload, tokens_per_step
 
 
 class Verdict(BaseModel):
@@ -74,16 +74,6 @@ def cost_text(cost: dict[str, float]) -> str:
         if "speed_runs" in cost else ""
     return (f"parity {cost.get('parity_runs', 0):.0f} run(s) trained, {cost.get('parity_reused', 0):.0f} reused, "
             f"{fmt_duration(cost.get('parity_s'))}{speed}")
-
-
-def tokens_per_step(workload: Workload, recipe: Recipe) -> int | None:
-    """Tokens one optimizer step consumes, where the workload can tell before running."""
-    counter = getattr(workload, "tokens_per_step", None)
-    if callable(counter):
-        return counter(recipe)
-    if {"global_batch_size", "seq_len"} <= set(recipe):
-        return int(recipe["global_batch_size"]) * int(recipe["seq_len"])
-    return None
 
 
 def static_verdict(

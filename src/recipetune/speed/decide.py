@@ -23,7 +23,8 @@ from recipetune.core.recipe import Recipe
 from recipetune.core.words import Decision
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.engine.tree import Node
-from recipetune.guard.verdict import cost_text, tokens_per_step
+from recipetune.guard.verdict import cost_text
+from recipetune.workloads.base import tokens_per_step
 
 if TYPE_CHECKING:
     from recipetune.guard.baseline import BaselineProfile

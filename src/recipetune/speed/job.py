@@ -47,6 +47,7 @@ from recipetune.speed import decide
 from recipetune.speed.control import Guard, real_guard
 from recipetune.speed.facts import BRIEFING
 from recipetune.speed.plan import Plan
+from recipetune.workloads.base import tokens_per_step
 
 if TYPE_CHECKING:
     from recipetune.guard.baseline import BaselineProfile
@@ -266,7 +267,11 @@ class SpeedJob:
         assert self.profile is not None
         if self.profile.tokens_per_s <= 0 or not self.profile.runs or not self.profile.runs[0].steps:
             return None
-        tokens = self.cfg.steps_per_trial * self.profile.runs[0].steps[0].tokens
+        # the trial's own tokens: its steps (another batch may train the profile's tokens in fewer) of its
+        # own size, as it logged them or as the workload says; the baseline's where neither can tell
+        per_step = (result.steps[0].tokens if result.steps else None) or tokens_per_step(self.workload, recipe) \
+            or self.profile.runs[0].steps[0].tokens
+        tokens = self.trial_steps(recipe) * per_step
         devices = max(self.workload.n_devices(recipe), 1)
         bound = tokens / self.campaign.config.run.timeout_s / devices / self.profile.tokens_per_s
         if result.measured():

@@ -241,3 +241,13 @@ def count_lines(path: Path) -> int:
             return sum(1 for line in f if b'"val_loss"' not in line)
     except OSError:
         return 0
+
+
+def tokens_per_step(workload: Workload, recipe: Recipe) -> int | None:
+    """Tokens one optimizer step consumes, where the workload can tell before running."""
+    counter = getattr(workload, "tokens_per_step", None)
+    if callable(counter):
+        return counter(recipe)
+    if {"global_batch_size", "seq_len"} <= set(recipe):
+        return int(recipe["global_batch_size"]) * int(recipe["seq_len"])
+    return None
