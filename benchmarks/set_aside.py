@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
-import tempfile
 from pathlib import Path
 
 import optuna
@@ -27,6 +25,7 @@ from recipetune.engine.record import Evidence
 from recipetune.engine.tree import Tree
 
 ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = Table.load(ROOT / "benchmarks" / "results" / "table-reference.json")
 
 
 def campaign(folder: Path) -> None:
@@ -75,39 +74,23 @@ def interaction(v: dict) -> float:  # math attention 0.3x without activation che
                         if v["attention"] == "math" else 1.0)
 
 
-def planted_table(speed, path: Path) -> Table:  # noqa: ANN001
-    """The reference table's space, each recipe's three repeats at ``speed(values)`` times the baseline's (+-2%)."""
-    raw = json.loads((ROOT / "benchmarks" / "results" / "table-reference.json").read_text())
-    base = next(e for e in raw["entries"] if e["id"] == raw["baseline_id"])["runs"][0]["tokens_per_s"]
-    for e in raw["entries"]:
-        runs = []
-        for i, wiggle in enumerate((-0.02, 0.0, 0.02)):
-            tps = base * speed(e["values"]) * math.exp(wiggle)
-            run = {**e["runs"][0], "repeat": i, "status": "ok", "tokens_per_s": tps}
-            runs.append({**run, "step_s": run["tokens_per_step"] / tps, "wall_s": 20 * run["tokens_per_step"] / tps})
-        e["runs"] = runs
-    path.write_text(json.dumps(raw))
-    return Table.load(path)
-
-
 def planted(seeds: int, budget: int) -> None:
     print("| table | strategy | rule | trials below 0.5x (median [min-max]) | trials to within 2% (median) |")
     print("|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as scratch:
-        for name, speed in (("far-slow", far_slow), ("interaction", interaction)):
-            table = planted_table(speed, Path(scratch) / f"{name}.json")
-            best = table.best().tokens_per_s() / table.baseline_entry().tokens_per_s()
-            for strategy in ("mcts-analyst", "tpe", "optuna-random", "grid"):
-                for rule in (0.0, 0.5):
-                    slow, reach = [], []
-                    for seed in range(seeds):
-                        trials = replay(table, strategy, budget, seed, set_aside=rule)
-                        slow.append(sum(t.true < 0.5 for t in trials.trials))
-                        reach.append(trials.to_reach(0.98 * best)[0])
-                    reached = sorted(r for r in reach if r is not None)
-                    shown = f"{statistics.median(reached):g} ({len(reached)}/{seeds} reached)" if reached else "never"
-                    print(f"| {name} | {strategy} | {'on' if rule else 'off'} | {statistics.median(slow):g} "
-                          f"[{min(slow)}-{max(slow)}] | {shown} |", flush=True)
+    for name, speed in (("far-slow", far_slow), ("interaction", interaction)):
+        table = REFERENCE.planted(speed)
+        best = table.best().tokens_per_s() / table.baseline_entry().tokens_per_s()
+        for strategy in ("mcts-analyst", "tpe", "optuna-random", "grid"):
+            for rule in (0.0, 0.5):
+                slow, reach = [], []
+                for seed in range(seeds):
+                    trials = replay(table, strategy, budget, seed, set_aside=rule)
+                    slow.append(sum(t.true < 0.5 for t in trials.trials))
+                    reach.append(trials.to_reach(0.98 * best)[0])
+                reached = sorted(r for r in reach if r is not None)
+                shown = f"{statistics.median(reached):g} ({len(reached)}/{seeds} reached)" if reached else "never"
+                print(f"| {name} | {strategy} | {'on' if rule else 'off'} | {statistics.median(slow):g} "
+                      f"[{min(slow)}-{max(slow)}] | {shown} |", flush=True)
 
 
 def main() -> None:

@@ -108,20 +108,10 @@ def test_a_trial_keeps_its_evidence_and_a_resume_reads_it_back():
 # -- through the engine's loop, against a planted table -------------------------------------------
 
 
-def planted(speed, path: Path) -> Table:  # noqa: ANN001
+def planted(speed) -> Table:  # noqa: ANN001
     """The reference table's space, every recipe's three repeats at ``speed(values)`` times the baseline's
     (within 2%)."""
-    raw = json.loads((ROOT / "benchmarks" / "results" / "table-reference.json").read_text())
-    base = next(e for e in raw["entries"] if e["id"] == raw["baseline_id"])["runs"][0]["tokens_per_s"]
-    for e in raw["entries"]:
-        runs = []
-        for i, wiggle in enumerate((-0.02, 0.0, 0.02)):
-            tps = base * speed(e["values"]) * math.exp(wiggle)
-            run = {**e["runs"][0], "repeat": i, "status": "ok", "tokens_per_s": tps}
-            runs.append({**run, "step_s": run["tokens_per_step"] / tps, "wall_s": 20 * run["tokens_per_step"] / tps})
-        e["runs"] = runs
-    path.write_text(json.dumps(raw))
-    return Table.load(path)
+    return Table.load(ROOT / "benchmarks" / "results" / "table-reference.json").planted(speed)
 
 
 def common(v: dict) -> float:
@@ -133,7 +123,7 @@ def common(v: dict) -> float:
 @pytest.mark.slow
 def test_a_search_tries_a_value_far_slower_once(tmp_path):
     # math attention 25x slower everywhere (bf16 on this CPU): 5 and 6 of 20 trials on it without the rule
-    table = planted(lambda v: common(v) * (0.04 if v["attention"] == "math" else 1.0), tmp_path / "slow.json")
+    table = planted(lambda v: common(v) * (0.04 if v["attention"] == "math" else 1.0))
     for seed in (0, 1):
         before = replay(table, "mcts-analyst", 20, seed, set_aside=0.0)
         after = replay(table, "mcts-analyst", 20, seed)
@@ -150,7 +140,7 @@ def test_an_interaction_found_without_the_rule_is_found_with_it(tmp_path):
         math_ = 1.6 if v["activation_checkpointing"] == "selective" else 0.3
         return common(v) * (math_ if v["attention"] == "math" else 1.0)
 
-    table = planted(speed, tmp_path / "interaction.json")
+    table = planted(speed)
     best = table.best().tokens_per_s() / table.baseline_entry().tokens_per_s()
     for seed in (0, 2):
         before, after = (replay(table, "tpe", 20, seed, set_aside=s) for s in (0.0, 0.5))
@@ -161,7 +151,7 @@ def test_an_interaction_found_without_the_rule_is_found_with_it(tmp_path):
 @pytest.mark.slow
 def test_set_aside_recipes_run_when_nothing_else_is_left(tmp_path):
     # a budget larger than the space: what was set aside runs last, so every feasible recipe runs
-    table = planted(lambda v: common(v) * (0.04 if v["attention"] == "math" else 1.0), tmp_path / "slow.json")
+    table = planted(lambda v: common(v) * (0.04 if v["attention"] == "math" else 1.0))
     n = sum(1 for e in table.entries if e.feasible and e.runs) - 1
     trials = replay(table, "mcts-random", n + 5, 0).trials
     assert len({t.recipe_id for t in trials}) == n

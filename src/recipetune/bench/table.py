@@ -13,6 +13,7 @@ The table is rewritten after every run, so an interrupted build resumes where it
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import shutil
@@ -139,6 +140,23 @@ class Table(BaseModel):
         if table.format != FORMAT:
             raise ConfigError(path, "format", f"{table.format!r}, expected {FORMAT!r}")
         return table
+
+    def planted(self, speed: Callable[[dict[str, Scalar]], float], spread: float = 0.02) -> Table:
+        """This table's space with a planted truth: each recipe's repeats at ``speed(values)`` times the
+        baseline's tokens/s, within +-``spread`` (log), its step and wall times to match. What a search rule
+        is tested against where the true speed of every recipe must be known (a value far slower everywhere,
+        an interaction)."""
+        base = self.baseline_entry().runs[0].tokens_per_s
+        entries = []
+        for e in self.entries:
+            runs = []
+            for i, wiggle in enumerate((-spread, 0.0, spread)):
+                tps = base * speed(e.values) * math.exp(wiggle)
+                tokens = e.runs[0].tokens_per_step
+                runs.append(e.runs[0].model_copy(update={"repeat": i, "status": "ok", "tokens_per_s": tps,
+                                                         "step_s": tokens / tps, "wall_s": 20 * tokens / tps}))
+            entries.append(e.model_copy(update={"runs": runs}))
+        return self.model_copy(update={"entries": entries})
 
     def up_to_date(self, workload: Workload, path: Path | str = "table") -> tuple[Table, list[str]]:
         """This table under ``workload``'s knobs as they are now, and a note of what was brought up to date.
