@@ -89,3 +89,7 @@ def test_a_proof_too_long_says_what_would_shorten_it_measured_from_its_runs(tmp_
     near = BASE.with_(batch_size=4, grad_accum=8)
     got = gather(LossWorkload(), profile, BASE, near, 100, cfg, tmp_path / "near", equal_tokens=False)
     assert "the step's loss" not in " ".join(got.evidence.reasons)
+    # and a proof that was resolved, but on longer runs, says it too: the runs it took, and what would shorten them
+    got = gather(LossWorkload(), profile, BASE, CAND, 100, settings(), tmp_path / "resolved", equal_tokens=False)
+    said = [n for n in got.looks if n.startswith("the proof took runs")]
+    assert got.evidence.outcome == "holds" and got.plan["factor"] > 1 and said and "the step's loss" in said[0]

@@ -125,6 +125,8 @@ def _steps_ended(v: Looking, m: Measurements, ev: ParityEvidence, line: str, fac
     """The look decided, or the fade rule or the trend ends the verdict: longer runs cannot change it."""
     if ev.outcome != ParityOutcome.INCONCLUSIVE or m.problems:
         v.say(line)
+        if factor > 1 and (advice := _advice(v, m, factor)):  # decided, but on runs longer than the profile's
+            v.say(f"the proof took runs {factor:g}x the profile's length{advice}")
         return _steps_gathered(v, ev, planned, LooksStop.DECIDED, factor)
     if any(x.fades for x in ev.measures) or grows(ev):
         why = ("a gap shown growing over the window blocks approval" if grows(ev) else
