@@ -202,7 +202,7 @@ def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
         if b >= 4:  # residuals about each block's least-squares line, all blocks at once
             _, r = stats.least_squares(t, rows)
             within.extend(np.sqrt((r**2).sum(axis=1) / (b - 2)))
-    a = 1.4826 * float(np.median(second)) / math.sqrt(6) if len(second) >= 3 else 0.0
+    a = stats.mad_sigma(second, 0.0) / math.sqrt(6) if len(second) >= 3 else 0.0  # the second differences, about 0
     w = float(np.median(within)) * math.sqrt(max(tau, 1.0) / b) if within else 0.0
     return max(a, w)
 
