@@ -262,7 +262,7 @@ def plan(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int, sig
         shown = ", ".join(map(str, run_steps[:4]))
         raise DriftInputError(f"steps do not line up: the run logs steps {shown} ...; the baseline logs none of "
                               f"them from step {start_step} on")
-    interval = int(np.min(np.diff(run_steps))) if len(run_steps) > 1 else 1
+    interval = logging_interval(run_steps)
     values = [c.at(grid) for c in baselines]
     full = [v[~np.isnan(v)] for v in values]
     tau = curve_tau(full)
@@ -327,11 +327,17 @@ def _measure(values: list[np.ndarray], full: list[np.ndarray], b: int, tau: floa
     return (block, *_offset(values, b, n // b, sigma_m, sigma_dof))
 
 
+def logging_interval(run_steps: np.ndarray) -> int:
+    """Steps between a run's logged points: the smallest step between the ones given (its first ones), 1 where
+    fewer than two are given. The one reading of it: the grid's stride and the plan's ``interval`` here, the
+    block length the watch derives from the guard's window (speed/watch.py)."""
+    return int(np.min(np.diff(run_steps))) if len(run_steps) > 1 else 1
+
+
 def _grid(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int) -> np.ndarray:
     steps = np.unique(np.concatenate([c.steps for c in baselines])) if baselines else np.empty(0, int)
     if len(run_steps) >= 2:
-        interval = int(np.min(np.diff(run_steps)))
-        steps = steps[(steps - run_steps[0]) % max(interval, 1) == 0]
+        steps = steps[(steps - run_steps[0]) % max(logging_interval(run_steps), 1) == 0]
     return steps[steps >= start_step]
 
 

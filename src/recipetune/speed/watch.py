@@ -101,7 +101,7 @@ class Session:
 
     def _plan(self, curves: list[drift.Curve], run: drift.Curve, sigma_m: float | None,
               sigma_dof: int | None, alpha: float, rate: float | None = None) -> drift.Plan:
-        interval = int(np.min(np.diff(run.steps[:50])))
+        interval = drift.logging_interval(run.steps[:50])  # the run has logged two points or more
         if interval < 1:
             raise WatchInput(f"{self.run}: its steps do not increase ({', '.join(map(str, run.steps[:6]))} ...)")
         min_block = max(3, math.ceil(self.campaign.config.guard.parity.window / interval))
