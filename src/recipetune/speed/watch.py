@@ -105,8 +105,8 @@ class Session:
         if interval < 1:
             raise WatchInput(f"{self.run}: its steps do not increase ({', '.join(map(str, run.steps[:6]))} ...)")
         min_block = max(3, math.ceil(self.campaign.config.guard.parity.window / interval))
-        return drift.plan(curves, run.steps[:50], self.start_step, sigma_m, min_block, alpha, self.persist,
-                          sigma_dof, rate)
+        design = drift.Design(min_block, alpha, self.persist, sigma_m, sigma_dof, rate)
+        return drift.plan(curves, run.steps[:50], self.start_step, design)
 
     def _choose(self, stream: Stream, final: bool) -> tuple[list[Measure], str] | None:
         """(measures, why): both losses where the run and at least two baseline runs record a validation
