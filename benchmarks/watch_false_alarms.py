@@ -89,7 +89,7 @@ def rate(n: int, steps: int, offset: float, noise: float, ema: float, every: int
 
 
 def design(base: list[drift.Curve], t: np.ndarray, offset: float, every: int, alpha: float) -> drift.Plan:
-    return drift.plan(base, t[:50], 50, None, max(3, -(-WINDOW // every)), alpha, rate=offset / HORIZON)
+    return drift.plan(base, t[:50], 50, drift.Design(max(3, -(-WINDOW // every)), alpha, rate=offset / HORIZON))
 
 
 def rate_profile(n: int, steps: int, offset: float, noise: float, ema: float, every: int, seed: int,

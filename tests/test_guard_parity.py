@@ -82,6 +82,11 @@ def test_two_tails_are_compared_step_by_step_only_where_they_logged_the_same_ste
     assert loss.aligned(base, every_other) is None and loss.aligned(base[:9], base[:9]) is None  # < MIN_TAIL
     both = loss.aligned(base[:50], base[5:50])  # 45 of 50 in common
     assert both is not None and both.steps[0] == 6 and len(both.cand) == len(both.base) == 45
+    # loss.matched, the pairing under it and under the other callers: common steps in order, a caller's minimum
+    a, b = {3: 1.0, 1: 2.0, 2: 3.0}, {2: 5.0, 3: 6.0, 9: 7.0}
+    pair = loss.matched(a, b, 2)
+    assert pair is not None and pair.steps == [2, 3] and pair.base.tolist() == [3.0, 1.0]
+    assert pair.cand.tolist() == [5.0, 6.0] and loss.matched(a, b, 3) is None and loss.matched(a, {}) is None
 
 
 def test_an_equivalent_candidate_holds_and_says_what_it_could_detect(profile):

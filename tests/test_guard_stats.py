@@ -15,6 +15,12 @@ def test_smooth_is_a_trailing_mean_over_full_windows():
     assert stats.smooth([1, 2, 3], 10).tolist() == [2.0]  # shorter than the window: one mean
 
 
+def test_mad_sigma_is_a_normal_sd_that_an_outlier_does_not_move():
+    assert stats.mad_sigma([1.0, 2.0, 3.0, 100.0], 2.5) == 1.4826 * 1.0  # |deviations| 1.5, 0.5, 0.5, 97.5
+    x = np.random.default_rng(0).normal(0, 2.0, 20_000)
+    assert abs(stats.mad_sigma(x, 0.0) - 2.0) < 0.05
+
+
 def test_equivalence_needs_the_bounds_inside_t_and_the_power_to_resolve_it():
     same = stats.equivalence([0.0, 0.001, -0.001], [0.002] * 3, tolerance=0.02, level=0.05)
     assert same.outcome == "equivalent" and same.detectable <= 0.02

@@ -144,7 +144,7 @@ def test_false_alarms_over_simulated_long_runs(ema: float) -> None:
     for _ in range(200):
         base = [drift.Curve.of(t, simulate(rng, steps, 0.01, 0.03, ema), "b") for _ in range(3)]
         run = drift.Curve.of(t, simulate(rng, steps, 0.01, 0.03, ema), "run")
-        plan = drift.plan(base, t[:50], 50, None, 10, rate=0.01 / HORIZON)  # tuned for 1 T per horizon
+        plan = drift.plan(base, t[:50], 50, drift.Design(10, rate=0.01 / HORIZON))  # tuned for 1 T per horizon
         blocks.add(plan.noise.block_points)
         monitor = Monitor(plan, 0.01)
         monitor.feed(run)

@@ -41,6 +41,10 @@ def test_block_noise_on_copies_reads_zero_so_copies_are_left_out_before_the_desi
     assert drift.block_scatter([x, x, x], 20, tau) == 0.0 < drift.block_scatter([x], 20, tau)
 
 
+def test_the_logging_interval_is_the_smallest_step_between_the_first_points():
+    assert drift.logging_interval(np.array([10, 20, 25, 35])) == 5 and drift.logging_interval(np.array([7])) == 1
+
+
 def train_curve() -> list[float]:
     rng = np.random.default_rng(1)
     t = np.arange(1, 801)

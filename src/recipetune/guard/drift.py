@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import special
@@ -202,7 +202,7 @@ def block_scatter(curves: Sequence[np.ndarray], b: int, tau: float) -> float:
         if b >= 4:  # residuals about each block's least-squares line, all blocks at once
             _, r = stats.least_squares(t, rows)
             within.extend(np.sqrt((r**2).sum(axis=1) / (b - 2)))
-    a = 1.4826 * float(np.median(second)) / math.sqrt(6) if len(second) >= 3 else 0.0
+    a = stats.mad_sigma(second, 0.0) / math.sqrt(6) if len(second) >= 3 else 0.0  # the second differences, about 0
     w = float(np.median(within)) * math.sqrt(max(tau, 1.0) / b) if within else 0.0
     return max(a, w)
 
@@ -243,45 +243,52 @@ class Plan:
                 "block_noise_nats": self.block_noise}
 
 
-def plan(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int, sigma_m: float | None,
-         min_block: int, alpha: float = ALPHA, persist: int = PERSIST, sigma_dof: int | None = None,
-         rate: float | None = None) -> Plan:
+@dataclass(frozen=True)
+class Design:
+    """What a plan is asked for (``plan``), besides the curves and where the comparison starts."""
+
+    min_block: int  # the shortest block, in logged points (the watch: the guard's window)
+    alpha: float = ALPHA  # the false-alarm chance over all of the blocks, both sides together
+    persist: int = PERSIST  # consecutive blocks beyond the boundary that make an alarm
+    sigma_m: float | None = None  # the guard's seed-to-seed spread (the profile); None where it is not known
+    sigma_dof: int | None = None  # its degrees of freedom (the profile's seeds - 1; None: the within-run error decided)
+    rate: float | None = None  # the drift (nats per step, either sign) the block length is tuned for
+
+
+def plan(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int, design: Design) -> Plan:
     """The comparison grid (the baselines' steps the run logs too, from ``start_step``), the noise
-    measured on the baselines there, and the boundary for ``alpha`` over all of its blocks.
+    measured on the baselines there, and the boundary for ``design.alpha`` over all of its blocks.
 
     ``run_steps``: the run's first logged steps (at least two): its logging interval picks the grid.
-    ``sigma_m``: the guard's seed-to-seed spread (the profile), or None where it is not known;
-    ``sigma_dof``: its degrees of freedom (the profile's seeds - 1; None: the within-run error decided).
-    ``rate``: the drift (nats per step, either sign) the design is tuned for, e.g. 1 T per the guard's
-    horizon: the block length is the one (from twice ``tau`` to 2 x persist blocks) whose stated delay
-    for it (``delay_steps``) is shortest: longer blocks average more noise away, but an alarm waits
-    ``persist`` of them. Without it, blocks are lengthened while their own noise exceeds the offset's.
-    Either way the false-alarm chance is ``alpha``: the boundary is computed for the blocks chosen."""
+    ``design.rate``: the drift the design is tuned for, e.g. 1 T per the guard's horizon: the block length
+    is the one (from twice ``tau`` to 2 x persist blocks) whose stated delay for it (``delay_steps``) is
+    shortest: longer blocks average more noise away, but an alarm waits ``persist`` of them. Without it,
+    blocks are lengthened while their own noise exceeds the offset's. Either way the false-alarm chance is
+    ``alpha``: the boundary is computed for the blocks chosen."""
     grid = _grid(baselines, run_steps, start_step)
     if not len(grid) and len(_grid(baselines, run_steps[:1], start_step)):
         shown = ", ".join(map(str, run_steps[:4]))
         raise DriftInputError(f"steps do not line up: the run logs steps {shown} ...; the baseline logs none of "
                               f"them from step {start_step} on")
-    interval = int(np.min(np.diff(run_steps))) if len(run_steps) > 1 else 1
+    interval = logging_interval(run_steps)
     values = [c.at(grid) for c in baselines]
     full = [v[~np.isnan(v)] for v in values]
     tau = curve_tau(full)
-    b = max(min_block, math.ceil(2 * tau))
-    cap = len(grid) // (2 * persist)  # at least 2 x persist blocks are kept
+    b = max(design.min_block, math.ceil(2 * tau))
+    cap = len(grid) // (2 * design.persist)  # at least 2 x persist blocks are kept
 
     def built(b: int) -> Plan:
-        measured = _measure(values, full, b, tau, sigma_m, sigma_dof, len(grid), persist, start_step)
-        return _build(values, grid, b, tau, measured, alpha, persist, interval)
+        return _build(values, grid, _measure(values, full, b, tau, design, len(grid), start_step), design, interval)
 
     first = built(b)
-    if rate:
+    if rate := design.rate:
         # Chosen on the noise measured at the shortest length, scaled (block means of independent
         # stretches: sd_block x sqrt(b / x)), then measured at the length chosen: choosing on each
         # length's own estimate would favour the length whose noise happens to read low.
         n = first.noise
         lengths = sorted({b, *(round(b * 1.5**j) for j in range(1, 40) if b * 1.5**j <= cap)})
-        scaled = {x: _build(values, grid, x, tau, (n.block * math.sqrt(b / x), n.offset, n.offset_source, n.dof),
-                            alpha, persist, interval) for x in lengths}
+        scaled = {x: _build(values, grid, replace(n, block=n.block * math.sqrt(b / x), block_points=x), design,
+                            interval) for x in lengths}
         best = min(lengths, key=lambda x: delay_steps(scaled[x], rate))
         return first if best == b else built(best)
     # Longer blocks while a block's own noise exceeds the offset's: averaging pays until the offset, which
@@ -291,10 +298,10 @@ def plan(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int, sig
     return built(longer) if longer > b else first
 
 
-def _build(values: list[np.ndarray], grid: np.ndarray, b: int, tau: float,
-           measured: tuple[float, float, str, int | None], alpha: float, persist: int, interval: int) -> Plan:
-    """The plan for blocks of ``b`` points: each block's baseline, the gap's sd and the boundary."""
-    block, offset, source, dof = measured
+def _build(values: list[np.ndarray], grid: np.ndarray, noise: Noise, design: Design, interval: int) -> Plan:
+    """The plan for blocks of ``noise.block_points`` points, with that noise: each block's baseline, the gap's
+    sd and the boundary."""
+    b, offset, block = noise.block_points, noise.offset, noise.block
     nb = len(grid) // b
     blocks, base, ms = [], [], []
     for k in range(nb):
@@ -309,29 +316,37 @@ def _build(values: list[np.ndarray], grid: np.ndarray, b: int, tau: float,
     var_o, var_b = offset**2 * inv, block**2 * inv
     sd = np.sqrt(var_o + var_b)
     rho = np.divide(var_o, sd**2, out=np.zeros_like(sd), where=sd > 0)
-    noise = Noise(offset, source, dof, block, tau, b)
     if not np.all(sd > 0):
         raise DriftInputError("the baseline curves show no noise at all (identical, constant losses): "
                               "nothing to judge a gap by")
-    return Plan(blocks, base, ms, sd, rho, boundary(alpha, rho, persist, dof), alpha, persist, noise, interval)
+    a, persist = design.alpha, design.persist
+    return Plan(blocks, base, ms, sd, rho, boundary(a, rho, persist, noise.dof), a, persist, noise, interval)
 
 
-def _measure(values: list[np.ndarray], full: list[np.ndarray], b: int, tau: float, sigma_m: float | None,
-             sigma_dof: int | None, n: int, persist: int, start_step: int) -> tuple[float, float, str, int | None]:
-    """(block noise, offset sd, its source, its degrees of freedom) for blocks of ``b`` points."""
-    if n // b < persist:
+def _measure(values: list[np.ndarray], full: list[np.ndarray], b: int, tau: float, design: Design, n: int,
+             start_step: int) -> Noise:
+    """The null's noise for blocks of ``b`` points: the block noise and the offset's sd, its source and degrees
+    of freedom."""
+    if n // b < design.persist:
         raise DriftInputError(f"the baseline covers {n} comparable logged steps from step {start_step}: "
-                              f"fewer than {persist} blocks of {b} (twice the loss's autocorrelation time, at least "
-                              "the guard's window); give a longer baseline run")
+                              f"fewer than {design.persist} blocks of {b} (twice the loss's autocorrelation time, "
+                              "at least the guard's window); give a longer baseline run")
     block = block_scatter(full, b, tau)
-    return (block, *_offset(values, b, n // b, sigma_m, sigma_dof))
+    offset, source, dof = _offset(values, b, n // b, design.sigma_m, design.sigma_dof)
+    return Noise(offset, source, dof, block, tau, b)
+
+
+def logging_interval(run_steps: np.ndarray) -> int:
+    """Steps between a run's logged points: the smallest step between the ones given (its first ones), 1 where
+    fewer than two are given. The one reading of it: the grid's stride and the plan's ``interval`` here, the
+    block length the watch derives from the guard's window (speed/watch.py)."""
+    return int(np.min(np.diff(run_steps))) if len(run_steps) > 1 else 1
 
 
 def _grid(baselines: Sequence[Curve], run_steps: np.ndarray, start_step: int) -> np.ndarray:
     steps = np.unique(np.concatenate([c.steps for c in baselines])) if baselines else np.empty(0, int)
     if len(run_steps) >= 2:
-        interval = int(np.min(np.diff(run_steps)))
-        steps = steps[(steps - run_steps[0]) % max(interval, 1) == 0]
+        steps = steps[(steps - run_steps[0]) % max(logging_interval(run_steps), 1) == 0]
     return steps[steps >= start_step]
 
 

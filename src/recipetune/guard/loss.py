@@ -70,8 +70,8 @@ def replica_curves(la: Mapping[int, float], lb: Mapping[int, float]) -> bool:
     """``replicas`` on two loss curves, step -> loss (``recipetune watch``'s baselines are curves)."""
     if la == lb:
         return True
-    common = sorted(la.keys() & lb.keys())
-    late = common[len(common) // 2:]
+    both = matched(la, lb)
+    late = both.steps[len(both.steps) // 2:] if both is not None else []
     if len(late) < 3:
         return False
     gap = float(np.sqrt(np.mean([(lb[t] - la[t]) ** 2 for t in late])))
@@ -79,11 +79,21 @@ def replica_curves(la: Mapping[int, float], lb: Mapping[int, float]) -> bool:
 
 
 class Aligned(NamedTuple):
-    """The steps two tails both logged, in order, and each run's loss at them."""
+    """The steps two curves (or two tails) both logged, in order, and each one's loss at them."""
 
     steps: list[int]
     base: np.ndarray
     cand: np.ndarray
+
+
+def matched(base: Mapping[int, float], cand: Mapping[int, float], least: int = 1) -> Aligned | None:
+    """Two loss curves (step -> loss) at the steps both logged, in order; None where fewer than ``least``.
+    The one rule that pairs two curves' steps: each caller states how many common steps it needs
+    (``aligned``, ``replica_curves``, the parity gap in guard/parity.py, the report's gap plot)."""
+    common = sorted(base.keys() & cand.keys())
+    if len(common) < least:
+        return None
+    return Aligned(common, np.array([base[t] for t in common]), np.array([cand[t] for t in common]))
 
 
 def aligned(bt: Sequence[StepRecord], ct: Sequence[StepRecord]) -> Aligned | None:
@@ -91,11 +101,8 @@ def aligned(bt: Sequence[StepRecord], ct: Sequence[StepRecord]) -> Aligned | Non
     80% of the longer tail (then batch difficulty cancels in the difference when the batches were replayed);
     None where they logged other steps, and each tail is read on its own. The one alignment rule of the
     loss measure (``tail_measure``) and the gap's slope (guard/trend.py)."""
-    b, c = {s.step: s.loss for s in bt}, {s.step: s.loss for s in ct}
-    common = sorted(b.keys() & c.keys())
-    if len(common) >= MIN_TAIL and len(common) >= 0.8 * max(len(bt), len(ct)):
-        return Aligned(common, np.array([b[t] for t in common]), np.array([c[t] for t in common]))
-    return None
+    both = matched({s.step: s.loss for s in bt}, {s.step: s.loss for s in ct}, MIN_TAIL)
+    return both if both is not None and len(both.steps) >= 0.8 * max(len(bt), len(ct)) else None
 
 
 class TailMeasure(NamedTuple):

@@ -49,9 +49,18 @@ def direction(gap: float) -> Side:
     return Side.ABOVE if gap > 0 else Side.BELOW
 
 
+class EventKind(Word):
+    """What an ``Event`` reports."""
+
+    BLOCK = "block"  # a block judged: its gap and bound
+    WARNING = "warning"  # a block beyond the boundary that starts a streak short of ``persist``
+    CLEARED = "cleared"  # a streak ended: back within the boundary, or beyond it on the other side
+    ALARM = "alarm"  # ``persist`` blocks in a row beyond the boundary on one side, or a non-finite loss
+
+
 @dataclass
 class Event:
-    kind: str  # "block" | "warning" | "cleared" | "alarm"
+    kind: EventKind
     step: int  # the last step of the block that caused it
     gap: float  # that block's mean gap (nats): run - baseline
     bound: float  # the gap beyond which a block counts, on either side (h x sd), nats
@@ -71,7 +80,7 @@ class Monitor:
     measure: Measure = Measure.LOSS  # the curve judged
     done: int = 0  # blocks judged
     streak: int = 0
-    side: int = 0  # the streak's side: +1 above the baseline, -1 below
+    side: Side | None = None  # the streak's side (None: no streak)
     streak_start: int | None = None
     peak: float = 0.0  # the streak's largest gap from the baseline, signed
     alarm: Event | None = None
@@ -88,8 +97,8 @@ class Monitor:
         bad = curve.steps[~np.isfinite(curve.loss)]
         if not len(bad) or self.alarm is not None:
             return []
-        self.alarm = Event("alarm", int(bad[0]), math.inf, math.nan, f"non-finite {measure.said} at step {int(bad[0])}",
-                           measure)
+        self.alarm = Event(EventKind.ALARM, int(bad[0]), math.inf, math.nan,
+                           f"non-finite {measure.said} at step {int(bad[0])}", measure)
         return [self.alarm]
 
     def feed(self, run: Curve) -> list[Event]:
@@ -124,28 +133,29 @@ class Monitor:
         end, bound = int(steps[-1]), float(self.plan.bounds[k])
         gap = float(np.mean(mine[logged] - base[logged]))
         self.gaps.append((end, gap, bound))
-        events = [Event("block", end, gap, bound)]
-        side = 1 if gap > bound else -1 if gap < -bound else 0
-        if self.streak and side != self.side:  # back within, or beyond on the other side: the streak ends
+        events = [Event(EventKind.BLOCK, end, gap, bound)]
+        side = Side.ABOVE if gap > bound else Side.BELOW if gap < -bound else None
+        if self.streak and side is not self.side:  # back within, or beyond on the other side: the streak ends
             events.append(self._clear(end, gap, bound))
-        if side:
+        if side is not None:
             if self.streak == 0:
                 self.side, self.streak_start, self.peak = side, int(steps[0]), gap
             self.streak += 1
             self.peak = gap if abs(gap) > abs(self.peak) else self.peak
             if self.streak >= self.plan.persist:
-                self.alarm = Event("alarm", end, gap, bound, self._said(gap, bound, f"since step {self.streak_start}"))
+                self.alarm = Event(EventKind.ALARM, end, gap, bound,
+                                   self._said(gap, bound, f"since step {self.streak_start}"))
                 events.append(self.alarm)
             elif self.streak == 1:
-                events.append(Event("warning", end, gap, bound, self._said(gap, bound, "one block")))
+                events.append(Event(EventKind.WARNING, end, gap, bound, self._said(gap, bound, "one block")))
         return events
 
     def _clear(self, end: int, gap: float, bound: float) -> Event:
         self.warnings.append({"from_step": self.streak_start, "to_step": end, "blocks": self.streak,
                               "direction": direction(self.peak), "peak_gap": self.peak, "cleared_at": end})
-        event = Event("cleared", end, gap, bound, f"the gap came back to {gap:+.4f} nats after {self.streak} "
+        event = Event(EventKind.CLEARED, end, gap, bound, f"the gap came back to {gap:+.4f} nats after {self.streak} "
                       f"block(s) {direction(self.peak)} the baseline's curve beyond the boundary")
-        self.streak, self.side, self.streak_start = 0, 0, None
+        self.streak, self.side, self.streak_start = 0, None, None
         return event
 
     def _said(self, gap: float, bound: float, span: str) -> str:

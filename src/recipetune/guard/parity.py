@@ -37,6 +37,7 @@ from recipetune.guard.loss import (
     deaf,
     has_final_val,
     independent_repeats,
+    matched,
     spread,
     tail,
     tail_measure,
@@ -318,10 +319,9 @@ def _samples(profile: BaselineProfile, settings: ParitySettings, pairs: list[_Ru
 def _gap(pairs: list[_RunPair], settings: ParitySettings, equal_tokens: bool) -> float | None:
     """The first pair's smoothed step-by-step loss gap (RMS), where the tokens per step may differ."""
     b0, c0 = pairs[0]
-    bl, cl = {s.step: s.loss for s in b0.steps}, {s.step: s.loss for s in c0.steps}
-    common = sorted(bl.keys() & cl.keys())
-    if not equal_tokens and len(common) >= 2:
-        return stats.rms(stats.smooth([cl[t] - bl[t] for t in common], settings.window))
+    both = matched({s.step: s.loss for s in b0.steps}, {s.step: s.loss for s in c0.steps}, 2)
+    if not equal_tokens and both is not None:
+        return stats.rms(stats.smooth(both.cand - both.base, settings.window))
     return None
 
 

@@ -18,6 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from recipetune.core.words import Decision
 from recipetune.engine.status import Status
+from recipetune.guard.loss import matched
 from recipetune.report.model import TREE_STATUSES, Curve, Report, Trial
 from recipetune.report.sources import QUALITY, smooth
 
@@ -63,15 +64,15 @@ def smoothed(steps: list[int], loss: list[float | None], window: int) -> tuple[n
 
 
 def paired_gap(base: Curve, cand: Curve, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Smoothed candidate minus smoothed baseline over their common steps: the screening's statistic."""
-    b = {s: v for s, v in zip(base.steps, base.loss, strict=True) if v is not None}
-    c = {s: v for s, v in zip(cand.steps, cand.loss, strict=True) if v is not None}
-    common = sorted(b.keys() & c.keys())
-    if not common:
+    """Smoothed candidate minus smoothed baseline over the steps both logged (guard/loss.py: ``matched``),
+    each value drawn at its window's centre: the gap panel of ``loss_plot``."""
+    both = matched({s: v for s, v in zip(base.steps, base.loss, strict=True) if v is not None},
+                   {s: v for s, v in zip(cand.steps, cand.loss, strict=True) if v is not None})
+    if both is None:
         return np.array([]), np.array([])
-    diff = np.asarray(smooth([c[s] for s in common], window)) - np.asarray(smooth([b[s] for s in common], window))
-    lag = (len(common) - len(diff)) // 2
-    return np.array(common[lag : lag + len(diff)], dtype=float), diff
+    diff = np.asarray(smooth(both.cand.tolist(), window)) - np.asarray(smooth(both.base.tolist(), window))
+    lag = (len(both.steps) - len(diff)) // 2
+    return np.array(both.steps[lag : lag + len(diff)], dtype=float), diff
 
 
 def _short(text: str, width: int = 48) -> str:

@@ -37,7 +37,7 @@ from recipetune.core.errors import ConfigError
 from recipetune.core.files import write_atomic
 from recipetune.guard import drift
 from recipetune.guard.loss import tolerance_of
-from recipetune.guard.monitor import Event, Measure, Monitor, Monitors, Outcome, direction
+from recipetune.guard.monitor import Event, EventKind, Measure, Monitor, Monitors, Outcome
 from recipetune.speed.watch_read import (
     Baseline,
     Stream,
@@ -101,12 +101,12 @@ class Session:
 
     def _plan(self, curves: list[drift.Curve], run: drift.Curve, sigma_m: float | None,
               sigma_dof: int | None, alpha: float, rate: float | None = None) -> drift.Plan:
-        interval = int(np.min(np.diff(run.steps[:50])))
+        interval = drift.logging_interval(run.steps[:50])  # the run has logged two points or more
         if interval < 1:
             raise WatchInput(f"{self.run}: its steps do not increase ({', '.join(map(str, run.steps[:6]))} ...)")
         min_block = max(3, math.ceil(self.campaign.config.guard.parity.window / interval))
-        return drift.plan(curves, run.steps[:50], self.start_step, sigma_m, min_block, alpha, self.persist,
-                          sigma_dof, rate)
+        design = drift.Design(min_block, alpha, self.persist, sigma_m, sigma_dof, rate)
+        return drift.plan(curves, run.steps[:50], self.start_step, design)
 
     def _choose(self, stream: Stream, final: bool) -> tuple[list[Measure], str] | None:
         """(measures, why): both losses where the run and at least two baseline runs record a validation
@@ -193,7 +193,7 @@ class Lines:
     def show(self, events: list[Event], ms: Monitors | None, step: int) -> None:
         for e in events:
             what = f" ({e.measure.said})" if self.several else ""
-            if e.kind == "block":
+            if e.kind is EventKind.BLOCK:
                 self.blocks[e.measure] += 1
                 if self.status is None and self.blocks[e.measure] % self.every.get(e.measure, 1) == 0:
                     self.say(f"step {e.step}: gap{what} {e.gap:+.4f} nats (boundary {e.bound:.4f})")
@@ -203,7 +203,7 @@ class Lines:
             self.status.update(f"step {step}: " + "; ".join(
                 f"{m.measure.said} gap {m.gaps[-1][1]:+.4f} nats at step {m.gaps[-1][0]}, boundary "
                 f"{m.gaps[-1][2]:.4f}, {m.done}/{len(m.plan.blocks)} blocks, "
-                f"{direction(m.side) if m.streak else 'within'}" for m in ms if m.gaps))
+                f"{m.side if m.streak else 'within'}" for m in ms if m.gaps))
 
 
 def follow(session: Session, lines: Lines, keep_following: bool, poll_s: float) -> str:
