@@ -372,6 +372,15 @@ def test_data_repetition_with_persist_1(tmp_path: Path) -> None:
     assert code == 5 and found["alarm"]["direction"] == "below" and beyond_after(found, REPEAT_FROM), out
 
 
+def test_persist_1_with_both_losses_judged(tmp_path: Path) -> None:
+    """Both losses at --persist 1: a monitor whose curve ends is taken off the list by identity (comparing two
+    monitors field by field reached the numpy arrays of their plans and crashed the watch)."""
+    file = campaign(tmp_path)
+    base = baselines(tmp_path, val_every=20, ema=0.9)
+    code, calm, out = watch(file, train(tmp_path / "calm", seed=11, val_every=20, ema=0.9), *base, "--persist", "1")
+    assert code == 0 and calm["measures"] == ["loss", "val_loss"] and calm["design"]["persist"] == 1, out
+
+
 def test_a_run_that_diverges_alarms_at_once(tmp_path: Path) -> None:
     file = campaign(tmp_path)
     base = baselines(tmp_path)

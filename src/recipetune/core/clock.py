@@ -38,6 +38,7 @@ from recipetune.core.measure import (
     StepRecord,
     windows,
 )
+from recipetune.core.robust import mad_sigma
 
 MIN_POLL_S = 0.001
 MAX_POLL_S = 0.05
@@ -217,7 +218,7 @@ def read(measured: list[StepRecord], arrivals: Sequence[Arrival], wall_s: float,
         q, error = 0.0, math.inf
     else:
         q = statistics.median(ratios)
-        scatter = 1.4826 * statistics.median(abs(r - q) for r in ratios) if len(ratios) > 1 else 0.0
+        scatter = mad_sigma(ratios, q) if len(ratios) > 1 else 0.0
         error = MEDIAN_ERROR * math.hypot(scatter, statistics.median(errors)) / math.sqrt(len(ratios))
     return ClockReading(source="lines", steps=len(timed), claimed_step_s=claimed_timed / len(timed),
                         clock_step_s=span / len(timed), log_ratio=q, error=error, resolution_s=resolution,

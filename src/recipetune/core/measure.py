@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from recipetune.core.files import write_atomic
+from recipetune.core.robust import mad_sigma
 
 Status = Literal["ok", "oom", "crash", "nan", "timeout", "invalid", "pruned"]
 
@@ -103,9 +104,9 @@ def robust_rate(steps: list[StepRecord]) -> Rate:
     typical = statistics.median(per_token) if per_token else 0.0
     stalled = [s for s in steps if s.tokens > 0 and s.step_time_s > STALL_FACTOR * typical * s.tokens]
     rate = statistics.median(rates) if steps else 0.0
-    # The figure's error, robust like the figure: a stall's window is an outlier, not spread (1.4826 MAD
+    # The figure's error, robust like the figure: a stall's window is an outlier, not spread (the MAD
     # is sigma for normal noise), and a median's error is MEDIAN_ERROR sigma / sqrt(windows).
-    spread = 1.4826 * statistics.median(abs(r - rate) for r in rates) / rate if rate > 0 else 0.0
+    spread = mad_sigma(rates, rate) / rate if rate > 0 else 0.0
     return Rate(tokens_per_s=rate, mean_tokens_per_s=mean, windows=k, error=MEDIAN_ERROR * spread / math.sqrt(k),
                 stalls=len(stalled), stall_time_s=sum(s.step_time_s - typical * s.tokens for s in stalled))
 

@@ -16,6 +16,7 @@ import numpy as np
 from scipy import special
 from scipy import stats as sps
 
+from recipetune.core.robust import MAD_SD, mad_sigma  # noqa: F401  (the statistics' home exports it)
 from recipetune.core.words import EquivalenceOutcome
 
 BOOTSTRAP_SEED = 0  # fixed: the same measurements always give the same interval
@@ -386,13 +387,3 @@ def proportion_ci(k: int, n: int, confidence: float = 0.95) -> tuple[float, floa
 def sample_std(values: Sequence[float]) -> float:
     x = np.asarray(values, dtype=float)
     return float(np.std(x, ddof=1)) if len(x) > 1 else 0.0
-
-
-MAD_SD = 1.4826  # 1 / the normal law's third quartile: a median absolute deviation times this is an sd
-
-
-def mad_sigma(values: Sequence[float] | np.ndarray, center: float) -> float:
-    """The robust scatter of ``values`` about ``center``: their median absolute deviation from it, scaled to
-    a normal law's standard deviation. Robust where a few outliers (a stall's window, a spike) must not
-    widen it; ``values`` not empty."""
-    return MAD_SD * float(np.median(np.abs(np.asarray(values, dtype=float) - center)))
