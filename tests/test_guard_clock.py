@@ -188,3 +188,26 @@ def test_a_loss_line_whose_noise_changes_with_the_split_is_named():
     assert loss_line_note(0.16, 0.10, 400) and not loss_line_note(0.16, 0.10, 10)
     # a change too small to mean another figure is no news, however many losses
     assert loss_line_note(0.13, 0.10, 100_000) == ""
+
+
+def test_the_loss_line_note_counts_every_logged_loss_of_the_tail():
+    # a verdict's measurements pass the note the tail's real count of losses (it was capped at 10, so a 2x
+    # change over hundreds of losses went unnamed on nanoGPT's own runs): a 2x noise change over a 200-loss
+    # tail is named; beside it, the same runs with 1.2x (no news) are not
+    import numpy as np
+    from test_guard_independent import BASE, CAND, no_seed_profile, settings
+
+    from recipetune.guard.parity import measure
+
+    def run(recipe, noise: float, order: int) -> RunResult:
+        x = 2.0 + np.random.default_rng(order).normal(0, noise, 400)
+        steps = [StepRecord(step=i, loss=float(v), tokens=1024, step_time_s=0.01) for i, v in enumerate(x)]
+        return RunResult(recipe=dict(recipe), recipe_id=recipe.id, status="ok", steps=steps, warmup_steps=2)
+
+    cfg = settings()
+    profile = no_seed_profile(400, cfg)
+    base = run(BASE, 0.2, 1)
+    m = measure(profile, [run(CAND, 0.1, 2)], cfg.parity, False, [base])
+    assert m.tail_records >= 150 and any("not the step's loss" in n for n in m.notes)
+    m = measure(profile, [run(CAND, 0.2 / 1.2, 2)], cfg.parity, False, [base])
+    assert not any("not the step's loss" in n for n in m.notes)

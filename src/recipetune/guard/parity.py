@@ -273,19 +273,19 @@ class _Tails:
 def _tails(pairs: list[_RunPair], settings: ParitySettings) -> _Tails:
     """Each pair's training loss over the tail of the tokens both ran: the two means, the difference's
     within-run error, the fewest logged losses, the gap's slope and each side's step-to-step noise."""
-    train_b, train_c, ses, shortest, slopes = [], [], [], MIN_TAIL, []
+    train_b, train_c, ses, counts, slopes = [], [], [], [], []
     noise: dict[str, list[float]] = {"baseline": [], "candidate": []}
     for base, cand in pairs:
         total = float(min(tokens(base)[-1], tokens(cand)[-1]))
         bm, cm, se, n_tail = tail_measure(base, cand, total, settings.tail)
-        shortest = min(shortest, n_tail)
+        counts.append(n_tail)
         train_b.append(bm)
         train_c.append(cm)
         ses.append(se)
         slopes.append(pair_slope(base, cand, total, settings.tail))
         noise["baseline"].append(stats.step_noise([s.loss for s in tail(base, total, settings.tail)]))
         noise["candidate"].append(stats.step_noise([s.loss for s in tail(cand, total, settings.tail)]))
-    return _Tails(train_b, train_c, ses, shortest, slopes, noise)
+    return _Tails(train_b, train_c, ses, min(counts, default=0), slopes, noise)
 
 
 def _samples(profile: BaselineProfile, settings: ParitySettings, pairs: list[_RunPair], train: _Tails,
