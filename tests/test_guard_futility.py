@@ -11,6 +11,7 @@ and never buy an approval: a poison that was kept or rejected is never approved.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -69,14 +70,13 @@ def test_a_saving_never_buys_an_approval_and_a_clear_poison_is_still_rejected(tm
 
 def test_a_proof_too_long_says_what_would_shorten_it_measured_from_its_runs(tmp_path):
     # nanoGPT's loss line: the last micro-batch's loss, so the baseline's (2 sequences a micro-batch) is far
-    # noisier a step than the candidate's (32): a line with the step's loss on both sides would need
-    # (b^2 + c^2) / (2 c^2) times fewer steps
-    import re
-
+    # noisier a step than the candidate's (32). With T in nats (parity.margin), a line with the step's loss on
+    # both sides needs (b^2 + c^2) / (2 c^2) times fewer steps; with T measured on the baseline's own noise
+    # (the default), T shrinks with that noise and the proof would get longer: no such advice
     from test_guard_independent import LossWorkload, no_seed_profile
 
-    cfg = settings(max_steps_factor=1)
-    profile = no_seed_profile(100, cfg)
+    profile = no_seed_profile(100, settings(max_steps_factor=1))
+    cfg = settings(max_steps_factor=1, margin=profile.loss_tolerance)
     got = gather(LossWorkload(), profile, BASE, CAND, 100, cfg, tmp_path / "split", equal_tokens=False)
     reason = got.evidence.reasons[-1]
     said = re.search(r"about (\d+) steps would resolve T.*about (\d+) steps", reason)
@@ -85,6 +85,10 @@ def test_a_proof_too_long_says_what_would_shorten_it_measured_from_its_runs(tmp_
                                                reason).groups())
     assert loud > 4 * quiet and need / shorter == pytest.approx((loud**2 + quiet**2) / (2 * quiet**2), rel=0.05)
     assert "a seed knob the trainer reads" in reason
+    relative = settings(max_steps_factor=1)
+    got = gather(LossWorkload(), profile, BASE, CAND, 100, relative, tmp_path / "relative", equal_tokens=False)
+    reason = got.evidence.reasons[-1]
+    assert "the step's loss" not in reason and "a seed knob the trainer reads" in reason, reason
     # beside it, a split whose loss line's noise moves less than 1.5x (2 vs 4 sequences: 1.41x): no such advice
     near = BASE.with_(batch_size=4, grad_accum=8)
     got = gather(LossWorkload(), profile, BASE, near, 100, cfg, tmp_path / "near", equal_tokens=False)
@@ -92,4 +96,4 @@ def test_a_proof_too_long_says_what_would_shorten_it_measured_from_its_runs(tmp_
     # and a proof that was resolved, but on longer runs, says it too: the runs it took, and what would shorten them
     got = gather(LossWorkload(), profile, BASE, CAND, 100, settings(), tmp_path / "resolved", equal_tokens=False)
     said = [n for n in got.looks if n.startswith("the proof took runs")]
-    assert got.evidence.outcome == "holds" and got.plan["factor"] > 1 and said and "the step's loss" in said[0]
+    assert got.evidence.outcome == "holds" and got.plan["factor"] > 1 and said and "a seed knob" in said[0]
