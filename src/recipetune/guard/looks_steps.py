@@ -108,10 +108,11 @@ def _steps_forecast(v: Looking) -> str:
     last = float(min(p.max_steps_factor, max(2, math.ceil(need))))
     factors = [float(math.ceil(math.sqrt(last))), last] if last >= 4 else [last]
     runs = 1 + sum(2 * f for f in factors)
-    beyond = (f"; about {need:.0f}x would be needed, beyond the cap: such a verdict most likely ends not shown "
-              f"equivalent") if need > p.max_steps_factor else ""
-    return (f"if its batches differ from the baseline's, expected: pairs at {', '.join(f'{f:g}x' for f in factors)} "
-            f"({runs:g} runs of the profile's length, ~{fmt_duration(v.seconds(runs))}){beyond}")
+    beyond = (f"; about {need:.0f}x would be needed, beyond the cap, unless the candidate's loss is quieter than "
+              f"the baseline's (the first look tells)") if need > p.max_steps_factor else ""
+    return (f"if its batches differ from the baseline's and its loss line is as noisy, expected: pairs at "
+            f"{', '.join(f'{f:g}x' for f in factors)} ({runs:g} runs of the profile's length, "
+            f"~{fmt_duration(v.seconds(runs))}){beyond}")
 
 
 def _steps_gathered(v: Looking, ev: ParityEvidence, planned: int, stop: LooksStop, factor: float) -> Gathered:
