@@ -48,9 +48,9 @@ def decide(campaign: Campaign, services: Services, finished: Finished, profile: 
     passed: list[str] = []  # finalists not judged, and why
     # Best first, one at a time: the fastest screened finalist gets its verdict first, a slower one only when
     # the faster ones were not approved (an approved faster one is the decision), and never one whose proof
-    # would repeat a failed one's (its parity runs go to the executor side by side, on Ray across the
-    # cluster; the runs are stored in the campaign's guard-runs/ folder, so every verdict shares the
-    # baseline's, and a resumed campaign finds every run already made).
+    # would repeat an unresolved one's. Within a verdict the parity runs of a look still go to the executor
+    # side by side (on Ray across the cluster); they are stored in the campaign's guard-runs/ folder, so
+    # every verdict shares the baseline's, and a resumed campaign finds every run already made.
     def told(prefix: str) -> Callable[[str], None]:
         """A verdict's plan and each look's outcome reach the live view; what runs now does not."""
         return lambda msg: phase(f"{prefix}: {msg}" if prefix else msg) if isinstance(msg, Note) else None
