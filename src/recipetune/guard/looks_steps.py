@@ -52,14 +52,8 @@ def by_steps(v: Looking) -> Gathered:
         own = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
         target = max(plan, own)
         plan = target
-        chance = _steps_chance(m, factor, rest / 2, p.max_steps_factor) if look < 3 and target > factor else None
-        if chance is not None and chance < p.futility:
-            pct, cap = f"{100 * chance:.0f}%", f"{p.max_steps_factor}x"
-            stopped(v, ev, Stop(f"{line}; the chance that runs {cap} as long tell (equivalent or different "
-                                f"beyond T) is {pct}, below parity.futility {100 * p.futility:.0f}%: stopped",
-                                not_shown(ev, f"runs {cap} as long (guard.parity.max_steps_factor) would tell "
-                                              f"with a chance of {pct} (parity.futility {100 * p.futility:.0f}%); "
-                                              f"{what}")))
+        if look < 3 and target > factor and (futile := _steps_futile(v, m, ev, line, factor, what)) is not None:
+            stopped(v, ev, futile)
             return _steps_gathered(v, ev, planned, LooksStop.FUTILITY, factor)
         if look == 3 or target <= factor:
             v.say(line)
@@ -174,6 +168,21 @@ def _advice(v: Looking, m: Measurements, need: float) -> str:
     said.append(f"a seed knob the trainer reads would let repeats of {v.profile.steps} steps add evidence instead "
                 f"of longer runs")
     return "; to shorten the proof: " + "; ".join(said)
+
+
+def _steps_futile(v: Looking, m: Measurements, ev: ParityEvidence, line: str, factor: float,
+                  what: str) -> Stop | None:
+    """Why the looks end where the longest pair they may run would most likely not tell (``_steps_chance``
+    below parity.futility); None where it likely would."""
+    p = v.settings.parity
+    chance = _steps_chance(m, factor, p.alpha * (1.0 - p.first_look) / 2, p.max_steps_factor)
+    if chance is None or chance >= p.futility:
+        return None
+    pct, cap, level = f"{100 * chance:.0f}%", f"{p.max_steps_factor}x", f"{100 * p.futility:.0f}%"
+    return Stop(f"{line}; the chance that runs {cap} as long tell (equivalent or different beyond T) is {pct}, "
+                f"below parity.futility {level}: stopped",
+                not_shown(ev, f"runs {cap} as long (guard.parity.max_steps_factor) would tell with a chance of "
+                              f"{pct} (parity.futility {level}); {what}"))
 
 
 def _steps_chance(m: Measurements, factor: float, level: float, cap: float) -> float | None:
