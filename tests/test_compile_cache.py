@@ -82,7 +82,9 @@ def test_the_speed_job_ranks_a_trial_by_its_charged_speedup_and_keeps_the_steady
         job = object.__new__(SpeedJob)  # only what land() reads: the search settings, the guard, the profile
         job.cfg, job.settings, job.profile = SearchConfig(production_steps=production_steps), None, object()
         job.guard = SimpleNamespace(screen=lambda *_: Screening(passed=True, reasons=[], speedup=1.3, loss_gap=0.0,
-                                                                 loss_tolerance=0.1))
+                                                                 loss_tolerance=0.1),
+                                    keep_run=lambda *_: False)  # a passed trial is offered to the run store
+        job.services, job.workload, job.batch = SimpleNamespace(store=SimpleNamespace(folder=tmp_path)), None, None
         steps = [StepRecord(step=i, loss=3.0, tokens=32768, step_time_s=0.25, compile_s=compile_s if i == 1 else None)
                  for i in range(1, 26)]
         result = RunResult(recipe={}, recipe_id="c", status="ok", steps=steps, warmup_steps=2)

@@ -157,6 +157,7 @@ class Verdict(BaseModel):
     baseline: dict = {}
     candidate: dict = {}
     cost: dict = {}
+    stop: str = "decided"  # why the parity looks ended (the guard's Verdict.stop)
 
 
 CALLS: dict[str, int] = {"profile": 0, "final": 0}
