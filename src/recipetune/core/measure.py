@@ -199,11 +199,11 @@ class RunResult(Record):
         measured = self.measured()
         if not guard or self.clock is None:
             return measured
-        timed = [s.model_copy(update={"step_time_s": s.clock_s}) for s in measured if s.clock_s]
-        if whole_run or self.clock.source == "run" or not timed:  # no measured step's line timed: the whole run
-            per_step = self.wall_s / max(self.steps[-1].step if self.steps else 1, 1)
-            return [s.model_copy(update={"step_time_s": per_step}) for s in measured]
-        return timed
+        if not whole_run and self.clock.source == "lines" and any(s.clock_s for s in measured):
+            return [s.model_copy(update={"step_time_s": s.clock_s}) for s in measured if s.clock_s]
+        # buffered lines, a comparison on wall times, or no measured step's line timed: the whole run
+        per_step = self.wall_s / max(self.steps[-1].step if self.steps else 1, 1)
+        return [s.model_copy(update={"step_time_s": per_step}) for s in measured]
 
     def summary(self, guard_clock: bool | None = None, whole_run: bool = False) -> RunSummary:
         """The run's figures; ``guard_clock``: on the guard's clock (True), the trainer's (False), or as

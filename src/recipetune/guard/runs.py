@@ -233,14 +233,14 @@ class Runs:
         """Keep a finished run made elsewhere (a search trial of ``steps`` steps at the baseline's seed) as
         this run, so that a verdict asking for it reuses it instead of training it again; whether it was
         kept. Nothing is replaced: a run already stored, or being made by someone else, stays."""
-        if self.folder is None or not result.ok:
+        if self.folder is None or not result.ok or result.recipe != dict(recipe):
             return False
         path = self.folder / self.key(recipe, steps, repeat)
         lock = FileLock(_lock_path(path))
         if not lock.acquire():
             return False
         try:
-            if stored(path, recipe) is not None or result.recipe != dict(recipe):
+            if stored(path, recipe) is not None:
                 return False
             self._keep(result, path, recipe, steps, repeat)
             return True
