@@ -80,7 +80,7 @@ def _pairs(workload: Workload, baseline: Recipe, candidate: Recipe, settings: Gu
     sp = settings.speed
     pairs: Runs = []
     for i in range(first, first + (sp.pairs if count is None else count)):
-        order = "AB" if i % 2 == 0 else "BA"
+        order = _order(i)
         runs: dict[str, RunResult] = {}
         for side in order:
             name = "baseline" if side == "A" else "candidate"
@@ -98,14 +98,20 @@ def _pairs(workload: Workload, baseline: Recipe, candidate: Recipe, settings: Gu
     return pairs, ""
 
 
+def _order(i: int) -> str:
+    """Pair ``i``'s order: the baseline first in every other pair, so a drift of the machine cancels."""
+    return "AB" if i % 2 == 0 else "BA"
+
+
 def timed(runs: Runs, choice: ClockChoice) -> list[Pair]:
     """The pairs' figures on the clock ``choice`` names (the trainer's printed times kept beside the guard's)."""
     pairs = []
     for i, (base, cand) in enumerate(runs):
         a, b = base.summary(False), cand.summary(False)
-        ta, tb = choice.rate(base), choice.rate(cand)
+        ta, tb = (choice.rate(base), choice.rate(cand)) if choice.guard else \
+            (a.tokens_per_s_per_device, b.tokens_per_s_per_device)  # the trainer's: the summaries above
         pairs.append(Pair(
-            index=i + 1, order="AB" if i % 2 == 0 else "BA",
+            index=i + 1, order=_order(i),
             baseline_tokens_per_s=ta, candidate_tokens_per_s=tb, ratio=tb / ta,
             baseline_warmup_s=a.warmup_time_s, candidate_warmup_s=b.warmup_time_s,
             baseline_dir=base.out_dir, candidate_dir=cand.out_dir,
