@@ -43,7 +43,6 @@ from .stdlib import (
     EXPR_LABELS,
     KEEP,
     NATURAL_ROWS,
-    STRING_PREFIXES,
     Context,
     _natural,
     _neighbours,
@@ -53,6 +52,7 @@ from .stdlib import (
     _run,
     _string_words,
     message_words,
+    other_token,
     stdlib_calls,
     stdlib_excepts,
     stdlib_expressions,
@@ -63,6 +63,7 @@ from .stdlib import (
     stdlib_signatures,
     stdlib_sources,
     stdlib_statements,
+    token_swapped,
 )
 
 LEAD_INS = ["From the docs: ", "The docstring says: ", "Doc: ", "Summary - ", "It reads: "]
@@ -280,14 +281,9 @@ def raise_statements(rng: random.Random) -> Shape:
             new = old
             while new == old or re.search(rf"\b{new}\b", line):
                 new = str(r.randint(10 ** (len(old) - 1) if len(old) > 1 else 0, 10 ** len(old) - 1))
-        elif old in names:
-            new = _respelled(old, line, r)
         else:
-            new = next(w for w in r.sample(vocabulary, len(vocabulary))
-                       if w != old.lower() and not re.search(rf"\b{w}\b", line, re.IGNORECASE))
-            new = new.upper() if old.isupper() and len(old) > 1 else new.title() if old[0].isupper() else new
-        prefix = "(?![\"'])" if old.lower() in STRING_PREFIXES else ""  # never f"..."'s f
-        changed = re.sub(rf"(?<![%!\\\w]){re.escape(old)}\b{prefix}", new, line)
+            new = other_token(old, line, names, vocabulary, r)
+        changed = token_swapped(line, old, new)
         return [changed] if changed != line else None
 
     lead = ["Line: ", "Here is the statement: ", "Q: ", "From the function body: "]

@@ -297,15 +297,26 @@ def _one_token_changed(keep: frozenset[str], vocabulary: tuple[str, ...], line: 
                     if x != old and not re.search(rf"\b{x}\b", line)), None)
         if new is None:
             return None
-    elif old in names:
-        new = _respelled(old, line, r)
     else:
-        new = next(w for w in r.sample(vocabulary, len(vocabulary))
-                   if w != old.lower() and not re.search(rf"\b{w}\b", line, re.IGNORECASE))
-        new = new.upper() if old.isupper() and len(old) > 1 else new.title() if old[0].isupper() else new
-    prefix = "(?![\"'])" if old.lower() in {"r", "u", "f", "b", "br", "rb", "fr", "rf"} else ""  # never f"..."'s f
-    changed = re.sub(rf"(?<![%!\\\w]){re.escape(old)}\b{prefix}", new, line)
+        new = other_token(old, line, names, vocabulary, r)
+    changed = token_swapped(line, old, new)
     return changed if changed != line else None
+
+
+def other_token(old: str, line: str, names: set[str], vocabulary: tuple[str, ...], r: random.Random) -> str:
+    """What replaces the name or string word ``old`` of ``line``: a name respelled, or another word of
+    ``vocabulary`` not in the line, in ``old``'s case."""
+    if old in names:
+        return _respelled(old, line, r)
+    new = next(w for w in r.sample(vocabulary, len(vocabulary))
+               if w != old.lower() and not re.search(rf"\b{w}\b", line, re.IGNORECASE))
+    return new.upper() if old.isupper() and len(old) > 1 else new.title() if old[0].isupper() else new
+
+
+def token_swapped(line: str, old: str, new: str) -> str:
+    """``line`` with every whole token ``old`` replaced by ``new`` (never a string prefix's letter: f"..."'s f)."""
+    prefix = "(?![\"'])" if old.lower() in STRING_PREFIXES else ""
+    return re.sub(rf"(?<![%!\\\w]){re.escape(old)}\b{prefix}", new, line)
 
 
 # --- the stdlib's with and for headers, with their neighbouring lines ----------------------------------
