@@ -206,3 +206,76 @@ def test_a_timeout_bounds_the_trial_by_its_own_tokens_and_what_its_steps_measure
     fast = [StepRecord(step=i, loss=1.0, tokens=400, step_time_s=0.001) for i in range(1, 31)]
     measured = silent.model_copy(update={"steps": fast, "warmup_steps": 2})  # killed after a slow start
     assert job.bound(measured, recipe) == pytest.approx(400_000 / 10_000, rel=0.01)
+
+
+# -- a running trial its own reports show far slower (Effects.stop) -----------------------------------
+
+
+def test_a_running_trial_is_stopped_only_when_its_own_optimistic_end_is_below_the_bar():
+    # the incumbent measured 1.8x: the bar is 0.9x the baseline's speed. A report's ``upper`` is its
+    # optimistic end (speed/job.py: SpeedJob.windows, two spreads above what it read)
+    fast = tree_of(({"b": "b1"}, Evidence(1.8)), ({"b": "b1", "c": "c1"}, Evidence(1.8)))
+    rule = effects(fast)
+    rule.settle()
+    assert rule.stop(0.89) and "below 0.5 of the incumbent's" in rule.stop(0.89)
+    assert rule.stop(0.91) == ""  # could still be half the incumbent's speed: it runs on
+    # with the baseline the only incumbent, the bar is half its speed: a trial read at 0.45x whose
+    # optimistic end reaches 0.55x runs on; one whose end is 0.49x stops
+    alone = effects(tree_of())
+    alone.settle()
+    assert alone.stop(0.55) == "" and alone.stop(0.49)
+    assert Effects(fast, SPACE, NOISE, 0.0).stop(0.01) == ""  # the rule off: nothing stops
+
+
+@pytest.mark.parametrize(("slower", "stops"), [(0.25, True), (0.45, True), (0.52, False), (1.0, False)])
+def test_a_speed_report_at_the_edge_of_the_bar(slower, stops):
+    # SpeedJob.windows at 2% A/A noise and steady steps: a trial read at 0.45x has an optimistic end under
+    # half the baseline's speed and stops; one at 0.52x could be half as fast and runs on
+    import test_pruning
+
+    from recipetune.core.measure import StepRecord
+
+    steps = [StepRecord(step=i, loss=1.0, tokens=100, step_time_s=0.1 / slower) for i in range(1, 41)]
+    rule = effects(tree_of())
+    rule.settle()
+    assert all(bool(rule.stop(r["upper"])) == stops for r in test_pruning.speed_reports(steps))
+
+
+def test_without_a_pruner_a_speed_trial_far_slower_is_stopped_as_it_runs_and_an_equal_one_is_not(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_search_campaign import fake_guard
+
+    from recipetune.config import load_campaign
+    from recipetune.speed.job import run
+    from recipetune.speed.plan import plan
+
+    fake = Path(__file__).resolve().parent / "fixtures" / "fake_trainer.py"
+    file = tmp_path / "c.yaml"
+    file.write_text(f"""
+workload:
+  kind: command
+  argv: ["{{python}}", "{fake}", "--micro-batch=4", "--iters={{steps}}", "--out={{out_dir}}",
+         "--step-delay={{delay}}", "--tag={{tag}}"]
+  metrics: {{jsonl: "{{out_dir}}/metrics.jsonl"}}
+  knobs:
+    delay: {{default: 0.01, choices: [0.01, 0.04]}}
+    tag: {{default: a, choices: [a, b]}}
+baseline: {{delay: 0.01, tag: a}}
+run: {{steps: 40, timeout_s: 60}}
+guard: {{parity: {{steps: 40}}}}
+search:
+  strategy: grid
+  knobs: {{delay: [0.01, 0.04], tag: [a, b]}}
+  steps_per_trial: 40
+  budget: {{trials: 3}}
+""")
+    p = plan(load_campaign(file), tmp_path / "camp")
+    run(p, guard=fake_guard())
+    trials = {(r.recipe["delay"], r.recipe["tag"]): r for r in p.store.records() if r.attrs.get("ran")}
+    slow = [r for (delay, _), r in trials.items() if delay == 0.04]
+    assert slow and all(r.status == "pruned" for r in slow)  # 4x slower: stopped by the set-aside rule
+    assert all("set aside as it ran" in r.attrs["cause"] for r in slow)
+    assert all(len((Path(r.attrs["run_dir"]) / "metrics.jsonl").read_text().splitlines()) < 40 for r in slow)
+    assert trials[(0.01, "b")].status == "passed"  # as fast as the baseline: never stopped

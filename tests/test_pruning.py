@@ -404,7 +404,7 @@ def test_a_pruned_child_is_stopped_by_its_runner_and_lands_as_pruned(tiny_ft):
     c = ftp.load_finetune_campaign(file)
     out = tmp_path / "child"
     told: list[tuple[int, float]] = []
-    progress = Progress(lambda done, total: None, lambda step, value, upper: told.append((step, value)) or True)
+    progress = Progress(lambda done, total: None, lambda step, value, upper: told.append((step, value)) or "stop")
     done = threading.Event()
     watch(lambda: ft.progress_lines(out), progress, out / STOP_FILE, done, every_s=0.05)
     result = ft.run_child(str(file), [], c.space.child_file(c.baseline), str(out), 300, checkpoints=3,

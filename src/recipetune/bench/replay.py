@@ -175,7 +175,7 @@ class TableJob:
         e = self.oracle.table.baseline_entry()
         n = self.cfg.pruning.reports
         return Root(self.oracle.result(e, e.ok_runs()[0]), 1.0, noise=self.oracle.noise,
-                    curve={k: 1.0 for k in range(1, n + 1)})
+                    curve={k: 1.0 for k in range(1, n + 1)}, speed_reports=True)
 
     def check(self, recipe: Recipe) -> Checked:
         if self.oracle.entry(recipe) is None:
@@ -189,12 +189,12 @@ class TableJob:
         return self.services.executor.call(lambda: self.run(entry, progress), None)  # type: ignore[arg-type]
 
     def run(self, entry: Entry, progress: Progress) -> tuple[Entry, Measurement, int | None]:
-        """A drawn repeat; with pruning, its throughput windows go to the pruner as the speed job's
-        do (speed/job.py: windows), each the run's own rate (a table holds whole-run figures, so
+        """A drawn repeat; with pruning or the set-aside rule, its throughput windows go to them as the
+        speed job's do (speed/job.py: windows), each the run's own rate (a table holds whole-run figures, so
         no report has a spread of its own), its upper bound two A/A spreads above. A run stopped
         at window k of N cost its start and k/(N+1) of its measured steps."""
         m = self.oracle.draw(entry)
-        n = self.cfg.pruning.reports
+        n = self.cfg.speed_reports
         if not n or m.status != "ok" or not m.tokens_per_s:
             return entry, m, None
         value = m.tokens_per_s / self.oracle.base_tps

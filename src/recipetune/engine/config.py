@@ -100,7 +100,8 @@ class TreeSearchConfig(BaseModel):
     set_aside: float = Field(
         0.5, ge=0.0, lt=1.0, description="set aside, until nothing else is left, a recipe whose speed the measured "
                                          "trials predict with confidence below this share of the incumbent's "
-                                         "(engine/effects.py); 0 sets nothing aside")
+                                         "(engine/effects.py), and stop a speed trial whose own reports show it "
+                                         "below that share while it runs; 0 sets nothing aside")
     failure_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward of a rejected or failed trial")
     playbook: str | None = Field(None, description="extra analyst rules (YAML), added before the built-in ones")
     explore: Literal["model", "random"] = Field(
@@ -109,3 +110,9 @@ class TreeSearchConfig(BaseModel):
     storage: str | None = Field(None, description="SQLAlchemy URL of the study; default sqlite in the campaign folder")
     llm: LLMSettings = LLMSettings()
     pruning: Pruning = Pruning()
+
+    @property
+    def speed_reports(self) -> int:
+        """The reports a speed trial makes as it runs: for the pruner, and for the set-aside rule, which
+        stops a trial its own reports show far slower than the incumbent (engine/effects.py: Effects.stop)."""
+        return self.pruning.checkpoints if self.pruning.on or self.set_aside > 0 else 0

@@ -17,6 +17,11 @@ it was far slower than the allowance. ``SetAside`` is the typed result: the reci
 values that make it slow and the measurements that say so. The strategies (engine/strategy.py) and the
 proposers (engine/researcher.py: fresh_recipe) ask ``judge`` before a candidate is run; what was set
 aside runs only when nothing else is left (``release``).
+
+The first measurement of a far slower value cannot be predicted; it can be cut short. ``stop`` is the
+same bar on a running trial's own speed reports (speed/job.py: SpeedJob.windows, after the warm-up): a
+trial whose report's optimistic end (two spreads, its own and the baseline's A/A) is already below
+``factor`` of the incumbent's speed is stopped there, and what it measured is its evidence.
 """
 
 from __future__ import annotations
@@ -140,6 +145,9 @@ class Effects:
     pool: dict[str, Pooled] = field(default_factory=dict)
     _fit: _Fit | None = None
     _fitted_at: int = -1
+    # the incumbent's speed ``stop`` compares a running trial with: ``settle`` sets it on the loop's
+    # thread, ``stop`` reads it on the thread that watches the run (it never walks the growing tree)
+    settled: float = 1.0
 
     # the model -----------------------------------------------------------------------------------
 
@@ -285,6 +293,20 @@ class Effects:
                          if n is not None and keys & set(self.features(r)))
         return SetAside(recipe, recipe.describe_diff(base), math.exp(mean - incumbent),
                         math.exp(mean + Z * sd - incumbent), self.factor, math.exp(incumbent), values, measured)
+
+    def settle(self) -> None:
+        """The incumbent's speed as the tree now stands, for the next trial's ``stop`` (the loop calls
+        it before each launch)."""
+        self.settled = math.exp(self.incumbent())
+
+    def stop(self, upper: float) -> str:
+        """The rule on a running trial's own measurement: why to stop it, when ``upper`` (the most its
+        speed over the baseline's can be, from its reports so far) is below ``factor`` of the
+        incumbent's; "" to let it go on. Its reports are direct evidence of what ``judge`` predicts."""
+        if self.factor <= 0 or upper >= self.factor * self.settled:
+            return ""
+        return (f"set aside as it ran: at most {upper:.2g}x the baseline's speed, below {self.factor:g} of the "
+                f"incumbent's {self.settled:.2g}x")
 
     def hold(self, aside: SetAside, parent: Node, edits: dict[str, Scalar], source: str) -> None:
         """Keep a set-aside recipe for when nothing else is left (once per recipe)."""

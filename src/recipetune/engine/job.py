@@ -80,22 +80,27 @@ class Services:
 
 class Progress:
     """What a running trial tells the engine: steps done (the live view), and intermediate values
-    (``report``: True means stop it now; the job then ends the run and lands it as ``pruned``).
-    ``upper`` is the most the value could plausibly be, given its noise: a trial is stopped only when
-    the pruner says so and even that bound stays below the bar that pruner keeps the finished trials
-    (the baseline's curve among them) above at the same report: their median for ``median``
-    (engine/trials.py: Trials.prune; engine/samplers.py: pruning_bar).
-    Called from the thread that watches the run."""
+    (``report``: True means stop it now; the job then ends the run and lands it as ``pruned``, with
+    ``why``). ``upper`` is the most the value could plausibly be, given its noise: a trial is stopped
+    only when even that bound stays below a bar: the one the pruner keeps the finished trials (the
+    baseline's curve among them) above at the same report, their median for ``median``
+    (engine/trials.py: Trials.prune; engine/samplers.py: pruning_bar), or, for a speed report, the
+    set-aside rule's share of the incumbent's speed (engine/effects.py: Effects.stop).
+    ``report``'s callable answers why to stop, "" to go on. Called from the thread that watches the run."""
 
-    def __init__(self, step: Callable[[int, int], None], report: Callable[[int, float, float | None], bool]):
+    def __init__(self, step: Callable[[int, int], None], report: Callable[[int, float, float | None], str]):
         self._step, self._report = step, report
-        self.stopped = False  # a report was answered "stop": every later one is too
+        self.why = ""  # why a report was answered "stop": every later one is too
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.why)
 
     def step(self, done: int, total: int) -> None:
         self._step(done, total)
 
     def report(self, step: int, value: float, upper: float | None = None) -> bool:
-        self.stopped = self.stopped or self._report(step, value, upper)
+        self.why = self.why or self._report(step, value, upper)
         return self.stopped
 
 
@@ -116,8 +121,8 @@ def watch(reports: Callable[[], list[dict[str, Any]]], progress: Progress, stop_
     """A thread on the driver while a run goes on: each report it has made so far (``reports()``:
     dicts with ``checkpoint``, ``of``, ``value`` and optionally ``upper``, in order) goes to the
     pruner once; when the pruner says stop, ``stop_file`` (core/process.py: STOP_FILE, with the report
-    it stopped at) tells the run's runner, here or on another node, to end it. Stops when ``done``
-    is set."""
+    it stopped at and why) tells the run's runner, here or on another node, to end it. Stops when
+    ``done`` is set."""
 
     def loop() -> None:
         seen = 0
@@ -125,7 +130,7 @@ def watch(reports: Callable[[], list[dict[str, Any]]], progress: Progress, stop_
             made = reports()
             for r in made[seen:]:
                 if progress.report(int(r["checkpoint"]), float(r["value"]), r.get("upper")):
-                    write_atomic(stop_file, json.dumps(r))  # whole or not at all: the runner reads it
+                    write_atomic(stop_file, json.dumps({**r, "why": progress.why}))  # whole or not at all
                     return
             seen = len(made)
 
@@ -141,14 +146,17 @@ def watch(reports: Callable[[], list[dict[str, Any]]], progress: Progress, stop_
 class Root:
     """The baseline as the job measured it: what the Researcher reads of it, its score, the noise of
     that score (the gain a plateau must beat), its intermediate values (what the pruner compares
-    a running trial with, by report step) and ``stop``: why no trial could show a gain over it, when
-    none could (the quality job: a baseline within its noise of the metric's maximum), so none starts."""
+    a running trial with, by report step), ``stop``: why no trial could show a gain over it, when
+    none could (the quality job: a baseline within its noise of the metric's maximum), so none starts,
+    and whether its trials' reports are speed ratios (the set-aside rule stops a trial they show far
+    slower than the incumbent: engine/effects.py: Effects.stop)."""
 
     result: Any
     score: float | None
     noise: float = 0.0
     curve: dict[int, float] = field(default_factory=dict)
     stop: str = ""
+    speed_reports: bool = False  # its trials report their speed over the baseline's: the set-aside rule reads them
 
 
 @dataclass

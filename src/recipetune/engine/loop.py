@@ -77,6 +77,7 @@ class Search:
         root = self.root = self.job.start(self.services)
         self.tree = Tree(self.baseline, root.result, self.cfg.exploration, score=root.score, backup=self.cfg.backup)
         self.effects = Effects(self.tree, self.job.space, root.noise, self.cfg.set_aside)
+        self.trials.stop_slower = self.effects.stop if root.speed_reports else None
         if root.curve and self.cfg.pruning.on and root.score is not None:
             store.set_reference(root.curve, root.score)  # the pruner compares the trials with the baseline
         self.trials.rebuild(self.tree, store.records())
@@ -168,7 +169,8 @@ class Search:
 
     def launch(self, c: Candidate) -> None:
         """One candidate: in flight, a node at once (told to the strategy), or not run here."""
-        assert self.strategy is not None
+        assert self.strategy is not None and self.effects is not None
+        self.effects.settle()  # the bar its own speed reports may be stopped below
         started = self.trials.launch(self.tree, c)
         if isinstance(started, Pending):
             self.inflight[started.future] = started

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,6 +59,9 @@ class Trials:
         self.store, self.reporter = services.store, services.reporter
         self.dists = distributions(job.space, job.baseline)
         self.checked: dict[str, Checked] = {}  # the job's check, by recipe id (``check``)
+        # why a running trial's own speed report shows it far slower than the incumbent ("": it may go
+        # on); set by the loop where the job's reports are speed ratios (``prune``)
+        self.stop_slower: Callable[[float], str] | None = None
 
     def check(self, recipe: Recipe) -> Checked:
         """The job's check of ``recipe``, once per recipe in a session: a strategy couples every
@@ -173,16 +177,21 @@ class Trials:
         self.reporter.campaign(stopping.runs - in_flight, self.cfg.budget.trials, stopping.elapsed())
         return node
 
-    def prune(self, number: int, step: int, value: float, upper: float | None) -> bool:
-        """Whether a running trial stops at this report: the study's pruner says so (Optuna's, over
-        the finished trials and the baseline's curve at ``step``), and the trial cannot plausibly
-        reach what it is compared with: ``upper``, the most its value could be given its noise, is
-        below the bar that pruner keeps trials above there (the median, a percentile, a rung's top
-        share: ``pruning_bar``). Noise alone never stops a trial."""
-        if not self.store.report(number, step, value):
-            return False
+    def prune(self, number: int, step: int, value: float, upper: float | None) -> str:
+        """Why a running trial stops at this report ("" to go on). Either its own measurement shows it
+        far slower than the incumbent (``stop_slower``: the set-aside rule, engine/effects.py: Effects.stop,
+        on jobs whose reports are speed ratios), or the study's pruner says so (Optuna's, over the
+        finished trials and the baseline's curve at ``step``) and the trial cannot plausibly reach what
+        it is compared with: ``upper``, the most its value could be given its noise, is below the bar
+        that pruner keeps trials above there (the median, a percentile, a rung's top share:
+        ``pruning_bar``). Noise alone never stops a trial."""
+        pruner_says = self.store.report(number, step, value)  # every report is kept, with a pruner or without
+        if upper is not None and self.stop_slower is not None and (why := self.stop_slower(upper)):
+            return why
+        if not pruner_says:
+            return ""
         bar = pruning_bar(self.cfg.pruning, self.store.values_at(step)) if upper is not None else None
-        return upper is None or bar is None or upper < bar
+        return f"{self.cfg.pruning.pruner} pruner" if upper is None or bar is None or upper < bar else ""
 
     # reading back ------------------------------------------------------------------------------
 

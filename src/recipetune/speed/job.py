@@ -163,7 +163,7 @@ class SpeedJob:
         first = profile.runs[0] if profile.runs else None
         curve = {int(w["checkpoint"]): float(w["value"]) for w in self.windows(first.steps, len(first.steps))} \
             if first is not None and self.cfg.pruning.on else {}
-        return Root(first, 1.0, noise=profile.throughput_noise, curve=curve)
+        return Root(first, 1.0, noise=profile.throughput_noise, curve=curve, speed_reports=True)
 
     def windows(self, steps: list[StepRecord], expected: int, n_devices: int = 1) -> list[dict[str, Any]]:
         """The speed-up reports of a run so far: after the warm-up, at k/(N+1) of its measured steps
@@ -213,7 +213,7 @@ class SpeedJob:
         assert self.services is not None
         steps = plan["steps"]
         done = threading.Event()
-        if self.cfg.pruning.on:  # its throughput windows go to the pruner as it runs
+        if self.cfg.speed_reports:  # its throughput windows go to the pruner and the set-aside rule as it runs
             n_devices = self.workload.n_devices(recipe)
             watch(lambda: self.windows(self.workload.steps_so_far(recipe, steps, run_dir), steps, n_devices),
                   progress, run_dir / STOP_FILE, done)
@@ -226,8 +226,9 @@ class SpeedJob:
     def land(self, result: RunResult, recipe: Recipe, run_dir: Path) -> Landing:
         if result.status == "pruned":  # what it showed is its reward; it is no candidate for the verdict
             at = json.loads((run_dir / STOP_FILE).read_text())
-            cause = (f"pruned at window {at['checkpoint']}/{at['of']}: {at['value']:.2f}x the baseline's tokens/s "
-                     f"({self.cfg.pruning.pruner} pruner)")
+            why = at.get("why") or f"{self.cfg.pruning.pruner} pruner"
+            cause = (f"pruned at window {at['checkpoint']}/{at['of']}: {at['value']:.2f}x the baseline's "
+                     f"tokens/s ({why})")
             value = reward(at["value"], True, self.cfg.reward_span, self.cfg.failure_penalty)
             figures = SpeedFigures(run_status="pruned", pruned_at=at["checkpoint"], speedup_at_prune=at["value"])
             return Landing(Status.PRUNED, None, value, cause, figures, result, Evidence(at["value"]))
