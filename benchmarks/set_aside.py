@@ -39,8 +39,8 @@ def campaign(folder: Path) -> None:
     base = Recipe({**trials[0].user_attrs["recipe"], **{k: config["baseline"][k] for k in knobs
                                                         if k in config["baseline"]}})
     tree, space = Tree(base, None, score=1.0), SearchSpace({k: tuple(v) for k, v in knobs.items()})
-    total = slow_s = 0.0
-    slow = 0
+    total = slow_s = stopped_s = 0.0
+    slow = stopped = 0
     for t in trials:
         a, recipe = t.user_attrs, Recipe(t.user_attrs["recipe"])
         seconds = (t.datetime_complete - t.datetime_start).total_seconds()
@@ -49,14 +49,18 @@ def campaign(folder: Path) -> None:
         total += seconds
         below = (ratio is not None and ratio < 0.5) or a.get("run_status") in ("timeout", "oom")
         slow, slow_s = slow + below, slow_s + below * seconds
+        cut = a.get("status") == "pruned"  # stopped as it ran (the rule's Effects.stop, or a pruner)
+        stopped, stopped_s = stopped + cut, stopped_s + cut * seconds
         shown = "-" if ratio is None else f"{ratio:.3f}x"
         print(f"trial {t.number:2d} {shown:>8} {seconds:6.1f} s  {recipe.describe_diff(base)}"
+              + (f"  [stopped as it ran: {a.get('cause')}]" if cut else "")
               + (f"  [the rule, before it ran: {aside.line()}]" if aside else ""))
         if recipe not in tree:
             tree.add(recipe, tree.root, "passed", 0.5, score=ratio, trial=t.number,
                      evidence=Evidence(ratio) if ratio else None)
     print(f"search compute {total:.0f} s over {len(trials)} trials; measured below 0.5x: {slow} trials, "
-          f"{slow_s:.0f} s ({100 * slow_s / max(total, 1e-9):.1f}%)")
+          f"{slow_s:.0f} s ({100 * slow_s / max(total, 1e-9):.1f}%); stopped as they ran: {stopped} trials, "
+          f"{stopped_s:.0f} s")
 
 
 def common(v: dict) -> float:
@@ -75,22 +79,25 @@ def interaction(v: dict) -> float:  # math attention 0.3x without activation che
 
 
 def planted(seeds: int, budget: int) -> None:
-    print("| table | strategy | rule | trials below 0.5x (median [min-max]) | trials to within 2% (median) |")
-    print("|---|---|---|---|---|")
+    print("| table | strategy | rule | trials below 0.5x (median [min-max]) | their share of the search's "
+          "compute (median) | trials to within 2% (median) |")
+    print("|---|---|---|---|---|---|")
     for name, speed in (("far-slow", far_slow), ("interaction", interaction)):
         table = REFERENCE.planted(speed)
         best = table.best().tokens_per_s() / table.baseline_entry().tokens_per_s()
         for strategy in ("mcts-analyst", "tpe", "optuna-random", "grid"):
             for rule in (0.0, 0.5):
-                slow, reach = [], []
+                slow, share, reach = [], [], []
                 for seed in range(seeds):
                     trials = replay(table, strategy, budget, seed, set_aside=rule)
                     slow.append(sum(t.true < 0.5 for t in trials.trials))
+                    spent = sum(t.cost_s for t in trials.trials)
+                    share.append(sum(t.cost_s for t in trials.trials if t.true < 0.5) / max(spent, 1e-9))
                     reach.append(trials.to_reach(0.98 * best)[0])
                 reached = sorted(r for r in reach if r is not None)
                 shown = f"{statistics.median(reached):g} ({len(reached)}/{seeds} reached)" if reached else "never"
                 print(f"| {name} | {strategy} | {'on' if rule else 'off'} | {statistics.median(slow):g} "
-                      f"[{min(slow)}-{max(slow)}] | {shown} |", flush=True)
+                      f"[{min(slow)}-{max(slow)}] | {100 * statistics.median(share):.0f}% | {shown} |", flush=True)
 
 
 def main() -> None:

@@ -280,6 +280,9 @@ def test_mcts_campaign_searches_stores_and_approves(tmp_path, monkeypatch):
     assert outcome.winner is outcome.tree.best() or outcome.winner.score <= outcome.tree.best().score
     verdict = json.loads((store.folder / "verdict.json").read_text())
     assert verdict["decision"] == "APPROVED" and verdict["recipe_id"] == outcome.winner.id
+    # and the campaign's: the share of its run compute the proof took, by part (speed/spent.py)
+    assert verdict["compute"]["search"]["runs"] == 6 and 0 < verdict["compute"]["proof_share"] < 1
+    assert any(r.startswith("proof took ") and "the search 6 runs" in r for r in outcome.reasons)
     assert (store.folder / "baseline_profile.json").exists() and (store.folder / "verdicts.json").exists()
     approved = yaml.safe_load(outcome.approved_file.read_text())
     assert approved["baseline"] == dict(outcome.winner.recipe)

@@ -24,6 +24,7 @@ from recipetune.core.words import Decision
 from recipetune.engine.job import APPROVED_FILE, Finished, Outcome, Services, conclude
 from recipetune.engine.tree import Node
 from recipetune.guard.verdict import cost_text
+from recipetune.speed.spent import spent
 from recipetune.workloads.base import tokens_per_step
 
 if TYPE_CHECKING:
@@ -118,7 +119,11 @@ def _spent(verdict: Verdict) -> str:
 
 
 def _conclude(campaign: Campaign, services: Services, outcome: Outcome) -> Outcome:
-    baseline = campaign.baseline
+    """The decision, with what the campaign spent and the share of it that proof took (speed/spent.py)."""
+    baseline, cost = campaign.baseline, spent(services.store.folder)
+    services.reporter.phase(cost.text())
+    outcome.reasons.append(cost.text())
+    outcome.record["compute"] = cost.record()
     return conclude(services.store, "speed", baseline, outcome, lambda r: r.describe_diff(baseline))
 
 
