@@ -242,40 +242,11 @@ def test_a_speed_report_at_the_edge_of_the_bar(slower, stops):
 
 
 def test_without_a_pruner_a_speed_trial_far_slower_is_stopped_as_it_runs_and_an_equal_one_is_not(tmp_path):
-    import sys
+    from test_pruning import delay_trials, steps_run
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_search_campaign import fake_guard
-
-    from recipetune.config import load_campaign
-    from recipetune.speed.job import run
-    from recipetune.speed.plan import plan
-
-    fake = Path(__file__).resolve().parent / "fixtures" / "fake_trainer.py"
-    file = tmp_path / "c.yaml"
-    file.write_text(f"""
-workload:
-  kind: command
-  argv: ["{{python}}", "{fake}", "--micro-batch=4", "--iters={{steps}}", "--out={{out_dir}}",
-         "--step-delay={{delay}}", "--tag={{tag}}"]
-  metrics: {{jsonl: "{{out_dir}}/metrics.jsonl"}}
-  knobs:
-    delay: {{default: 0.01, choices: [0.01, 0.04]}}
-    tag: {{default: a, choices: [a, b]}}
-baseline: {{delay: 0.01, tag: a}}
-run: {{steps: 40, timeout_s: 60}}
-guard: {{parity: {{steps: 40}}}}
-search:
-  strategy: grid
-  knobs: {{delay: [0.01, 0.04], tag: [a, b]}}
-  steps_per_trial: 40
-  budget: {{trials: 3}}
-""")
-    p = plan(load_campaign(file), tmp_path / "camp")
-    run(p, guard=fake_guard())
-    trials = {(r.recipe["delay"], r.recipe["tag"]): r for r in p.store.records() if r.attrs.get("ran")}
+    trials = delay_trials(tmp_path, "")  # the defaults: no pruner, search.set_aside 0.5
     slow = [r for (delay, _), r in trials.items() if delay == 0.04]
     assert slow and all(r.status == "pruned" for r in slow)  # 4x slower: stopped by the set-aside rule
     assert all("set aside as it ran" in r.attrs["cause"] for r in slow)
-    assert all(len((Path(r.attrs["run_dir"]) / "metrics.jsonl").read_text().splitlines()) < 40 for r in slow)
+    assert all(steps_run(r) < 40 for r in slow)
     assert trials[(0.01, "b")].status == "passed"  # as fast as the baseline: never stopped

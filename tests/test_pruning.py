@@ -443,7 +443,10 @@ def test_the_hf_route_reports_its_checkpoints_too(tmp_path, monkeypatch):
 FAKE = Path(__file__).resolve().parent / "fixtures" / "fake_trainer.py"
 
 
-def test_a_trial_clearly_slower_than_the_baseline_is_stopped_and_an_equal_one_runs_on(tmp_path):
+def delay_trials(tmp_path: Path, search: str) -> dict[tuple[float, str], Any]:
+    """A speed campaign on the fake command trainer: the baseline, an equal recipe (tag b) and two 4x slower
+    ones (delay 0.04), 40 steps each; ``search``: more lines of its search section. Its trials that ran,
+    by (delay, tag)."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -471,18 +474,26 @@ search:
   knobs: {{delay: [0.01, 0.04], tag: [a, b]}}
   steps_per_trial: 40
   budget: {{trials: 3}}
-  pruning: {{pruner: median, startup_trials: 1, checkpoints: 3}}
+  {search}
 """)
-    camp = load_campaign(file)
-    p = plan(camp, tmp_path / "camp")
+    p = plan(load_campaign(file), tmp_path / "camp")
     run(p, guard=fake_guard())
-    trials = {(r.recipe["delay"], r.recipe["tag"]): r for r in p.store.records() if r.attrs.get("ran")}
+    return {(r.recipe["delay"], r.recipe["tag"]): r for r in p.store.records() if r.attrs.get("ran")}
+
+
+def steps_run(record: Any) -> int:
+    return len((Path(record.attrs["run_dir"]) / "metrics.jsonl").read_text().splitlines())
+
+
+def test_a_trial_clearly_slower_than_the_baseline_is_stopped_and_an_equal_one_runs_on(tmp_path):
+    # the pruner alone (the set-aside rule, which would stop these too, off)
+    trials = delay_trials(tmp_path, "pruning: {pruner: median, startup_trials: 1, checkpoints: 3}\n  set_aside: 0")
     slow = [r for (delay, _), r in trials.items() if delay == 0.04]
     assert slow and all(r.status == "pruned" and r.state == "PRUNED" for r in slow)
-    assert all(r.attrs["cause"].startswith("pruned at window 1/3:") for r in slow)
+    assert all(r.attrs["cause"].startswith("pruned at window 1/3:") and "(median pruner)" in r.attrs["cause"]
+               for r in slow)
     assert trials[(0.01, "b")].status == "passed"  # the same speed as the baseline: never stopped
-    steps_run = [len((Path(r.attrs["run_dir"]) / "metrics.jsonl").read_text().splitlines()) for r in slow]
-    assert all(n < 40 for n in steps_run)  # stopped before its end: the point of pruning
+    assert all(steps_run(r) < 40 for r in slow)  # stopped before its end: the point of pruning
 
 
 def speed_reports(steps: list) -> list[dict]:
