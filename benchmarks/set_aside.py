@@ -3,7 +3,8 @@
     python benchmarks/set_aside.py campaign FOLDER      a tune campaign's search compute, the share of it on
                                                         trials measured below 0.5x, and what the rule says of
                                                         each trial given the trials before it
-    python benchmarks/set_aside.py planted [--seeds N]  replays on the reference table's space with a planted
+    python benchmarks/set_aside.py planted [--seeds N] [--tables ...] [--strategies ...]
+                                                        replays on the reference table's space with a planted
                                                         far-slow value and a planted interaction, the rule
                                                         off (set_aside 0) and on (0.5)
 """
@@ -78,14 +79,18 @@ def interaction(v: dict) -> float:  # math attention 0.3x without activation che
                         if v["attention"] == "math" else 1.0)
 
 
-def planted(seeds: int, budget: int) -> None:
+TABLES = {"far-slow": far_slow, "interaction": interaction}
+STRATEGIES = ("mcts-analyst", "tpe", "optuna-random", "grid")
+
+
+def planted(seeds: int, budget: int, tables: list[str], strategies: list[str]) -> None:
     print("| table | strategy | rule | trials below 0.5x (median [min-max]) | their share of the search's "
           "compute (median) | trials to within 2% (median) |")
     print("|---|---|---|---|---|---|")
-    for name, speed in (("far-slow", far_slow), ("interaction", interaction)):
-        table = REFERENCE.planted(speed)
+    for name in tables:
+        table = REFERENCE.planted(TABLES[name])
         best = table.best().tokens_per_s() / table.baseline_entry().tokens_per_s()
-        for strategy in ("mcts-analyst", "tpe", "optuna-random", "grid"):
+        for strategy in strategies:
             for rule in (0.0, 0.5):
                 slow, share, reach = [], [], []
                 for seed in range(seeds):
@@ -108,11 +113,13 @@ def main() -> None:
     p = sub.add_parser("planted")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--budget", type=int, default=20)
+    p.add_argument("--tables", nargs="+", choices=list(TABLES), default=list(TABLES))
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     args = parser.parse_args()
     if args.what == "campaign":
         campaign(args.folder)
     else:
-        planted(args.seeds, args.budget)
+        planted(args.seeds, args.budget, args.tables, args.strategies)
 
 
 if __name__ == "__main__":
