@@ -62,7 +62,7 @@ class Spent:
 
 def part(folder: Path, ran_in: Path) -> str:
     """What a run in ``ran_in`` (a folder inside the campaign's ``folder``) was for."""
-    rel = ran_in.resolve().relative_to(folder.resolve()).parts
+    rel = ran_in.resolve().relative_to(folder.resolve()).parts or ("",)
     if rel[0] == "trials":
         return "search"
     if rel[0] == BASELINE:
