@@ -25,7 +25,7 @@ def test_tiny_campaign_smoke(tmp_path):
     res = CliRunner().invoke(app, ["tune", str(EXAMPLES / "tiny-campaign.yaml"), *SMALL, "--budget", "3",
                                    "--out", str(out)])
     assert res.exit_code == 0, res.output
-    recs = [r for r in CampaignStore(out).records() if r.status in ("passed", "rejected", "failed")]
+    recs = [r for r in CampaignStore(out).records() if r.status in ("passed", "rejected", "failed", "pruned")]
     assert len(recs) == 3 and len({r.attrs["recipe_id"] for r in recs}) == 3
     assert all(r.attrs["proposer"] == "analyst" for r in recs)
     # From micro-batches of 1 with memory to spare, the analyst's first idea is to stop accumulating.

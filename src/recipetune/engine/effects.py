@@ -21,7 +21,8 @@ aside runs only when nothing else is left (``release``).
 The first measurement of a far slower value cannot be predicted; it can be cut short. ``stop`` is the
 same bar on a running trial's own speed reports (speed/job.py: SpeedJob.windows, after the warm-up): a
 trial whose report's optimistic end (two spreads, its own and the baseline's A/A) is already below
-``factor`` of the incumbent's speed is stopped there, and what it measured is its evidence.
+``factor`` of the incumbent's speed (the pessimistic end of its estimate) is stopped there, and what it
+measured is its evidence.
 """
 
 from __future__ import annotations
@@ -296,8 +297,19 @@ class Effects:
 
     def settle(self) -> None:
         """The incumbent's speed as the tree now stands, for the next trial's ``stop`` (the loop calls
-        it before each launch)."""
-        self.settled = math.exp(self.incumbent())
+        it before each launch): the pessimistic end of its estimate (``Z`` standard deviations below),
+        the baseline's at least. A running trial is stopped on its own reading alone, so the bar it
+        is held to must not stand on one lucky draw of the incumbent's."""
+        fit = self.fit()
+        if fit is None:
+            self.settled = 1.0
+            return
+        lows = []
+        for n in self.tree:
+            if n.status == Status.PASSED and n.score is not None:
+                x, _ = self.vector(n.recipe, fit)
+                lows.append(float(x @ fit.beta) - Z * math.sqrt(max(float(x @ fit.cov @ x), 0.0)))
+        self.settled = math.exp(max([0.0, *lows]))
 
     def stop(self, upper: float) -> str:
         """The rule on a running trial's own measurement: why to stop it, when ``upper`` (the most its
