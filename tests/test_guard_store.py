@@ -232,9 +232,14 @@ def test_two_verifies_at_once_train_each_run_once_and_both_decide_as_one_alone(t
     log.unlink()
     pair = [verify(f"both-{k}", tmp_path / "store") for k in (1, 2)]
     outs = [p.communicate(timeout=600) for p in pair]
-    assert [p.returncode for p in pair] == [alone.returncode] * 2, [o[1][-2000:] for o in outs]
     docs = [json.loads(o[0]) for o in outs]
-    assert all(d["decision"] == json.loads(alone_out)["decision"] for d in docs)
+    first = json.loads(alone_out)
+    # the same proof of parity as alone, from the same runs; the speed pairs are measured by both at once on
+    # the shared cores, so a busy machine may leave one short of telling (KEEP BASELINE), never the other way
+    assert all((d["parity"]["outcome"], d["stop"]) == (first["parity"]["outcome"], first["stop"]) for d in docs)
+    assert all(d["decision"] in (first["decision"], "KEEP BASELINE") for d in docs), [o[1][-2000:] for o in outs]
+    assert all(p.returncode == (alone.returncode if d["decision"] == first["decision"] else 3)
+               for p, d in zip(pair, docs, strict=True))
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     stored = [r for r in runs if "/speed/" not in r["out"]]  # the speed pairs are measured by each verdict
     assert len(stored) == len(trained_alone) == 6  # the profile's 3 and the candidate's 3, once
