@@ -263,9 +263,18 @@ class Effects:
         if fit is None:
             return 0.0
         if fit.incumbent is None:
-            fit.incumbent = max([0.0, *(float(self.vector(n.recipe, fit)[0] @ fit.beta) for n in self.tree
-                                        if n.status == Status.PASSED and n.score is not None)])
+            fit.incumbent = self.best_passed(fit, 0.0)
         return fit.incumbent
+
+    def best_passed(self, fit: _Fit, below: float) -> float:
+        """The best passed recipe's log speed ratio as ``fit`` estimates it, ``below`` standard
+        deviations under each one's mean; the baseline's 0 at least."""
+        ends = []
+        for n in self.tree:
+            if n.status == Status.PASSED and n.score is not None:
+                x, _ = self.vector(n.recipe, fit)
+                ends.append(float(x @ fit.beta) - below * math.sqrt(max(float(x @ fit.cov @ x), 0.0)))
+        return max([0.0, *ends])
 
     # the rule ------------------------------------------------------------------------------------
 
@@ -301,15 +310,7 @@ class Effects:
         the baseline's at least. A running trial is stopped on its own reading alone, so the bar it
         is held to must not stand on one lucky draw of the incumbent's."""
         fit = self.fit()
-        if fit is None:
-            self.settled = 1.0
-            return
-        lows = []
-        for n in self.tree:
-            if n.status == Status.PASSED and n.score is not None:
-                x, _ = self.vector(n.recipe, fit)
-                lows.append(float(x @ fit.beta) - Z * math.sqrt(max(float(x @ fit.cov @ x), 0.0)))
-        self.settled = math.exp(max([0.0, *lows]))
+        self.settled = 1.0 if fit is None else math.exp(self.best_passed(fit, Z))
 
     def stop(self, upper: float) -> str:
         """The rule on a running trial's own measurement: why to stop it, when ``upper`` (the most its
