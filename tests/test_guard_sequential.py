@@ -21,7 +21,15 @@ import math
 import numpy as np
 import pytest
 
-from recipetune.core.sequential import GainDesign, Spending, boundaries, predictive_power, seeds_needed, spent
+from recipetune.core.sequential import (
+    GainDesign,
+    SeparateLooks,
+    Spending,
+    boundaries,
+    predictive_power,
+    seeds_needed,
+    spent,
+)
 from recipetune.core.stats import norm_isf, proportion_ci, quantile
 from recipetune.guard.sequential import Pairs, SeedDesign
 
@@ -51,6 +59,17 @@ def test_spending_spends_the_first_share_first_and_all_of_alpha_by_the_last_look
     levels = [pocock.look(n, n / 12, n == 12) for n in (3, 6, 12)]
     assert levels[1] > mid  # Pocock spends more in the middle
     assert s.later == pytest.approx(0.8 * ALPHA)  # what the looks after the first may spend
+
+
+def test_separate_looks_spend_the_first_share_first_and_split_the_rest_evenly_within_alpha():
+    # The steps design's looks are separate runs: their levels add up (Bonferroni) to alpha at most, the
+    # first its fixed share whatever the later looks are.
+    split = SeparateLooks(0.05, 0.2)
+    assert split.looks == 3
+    assert split.at_first == pytest.approx(0.01)
+    assert split.at_later == pytest.approx(0.02)
+    assert split.at_first + (split.looks - 1) * split.at_later == pytest.approx(0.05)
+    assert SeparateLooks(0.05, 0.2, later=4).at_later == pytest.approx(0.01)
 
 
 def test_the_seeds_design_sizes_its_first_plan_at_alpha_and_later_ones_at_what_the_later_looks_spend():

@@ -133,6 +133,34 @@ class Spending:
         return self.alpha * (1.0 - self.first)
 
 
+@dataclass(frozen=True)
+class SeparateLooks:
+    """The level of looks that are separate runs, not a growing sample (the steps design: each longer look
+    trains a new pair, so no look's statistic holds another's evidence and ``Spending``'s boundaries do not
+    apply): Bonferroni. The first look spends ``first`` of alpha, fixed before any candidate runs; each of at
+    most ``later`` looks after it an equal share of the rest; whatever the looks show, the chance that any of
+    them errs is at most alpha."""
+
+    alpha: float
+    first: float
+    later: int = 2
+
+    @property
+    def at_first(self) -> float:
+        """The first look's one-sided level."""
+        return self.alpha * self.first
+
+    @property
+    def at_later(self) -> float:
+        """Each later look's one-sided level: the rest of alpha over the later looks."""
+        return self.alpha * (1.0 - self.first) / self.later
+
+    @property
+    def looks(self) -> int:
+        """The most looks the split allows: the first and the later ones."""
+        return 1 + self.later
+
+
 def seeds_needed(sigma: float, tolerance: float, level: float, power: float, start: int, cap: int,
                  two_sided: bool = True, pilot: int = 0) -> int:
     """The fewest pairs n (at least ``start``, at most ``cap``) whose mean difference, with per-pair

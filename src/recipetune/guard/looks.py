@@ -18,8 +18,9 @@ look, and says what it expects to spend:
   One candidate run at the profile's length; if it cannot tell, pairs up to the length the plan says
   resolves T (at most ``parity.max_steps_factor`` times), one at the geometric middle first when that
   length is 4x or more (an effect that fades with training still shows there), the rest of alpha
-  split between them (Bonferroni: the looks are separate runs, not a growing sample); a look whose
-  longest allowed pair would most likely not tell stops for futility (guard/looks_steps.py).
+  split between them (core/sequential.py: SeparateLooks, Bonferroni: the looks are separate runs, not a
+  growing sample); a look whose longest allowed pair would most likely not tell stops for futility
+  (guard/looks_steps.py).
 
 This module holds ``gather`` and the seeds design; guard/look.py what every look shares. Every run of
 a look goes to the executor at once (guard/runs.py), stored and reused by key;

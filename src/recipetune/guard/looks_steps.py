@@ -2,8 +2,9 @@
 knob, a constant seed inside; also repeats that differ by float noise only) adds evidence only with longer
 runs. One candidate run at the profile's length; if it cannot tell, pairs up to the length the plan says
 resolves T (at most ``parity.max_steps_factor`` times), one at the geometric middle first when that length
-is 4x or more, the rest of alpha split between them (Bonferroni); a look whose longest allowed pair would
-most likely not tell stops for futility, and a proof too long says what would shorten it."""
+is 4x or more, the rest of alpha split between them (core/sequential.py: ``SeparateLooks``, Bonferroni); a
+look whose longest allowed pair would most likely not tell stops for futility, and a proof too long says
+what would shorten it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 import time
 
 from recipetune.core.fmt import fmt_duration
-from recipetune.core.sequential import factor_needed, predictive_power
+from recipetune.core.sequential import SeparateLooks, factor_needed, predictive_power
 from recipetune.core.stats import paired, quantile
 from recipetune.core.words import LooksStop, ParityOutcome
 from recipetune.guard.look import Gathered, Looking, Stop, Wanted, grows, look_line, not_shown, stopped
@@ -31,34 +32,35 @@ def by_steps(v: Looking) -> Gathered:
     training still shows there, and a difference shown beyond noise at any longer look blocks approval
     at every later one (parity.py: the fade rule)."""
     p = v.settings.parity
-    first, rest = p.alpha * p.first_look, p.alpha * (1.0 - p.first_look)
+    split = _split(v)
     name = "repeat-0" if v.seed(0) is None else f"seed-{v.seed(0)}"
     _say_steps_plan(v)
     got = v.gather([Wanted("candidate", 0, v.candidate, v.cand_steps, v.out_dir / "parity" / name)], 1)
     if isinstance(got, str):
         return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, 1, LooksStop.FAILED)
     m = measure(v.profile, list(got.values()), p, v.equal_tokens, v.profile.runs[:1])
-    ev = judge(m, p, first)
-    line = look_line(1, "1x the steps", first, ev)
+    ev = judge(m, p, split.at_first)
+    line = look_line(1, "1x the steps", split.at_first, ev)
     factor, look, planned, plan = 1.0, 1, 1, 0.0
     while True:
         ended = _steps_ended(v, m, ev, line, factor, planned)
         if ended is not None:
             return ended
-        need, what = _steps_need(v, m, factor, rest)
+        need, what = _steps_need(v, m, factor, split.at_later)
         # The plan never shrinks (as the seeds' plan): the first look's error sized it, and a middle look
         # that reads smaller by chance would otherwise end the looks short of it, at a last look too short
         # to show the difference within T.
         own = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
         target = max(plan, own)
         plan = target
-        if look < 3 and target > factor and (futile := _steps_futile(v, m, ev, line, factor, what)) is not None:
+        futile = _steps_futile(v, m, ev, line, factor, what) if look < split.looks and target > factor else None
+        if futile is not None:
             stopped(v, ev, futile)
             return _steps_gathered(v, ev, planned, LooksStop.FUTILITY, factor)
-        if look == 3 or target <= factor:
+        if look == split.looks or target <= factor:
             v.say(line)
             ev.reasons.append(f"after {look} look(s): {what} (guard.parity.max_steps_factor {p.max_steps_factor})")
-            return _steps_gathered(v, ev, planned, LooksStop.PLAN if look == 3 else LooksStop.BUDGET, factor)
+            return _steps_gathered(v, ev, planned, LooksStop.PLAN if look == split.looks else LooksStop.BUDGET, factor)
         # From the profile's length, a pair between when the plan is 4x or more (geometric middle).
         nxt = float(math.ceil(math.sqrt(target))) if look == 1 and target >= 4 else target
         cost = v.cost(v.baseline, round(v.profile.steps * nxt)) + v.cost(v.candidate, round(v.cand_steps * nxt))
@@ -76,8 +78,13 @@ def by_steps(v: Looking) -> Gathered:
         if isinstance(got, str):
             return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, planned, LooksStop.FAILED)
         m = measure(v.profile, [got["candidate", 0]], p, v.equal_tokens, [got["baseline", 0]])
-        ev = judge(m, p, rest / 2, longer=factor)
-        line = look_line(look, f"{factor:g}x the steps", rest / 2, ev)
+        ev = judge(m, p, split.at_later, longer=factor)
+        line = look_line(look, f"{factor:g}x the steps", split.at_later, ev)
+
+
+def _split(v: Looking) -> SeparateLooks:
+    """The steps' looks are separate pairs of runs: the first at the profile's length, at most two longer."""
+    return SeparateLooks(v.settings.parity.alpha, v.settings.parity.first_look)
 
 
 def _say_steps_plan(v: Looking) -> None:
@@ -96,7 +103,7 @@ def _steps_forecast(v: Looking) -> str:
     the runs must grow until that resolves T (``factor_needed``)."""
     p = v.settings.parity
     se = math.sqrt(2.0) * v.profile.loss_reference
-    need = factor_needed(se, v.profile.loss_tolerance, p.alpha * (1.0 - p.first_look) / 2, p.power)
+    need = factor_needed(se, v.profile.loss_tolerance, _split(v).at_later, p.power)
     if need <= 1.0:
         return f"the first run is expected to decide (~{fmt_duration(v.seconds(1))})"
     last = float(min(p.max_steps_factor, max(2, math.ceil(need))))
@@ -131,14 +138,14 @@ def _steps_ended(v: Looking, m: Measurements, ev: ParityEvidence, line: str, fac
     return None
 
 
-def _steps_need(v: Looking, m: Measurements, factor: float, rest: float) -> tuple[float, str]:
+def _steps_need(v: Looking, m: Measurements, factor: float, level: float) -> tuple[float, str]:
     """How long the runs must be: as long as T needs at this look's error (it shrinks as 1 / sqrt(tokens));
     or, when the runs logged too few losses to have an error, long enough to have one."""
     p = v.settings.parity
     if m.samples:
         x = m.samples[0]
         se = paired([c - b for b, c in zip(x.baseline_finals, x.candidate_finals, strict=True)], x.ses, False).se
-        need = factor * factor_needed(se, x.tolerance, rest / 2, p.power, m.two_sided)
+        need = factor * factor_needed(se, x.tolerance, level, p.power, m.two_sided)
         return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would resolve T{_advice(v, m, need)}"
     need = factor * MIN_TAIL / max(1, m.tail_records)
     return need, f"runs of about {math.ceil(need * v.profile.steps)} steps would log enough losses to tell"
@@ -175,7 +182,7 @@ def _steps_futile(v: Looking, m: Measurements, ev: ParityEvidence, line: str, fa
     """Why the looks end where the longest pair they may run would most likely not tell (``_steps_chance``
     below parity.futility); None where it likely would."""
     p = v.settings.parity
-    chance = _steps_chance(m, factor, p.alpha * (1.0 - p.first_look) / 2, p.max_steps_factor)
+    chance = _steps_chance(m, factor, _split(v).at_later, p.max_steps_factor)
     if chance is None or chance >= p.futility:
         return None
     pct, cap, level = f"{100 * chance:.0f}%", f"{p.max_steps_factor}x", f"{100 * p.futility:.0f}%"
