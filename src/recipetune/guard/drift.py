@@ -155,6 +155,12 @@ class Noise:
     tau: float  # integrated autocorrelation time of one run's logged loss, in logged points
     block_points: int  # B, logged points per block
 
+    def tail_spread(self, tail_points: float) -> float:
+        """The spread of one run's mean over a tail of ``tail_points`` logged points, as the parity verdict
+        measures a loss (guard/loss.py: the seed-to-seed spread of that mean, where repeats give one): the
+        run's level offset, and its block noise averaged over the tail's blocks (B points a block)."""
+        return math.sqrt(self.offset**2 + self.block**2 * self.block_points / tail_points)
+
 
 def curve_tau(curves: Sequence[np.ndarray], chunk: int = 400) -> float:
     """The integrated autocorrelation time of one run's logged loss about its trend, in logged points,

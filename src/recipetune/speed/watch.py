@@ -96,7 +96,7 @@ class Session:
         if tol is None:  # T as the verdict would set it (parity.margin, or tolerance x sigma): sigma the seed
             first = self._plan(curves, run, sigma_m, dof, alpha)  # spread of a tail's mean, measured here
             n, tail_points = first.noise, max(1.0, parity.tail * parity.steps / first.interval)
-            tol = tolerance_of(math.sqrt(n.offset**2 + n.block**2 * n.block_points / tail_points), parity)
+            tol = tolerance_of(n.tail_spread(tail_points), parity)
         return Monitor(self._plan(curves, run, sigma_m, dof, alpha, tol / parity.steps), tol, measure)
 
     def _plan(self, curves: list[drift.Curve], run: drift.Curve, sigma_m: float | None,
