@@ -68,18 +68,29 @@ def by_steps(v: Looking) -> Gathered:
         if (over := _steps_over_budget(v, ev, line, nxt, cost, what)) is not None:
             stopped(v, ev, over)
             return _steps_gathered(v, ev, planned, LooksStop.BUDGET, factor)
-        kept = f" (kept: this look alone says {own:g}x)" if own < target else ""
-        v.say(f"{line}; plan: {target:g}x the steps{kept}, the next pair at {nxt:g}x "
-              f"({round(v.cand_steps * nxt)} steps, ~{fmt_duration(v.seconds(cost))})")
-        look, factor, sub = look + 1, nxt, f"x{nxt:g}"
-        longer = [Wanted("baseline", 0, v.baseline, round(v.profile.steps * nxt), v.out_dir / "baseline" / sub / name),
-                  Wanted("candidate", 0, v.candidate, round(v.cand_steps * nxt), v.out_dir / "parity" / sub / name)]
-        got = v.gather(longer, look)
+        v.say(_plan_line(v, line, target, own, nxt, cost))
+        look, factor = look + 1, nxt
+        got = v.gather(_longer_pair(v, nxt, name), look)
         if isinstance(got, str):
             return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, planned, LooksStop.FAILED)
         m = measure(v.profile, [got["candidate", 0]], p, v.equal_tokens, [got["baseline", 0]])
         ev = judge(m, p, split.at_later, longer=factor)
         line = look_line(look, f"{factor:g}x the steps", split.at_later, ev)
+
+
+def _plan_line(v: Looking, line: str, target: float, own: float, nxt: float, cost: float) -> str:
+    """The look's line with the plan it leaves: the length T needs (kept where this look alone says less)
+    and the next pair's length and expected time."""
+    kept = f" (kept: this look alone says {own:g}x)" if own < target else ""
+    return (f"{line}; plan: {target:g}x the steps{kept}, the next pair at {nxt:g}x "
+            f"({round(v.cand_steps * nxt)} steps, ~{fmt_duration(v.seconds(cost))})")
+
+
+def _longer_pair(v: Looking, factor: float, name: str) -> list[Wanted]:
+    """The baseline and the candidate at ``factor`` times the profile's length, side by side."""
+    sub = f"x{factor:g}"
+    return [Wanted("baseline", 0, v.baseline, round(v.profile.steps * factor), v.out_dir / "baseline" / sub / name),
+            Wanted("candidate", 0, v.candidate, round(v.cand_steps * factor), v.out_dir / "parity" / sub / name)]
 
 
 def _split(v: Looking) -> SeparateLooks:

@@ -173,9 +173,7 @@ def measure_speed(
             runs += more
             pairs, aa, choice = measured(runs)
         if failure:
-            return SpeedEvidence(pairs=pairs, speedup=None, ci_low=None, ci_high=None, confidence=sp.confidence,
-                                 ci_method="", noise_margin=0.0, noise_source="", aa_log_ratios=[], faster=False,
-                                 failure=failure, notes=notes)
+            return _failed(pairs, failure, sp.confidence, notes)
         final = k == len(plan) - 1
         level = spending.look(n, n / plan[-1], final) if len(plan) > 1 else one_sided
         prior = prior_aa
@@ -184,17 +182,29 @@ def measure_speed(
         evidence = _judge(pairs, aa, prior, settings, 1 - 2 * level, notes)
         evidence.timed_by, evidence.clock = ("guard" if choice.guard else "trainer"), choice.note
         if len(plan) > 1:
-            verdict = ("clears the margin" if evidence.faster else "lies below the margin"
-                       if (evidence.ci_high or 0) < 1 + evidence.noise_margin else "cannot tell yet")
-            notes.append(f"speed look {k + 1}/{len(plan)} ({n} pairs, {100 * (1 - 2 * level):.2f}% interval): "
-                         f"{evidence.speedup:.3f}x [{evidence.ci_low:.3f}, {evidence.ci_high:.3f}], margin "
-                         f"{100 * evidence.noise_margin:.1f}%: {verdict}")
+            notes.append(_look_line(k, len(plan), n, level, evidence))
             if progress:
                 progress(Note(notes[-1]))
         decided = evidence.busy or evidence.faster or (evidence.ci_high or 0) < 1 + evidence.noise_margin
         if final or decided:
             return evidence
     raise AssertionError("unreachable: the last look returns")
+
+
+def _failed(pairs: list[Pair], failure: str, confidence: float, notes: list[str]) -> SpeedEvidence:
+    """The evidence of pairs a failed run cut short: no speed-up, the failure said."""
+    return SpeedEvidence(pairs=pairs, speedup=None, ci_low=None, ci_high=None, confidence=confidence,
+                         ci_method="", noise_margin=0.0, noise_source="", aa_log_ratios=[], faster=False,
+                         failure=failure, notes=notes)
+
+
+def _look_line(k: int, looks: int, n: int, level: float, evidence: SpeedEvidence) -> str:
+    """What look ``k`` (of ``looks``) at ``n`` pairs showed, tested at the one-sided ``level``."""
+    verdict = ("clears the margin" if evidence.faster else "lies below the margin"
+               if (evidence.ci_high or 0) < 1 + evidence.noise_margin else "cannot tell yet")
+    return (f"speed look {k + 1}/{looks} ({n} pairs, {100 * (1 - 2 * level):.2f}% interval): "
+            f"{evidence.speedup:.3f}x [{evidence.ci_low:.3f}, {evidence.ci_high:.3f}], margin "
+            f"{100 * evidence.noise_margin:.1f}%: {verdict}")
 
 
 def _judge(pairs: list[Pair], aa: list[float], prior_aa: list[float] | None, settings: GuardConfig,
