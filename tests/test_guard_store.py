@@ -69,7 +69,10 @@ def test_a_changed_model_file_trains_again_and_the_verdict_names_it(tmp_path):
     store = tmp_path / "store"
     args = ["verify", str(camp), str(camp), "micro_batch=8", "--runs", str(store), "--json"]
     first = runner.invoke(app, [*args, "--out", str(tmp_path / "v1")])
-    assert first.exit_code == 0, first.output  # replays the batches; faster by its modelled step time
+    # Parity is what the runs store keeps: it holds (the candidate replays the baseline's batches). Speed is
+    # measured on the shared cores, so a busy machine may keep the baseline for timing (exit 3); never reject.
+    assert first.exit_code in (0, 3), first.output
+    assert json.loads(first.stdout)["parity"]["outcome"] == "holds", first.output
     again = json.loads(runner.invoke(app, [*args, "--out", str(tmp_path / "v2")]).stdout)
     assert again["cost"]["parity_runs"] == 0 and again["cost"]["parity_reused"] == 6  # profile 3, candidate 3
     edit_lr(tmp_path / "nano", 0.08)  # model.py, imported by train.py; the command line is unchanged

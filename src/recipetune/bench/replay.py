@@ -39,7 +39,7 @@ from recipetune.engine.loop import Search, run_search
 from recipetune.engine.plan import make_proposer
 from recipetune.engine.record import Evidence, Figures, failure_evidence
 from recipetune.engine.researcher import Explore, Proposal
-from recipetune.engine.samplers import FeasibleSampler, distributions, make_sampler
+from recipetune.engine.samplers import FeasibleSampler, distributions, make_pruner, make_sampler
 from recipetune.engine.status import Status
 from recipetune.engine.store import CampaignStore
 from recipetune.engine.strategy import Candidate, Strategy, Wait
@@ -370,7 +370,9 @@ def run_replay(oracle: Oracle, strategy: str, budget: int, seed: int, folder: Pa
                            **({} if set_aside is None else {"set_aside": set_aside}))
     job = TableJob(oracle, cfg)
     job.trajectory = Trajectory(strategy, seed)
-    store = CampaignStore(folder, None, sampler_for(strategy, oracle, seed))
+    # the pruner a campaign of these settings makes (its startup trials, the baseline's curve shown to it),
+    # not Optuna's default, which a study made without one would get
+    store = CampaignStore(folder, None, sampler_for(strategy, oracle, seed), pruner=make_pruner(cfg.pruning))
     services = Services(store, LocalExecutor(), reporter or Reporter())
     explore: Explore = "model" if mode == "model" else "random"
     proposer = make_proposer(name, seed, builtin=PLAYBOOK, explore=explore) if strategy.startswith("mcts-") else None

@@ -143,7 +143,9 @@ class CampaignStore:
         # A database server holds many campaigns: each study is named after its folder. A SQLite
         # file holds one campaign, under the fixed name.
         self.name = STUDY_NAME if self.url.startswith("sqlite") else folder.resolve().name
-        self.sampler, self.pruner = sampler, pruner
+        # No pruner named prunes nothing: Optuna's default (a median pruner) would stop trials nobody asked it to.
+        self.sampler = sampler
+        self.pruner = pruner if pruner is not None else optuna.pruners.NopPruner()
         self.heartbeat_s = heartbeat_s
         self.db_retry_s = db_retry_s
         self._storage: optuna.storages.RDBStorage | None = None
