@@ -185,9 +185,8 @@ class Trials:
         it is compared with: ``upper``, the most its value could be given its noise, is below the bar
         that pruner keeps trials above there (the median, a percentile, a rung's top share:
         ``pruning_bar``). Noise alone never stops a trial."""
-        # every report is kept, with a pruner or without; only a pruner the campaign named may stop a trial
-        # (a study made without one would otherwise ask Optuna's default, the median pruner)
-        pruner_says = self.store.report(number, step, value) and self.cfg.pruning.on
+        # every report is kept, with a pruner or without (a store given none prunes nothing: engine/store.py)
+        pruner_says = self.store.report(number, step, value)
         if upper is not None and self.stop_slower is not None and (why := self.stop_slower(upper)):
             return why
         if not pruner_says:
