@@ -76,6 +76,8 @@ class LossWorkload(CommandWorkload):
     """nanoGPT-like runs of any length: the sample stream depends on the micro-batch size (the global
     RNG), the logged loss averages ``batch_size`` sequences, and ``offset`` poisons the descent."""
 
+    live_records = False  # a run's records exist only once it has ended: the middle look is a pair of its own
+
     def __init__(self, offset: float = 0.0, fade: float | None = None):
         super().__init__(SPEC, Path("."))
         self.offset, self.fade, self.launched = offset, fade, []

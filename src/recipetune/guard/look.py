@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,9 +92,15 @@ class Looking:
         """Wall time of ``runs`` runs of the profile's length, ``at_once`` at a time."""
         return math.ceil(runs / self.at_once) * self.run_s if runs > 0 else 0.0
 
-    def gather(self, wanted: list[Wanted], look: int) -> dict[tuple[str, int], RunResult] | str:
-        """Start every run of a look at once; their results by (side, k), or the failed candidate's cause."""
-        futures = {(w.side, w.k): self.runs.start(w.recipe, w.steps, w.out, self.repeat(w.k)) for w in wanted}
+    def start(self, wanted: list[Wanted]) -> dict[tuple[str, int], Future[RunResult]]:
+        """Start every run of a look at once: their futures by (side, k)."""
+        return {(w.side, w.k): self.runs.start(w.recipe, w.steps, w.out, self.repeat(w.k)) for w in wanted}
+
+    def gather(self, wanted: list[Wanted], look: int, futures: dict[tuple[str, int], Future[RunResult]] | None = None
+               ) -> dict[tuple[str, int], RunResult] | str:
+        """Every run of a look, to its end (``futures``: those already started); their results by (side, k),
+        or the failed candidate's cause."""
+        futures = futures if futures is not None else self.start(wanted)
         total = len(futures)
 
         def done(k: int) -> None:
@@ -103,13 +110,17 @@ class Looking:
 
         results = dict(zip(futures, wait_all(list(futures.values()), done), strict=True))
         for w in wanted:
-            result = results[w.side, w.k]
-            if result.ok:
-                continue
-            if w.side == "baseline":
-                raise GuardError(f"baseline run failed ({result.status}: {result.cause}); see {w.out}")
-            return f"candidate run failed at {w.out.name.replace('-', ' ')}: {result.status}: {result.cause}"
+            if (failed := self.failed(w, results[w.side, w.k])) is not None:
+                return failed
         return results
+
+    def failed(self, w: Wanted, result: RunResult) -> str | None:
+        """The cause of a failed candidate run; a failed baseline run ends the verdict (GuardError)."""
+        if result.ok:
+            return None
+        if w.side == "baseline":
+            raise GuardError(f"baseline run failed ({result.status}: {result.cause}); see {w.out}")
+        return f"candidate run failed at {w.out.name.replace('-', ' ')}: {result.status}: {result.cause}"
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
 
 from recipetune.core.fmt import fmt_duration
+from recipetune.core.measure import RunResult, StepRecord
 from recipetune.core.sequential import SeparateLooks, factor_needed, predictive_power
 from recipetune.core.stats import paired, quantile
 from recipetune.core.words import LooksStop, ParityOutcome
@@ -27,63 +30,264 @@ from recipetune.guard.parity import (
 
 
 def by_steps(v: Looking) -> Gathered:
-    """Identical repeats: one candidate run at the profile's length, then longer pairs up to the length
-    that resolves T, with one pair between when that length is 4x or more: an effect that fades with
-    training still shows there, and a difference shown beyond noise at any longer look blocks approval
-    at every later one (parity.py: the fade rule)."""
-    p = v.settings.parity
-    split = _split(v)
-    name = "repeat-0" if v.seed(0) is None else f"seed-{v.seed(0)}"
-    _say_steps_plan(v)
-    got = v.gather([Wanted("candidate", 0, v.candidate, v.cand_steps, v.out_dir / "parity" / name)], 1)
-    if isinstance(got, str):
-        return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, 1, LooksStop.FAILED)
-    m = measure(v.profile, list(got.values()), p, v.equal_tokens, v.profile.runs[:1])
-    ev = judge(m, p, split.at_first)
-    line = look_line(1, "1x the steps", split.at_first, ev)
-    factor, look, planned, plan = 1.0, 1, 1, 0.0
-    while True:
-        ended = _steps_ended(v, m, ev, line, factor, planned)
-        if ended is not None:
-            return ended
-        need, what = _steps_need(v, m, factor, split.at_later)
-        # The plan never shrinks (as the seeds' plan): the first look's error sized it, and a middle look
-        # that reads smaller by chance would otherwise end the looks short of it, at a last look too short
-        # to show the difference within T.
-        own = float(min(p.max_steps_factor, max(2 * factor, math.ceil(need))))
-        target = max(plan, own)
-        plan = target
-        futile = _steps_futile(v, m, ev, line, factor, what) if look < split.looks and target > factor else None
-        if futile is not None:
-            stopped(v, ev, futile)
-            return _steps_gathered(v, ev, planned, LooksStop.FUTILITY, factor)
-        if look == split.looks or target <= factor:
-            v.say(line)
-            ev.reasons.append(f"after {look} look(s): {what} (guard.parity.max_steps_factor {p.max_steps_factor})")
-            return _steps_gathered(v, ev, planned, LooksStop.PLAN if look == split.looks else LooksStop.BUDGET, factor)
-        # From the profile's length, a pair between when the plan is 4x or more (geometric middle).
-        nxt = float(math.ceil(math.sqrt(target))) if look == 1 and target >= 4 else target
-        cost = v.cost(v.baseline, round(v.profile.steps * nxt)) + v.cost(v.candidate, round(v.cand_steps * nxt))
-        planned = round(planned + 2 * nxt)
-        if (over := _steps_over_budget(v, ev, line, nxt, cost, what)) is not None:
-            stopped(v, ev, over)
-            return _steps_gathered(v, ev, planned, LooksStop.BUDGET, factor)
-        v.say(_plan_line(v, line, target, own, nxt, cost))
-        look, factor = look + 1, nxt
-        got = v.gather(_longer_pair(v, nxt, name), look)
+    """Identical repeats: one candidate run at the profile's length, then a longer pair at the length that
+    resolves T, with a look at its geometric middle when that length is 4x or more: an effect that fades
+    with training still shows there, and a difference shown beyond noise at any longer look blocks approval
+    at every later one (parity.py: the fade rule). Where the trainer's records can be read as it runs
+    (``Workload.live_records``), the middle look is read from the pair at the plan's length as it passes
+    that step, and a middle look that decides stops the pair there; else the middle is a pair of its own."""
+    return _Steps(v).run()
+
+
+@dataclass
+class _Steps:
+    """One steps verdict's looks: where they are, what the last one showed, the plan, the pair in flight."""
+
+    v: Looking
+    look: int = 1
+    factor: float = 1.0  # the last look's runs, in profile lengths
+    planned: int = 1  # runs of the profile's length the plan has launched
+    plan: float = 0.0  # the length T needs (it never shrinks)
+    m: Measurements | None = None
+    ev: ParityEvidence | None = None
+    line: str = ""
+    running: _Pair | None = None  # the longer pair in flight, read at its middle so far
+    blocked: Gathered | None = None  # a middle look that blocked approval while its pair runs on
+
+    def run(self) -> Gathered:
+        v, p, split = self.v, self.v.settings.parity, _split(self.v)
+        _say_steps_plan(v)
+        got = v.gather([Wanted("candidate", 0, v.candidate, v.cand_steps, v.out_dir / "parity" / _name(v))], 1)
         if isinstance(got, str):
-            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, planned, LooksStop.FAILED)
-        m = measure(v.profile, [got["candidate", 0]], p, v.equal_tokens, [got["baseline", 0]])
-        ev = judge(m, p, split.at_later, longer=factor)
-        line = look_line(look, f"{factor:g}x the steps", split.at_later, ev)
+            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, 1, LooksStop.FAILED)
+        self._judge(list(got.values()), v.profile.runs[:1], split.at_first, "1x the steps")
+        while True:
+            m, ev = self.m, self.ev
+            assert m is not None and ev is not None
+            if self.blocked is not None:  # the pair's end tells a difference beyond T from one within it
+                v.say(self.line)
+                return self._gathered(LooksStop.DECIDED) if ev.outcome == ParityOutcome.FAILS else self.blocked
+            if self.running is not None and (ev.outcome == ParityOutcome.HOLDS and not m.problems or _blocks(m, ev)):
+                if (failed := self._run_on()) is not None:
+                    return failed
+                continue
+            if (ended := _steps_ended(v, m, ev, self.line, self.factor, self.planned)) is not None:
+                return _halted(v, self.running, ended, "the middle look decided")
+            need, what = _steps_need(v, m, self.factor, split.at_later)
+            # The plan never shrinks (as the seeds' plan): the first look's error sized it, and a middle look
+            # that reads smaller by chance would otherwise end the looks short of it, at a last look too short
+            # to show the difference within T.
+            own = float(min(p.max_steps_factor, max(2 * self.factor, math.ceil(need))))
+            self.plan = target = max(self.plan, own)
+            # Futility before a pair is started; a pair in flight runs on (its middle reads an effect that grows
+            # with the schedule's share smaller than its end would).
+            if self.running is None and self.look < split.looks and target > self.factor and \
+                    (futile := _steps_futile(v, m, ev, self.line, self.factor, what)) is not None:
+                stopped(v, ev, futile)
+                return self._gathered(LooksStop.FUTILITY)
+            if self.look == split.looks or target <= self.factor:
+                v.say(self.line)
+                ev.reasons.append(f"after {self.look} look(s): {what} (guard.parity.max_steps_factor "
+                                  f"{p.max_steps_factor})")
+                return self._gathered(LooksStop.PLAN if self.look == split.looks else LooksStop.BUDGET)
+            if self.running is not None and target <= self.running.factor:  # its end is the next look
+                v.say(f"{self.line}; plan: {target:g}x the steps{_kept(own, target)}, the "
+                      f"{self.running.factor:g}x pair runs on")
+                failed = self._end()
+            else:
+                failed = self._launch(target, own, what)
+            if failed is not None:
+                return failed
+
+    def _judge(self, candidates: list[RunResult], baselines: list[RunResult], level: float, what: str) -> None:
+        p = self.v.settings.parity
+        self.m = measure(self.v.profile, candidates, p, self.v.equal_tokens, baselines)
+        self.ev = judge(self.m, p, level, longer=self.factor) if self.factor > 1 else judge(self.m, p, level)
+        self.line = look_line(self.look, what, level, self.ev)
+
+    def _gathered(self, stop: LooksStop) -> Gathered:
+        assert self.ev is not None
+        return _steps_gathered(self.v, self.ev, self.planned, stop, self.factor)
+
+    def _failed(self, cause: str) -> Gathered:
+        v = self.v
+        return Gathered(None, cause, v.runs.launched, v.notes, v.runs.reused, self.planned, LooksStop.FAILED)
+
+    def _run_on(self) -> Gathered | None:
+        """A middle look read from the pair in flight that held, or that blocked approval: the pair runs on,
+        and its end is the next look. A look cut from a longer run is read at the middle of that run's
+        schedule, not at the end of one (a learning rate that decays to the run's last step), and reads an
+        effect that grows with the schedule's share smaller than a run of its length would: it may block
+        approval or reject, but only an end approves, and a blocked verdict learns from the end whether
+        the difference is beyond T (REJECTED) or not (KEEP BASELINE), as a middle pair of its own would
+        have shown."""
+        assert self.ev is not None and self.running is not None
+        if self.ev.outcome == ParityOutcome.HOLDS:
+            self.v.say(f"{self.line}; a look cut from a running pair approves nothing: the "
+                       f"{self.running.factor:g}x pair runs on")
+        else:
+            self.v.say(f"{self.line}; {_block_why(self.ev, self.factor)}; the {self.running.factor:g}x pair runs "
+                       f"on: its end tells whether the difference is beyond T")
+            self.blocked = self._gathered(LooksStop.TREND if grows(self.ev) else LooksStop.DECIDED)
+        return self._end()
+
+    def _end(self) -> Gathered | None:
+        """The look at the end of the pair in flight; a failed candidate run ends the verdict."""
+        pair, self.running = self.running, None
+        assert pair is not None
+        v = self.v
+        if v.workload.live_records:
+            _follow(v, pair, self.look + 1)
+        got = v.gather(pair.wanted, self.look + 1, pair.futures)
+        if isinstance(got, str):
+            return self._failed(got)
+        self.look, self.factor = self.look + 1, pair.factor
+        self._judge([got["candidate", 0]], [got["baseline", 0]], _split(v).at_later, f"{pair.factor:g}x the steps")
+        return None
+
+    def _launch(self, target: float, own: float, what: str) -> Gathered | None:
+        """Start the next pair: at the plan's length, read at its geometric middle as it runs when the plan is
+        4x or more from the profile's length; where a run cannot be read until it ends, the middle is a pair
+        of its own first. A pair in flight that the plan outgrew is stopped, unless the longer pair would not
+        fit the budget: then it runs on."""
+        v = self.v
+        mid = float(math.ceil(math.sqrt(target))) if self.look == 1 and target >= 4 else None
+        live = mid is not None and v.workload.live_records
+        length = target if live or mid is None else mid
+        cost = v.cost(v.baseline, round(v.profile.steps * length)) + v.cost(v.candidate, round(v.cand_steps * length))
+        back = 0.0 if self.running is None else \
+            sum(w.steps - self.running.cut(w) for w in self.running.wanted) / v.profile.steps
+        assert self.ev is not None
+        if (over := _steps_over_budget(v, self.ev, self.line, length, cost - back, what)) is not None:
+            if self.running is not None:
+                v.say(f"{over.line.removesuffix(': stopped')}: the {self.running.factor:g}x pair runs on")
+                return self._end()
+            stopped(v, self.ev, over)
+            self.planned = round(self.planned + 2 * length)
+            return self._gathered(LooksStop.BUDGET)
+        self.planned = round(self.planned + 2 * length)
+        v.say(_plan_line(v, self.line, target, own, length, mid if live else None, cost))
+        if self.running is not None:
+            _halt(v, self.running, f"the plan grew to {target:g}x the steps")
+            self.running = None
+        wanted = _longer_pair(v, length, _name(v))
+        pair = _Pair(wanted, v.start(wanted), length, mid if live else None)
+        if pair.mid is None:
+            self.running = pair
+            return self._end()
+        got = _read_at(v, pair, self.look + 1)
+        if isinstance(got, str):
+            return _halted(v, pair, self._failed(got), "a candidate run failed")
+        self.look, self.factor, self.running = self.look + 1, pair.mid, pair
+        self._judge([got["candidate", 0]], [got["baseline", 0]], _split(v).at_later,
+                    f"{pair.mid:g}x the steps, read as the {length:g}x pair runs")
+        return None
 
 
-def _plan_line(v: Looking, line: str, target: float, own: float, nxt: float, cost: float) -> str:
-    """The look's line with the plan it leaves: the length T needs (kept where this look alone says less)
-    and the next pair's length and expected time."""
-    kept = f" (kept: this look alone says {own:g}x)" if own < target else ""
-    return (f"{line}; plan: {target:g}x the steps{kept}, the next pair at {nxt:g}x "
-            f"({round(v.cand_steps * nxt)} steps, ~{fmt_duration(v.seconds(cost))})")
+def _name(v: Looking) -> str:
+    return "repeat-0" if v.seed(0) is None else f"seed-{v.seed(0)}"
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """A longer pair started: its runs, their futures, and its length in profile lengths."""
+
+    wanted: list[Wanted]
+    futures: dict[tuple[str, int], Future[RunResult]]
+    factor: float
+    mid: float | None  # where it is read as it runs (None: only at its end)
+
+    def cut(self, w: Wanted) -> int:
+        """``w``'s step at the middle look."""
+        return round(w.steps * self.mid / self.factor) if self.mid is not None else 0
+
+
+def _read_at(v: Looking, pair: _Pair, look: int) -> dict[tuple[str, int], RunResult] | str:
+    """The pair's runs cut at ``mid`` times the profile's length: read as they run, where the trainer's
+    records can be read while it trains (the workload's ``records_so_far``), else from the ended runs.
+    The cut runs are a prefix of the pair's, so this look and the pair's end are not independent; the
+    split of alpha between them is Bonferroni's, which holds whatever their dependence."""
+    cut = {(w.side, w.k): pair.cut(w) for w in pair.wanted}
+    v.say(f"parity look {look}: at step {cut['candidate', 0]} of the {pair.factor:g}x pair as it runs", note=False)
+    while True:
+        got: dict[tuple[str, int], RunResult] = {}
+        for w in pair.wanted:
+            key, future = (w.side, w.k), pair.futures[w.side, w.k]
+            if future.done():
+                if (failed := v.failed(w, future.result())) is not None:
+                    return failed
+                got[key] = _prefix(future.result(), cut[key])
+                continue
+            steps, evals = v.workload.records_so_far(w.recipe, w.steps, w.out)
+            if steps and steps[-1].step >= _last_step(steps, cut[key]):  # the middle is written: the prefix is whole
+                live = RunResult(recipe=dict(w.recipe), recipe_id=w.recipe.id, status="ok", steps=steps, evals=evals,
+                                 out_dir=str(w.out))
+                got[key] = _prefix(live, cut[key])
+        if len(got) == len(pair.wanted):
+            return got
+        wait([f for f in pair.futures.values() if not f.done()], timeout=_poll_s(v, pair), return_when=FIRST_COMPLETED)
+
+
+def _poll_s(v: Looking, pair: _Pair) -> float:
+    """How often a pair read as it runs is read: some fifty times before its middle."""
+    return max(0.01, v.run_s * (pair.mid or pair.factor) / 50)
+
+
+def _follow(v: Looking, pair: _Pair, look: int) -> None:
+    """Wait for a pair read as it runs to end, saying how far its candidate run is."""
+    w = next(w for w in pair.wanted if w.side == "candidate")
+    while not all(f.done() for f in pair.futures.values()):
+        steps = v.workload.records_so_far(w.recipe, w.steps, w.out)[0]
+        if steps:
+            v.say(f"parity look {look}: the {pair.factor:g}x pair at step {steps[-1].step} of {w.steps}", note=False)
+        wait([f for f in pair.futures.values() if not f.done()], timeout=_poll_s(v, pair), return_when=FIRST_COMPLETED)
+
+
+def _last_step(steps: list[StepRecord], cut: int) -> int:
+    """The number of a run's ``cut``-th step: ``cut`` where it counts its steps from 1, ``cut - 1`` from 0
+    (its first record says which)."""
+    return cut - 1 if steps and steps[0].step == 0 else cut
+
+
+def _prefix(run: RunResult, cut: int) -> RunResult:
+    """``run`` as far as its ``cut``-th step: what a run of that length would have logged, on the longer
+    run's schedule."""
+    last = _last_step(run.steps, cut)
+    return run.model_copy(update={"steps": [s for s in run.steps if s.step <= last],
+                                  "evals": [e for e in run.evals if e.step <= last]})
+
+
+def _halt(v: Looking, pair: _Pair, why: str) -> None:
+    """Stop the pair's runs still going (their evidence is no longer needed), and wait for them to end, so
+    that their time is counted and their devices are free for what comes next."""
+    going = [w for w in pair.wanted if not pair.futures[w.side, w.k].done()]
+    for w in going:
+        read = v.workload.records_so_far(w.recipe, w.steps, w.out)[0]
+        reached = max([s.step for s in read] + [pair.cut(w)])
+        if v.runs.stop(w.out, why, reached):
+            v.say(f"stopped the {w.side}'s {pair.factor:g}x run at about step {reached} of {w.steps}: {why}")
+    wait([pair.futures[w.side, w.k] for w in going])
+
+
+def _halted(v: Looking, pair: _Pair | None, gathered: Gathered, why: str) -> Gathered:
+    """``gathered``, after stopping the pair in flight (if any): the verdict needs no more of it."""
+    if pair is not None:
+        _halt(v, pair, why)
+        gathered.runs, gathered.reused = v.runs.launched, v.runs.reused
+    return gathered
+
+
+def _kept(own: float, target: float) -> str:
+    return f" (kept: this look alone says {own:g}x)" if own < target else ""
+
+
+def _plan_line(v: Looking, line: str, target: float, own: float, length: float, mid: float | None,
+               cost: float) -> str:
+    """The look's line with the plan it leaves: the length T needs (kept where this look alone says less),
+    the next pair's length and expected time, and where it is read as it runs."""
+    read = f", read at {mid:g}x as it runs" if mid is not None else ""
+    return (f"{line}; plan: {target:g}x the steps{_kept(own, target)}, the next pair at {length:g}x "
+            f"({round(v.cand_steps * length)} steps, ~{fmt_duration(v.seconds(cost))}){read}")
 
 
 def _longer_pair(v: Looking, factor: float, name: str) -> list[Wanted]:
@@ -118,13 +322,16 @@ def _steps_forecast(v: Looking) -> str:
     if need <= 1.0:
         return f"the first run is expected to decide (~{fmt_duration(v.seconds(1))})"
     last = float(min(p.max_steps_factor, max(2, math.ceil(need))))
-    factors = [float(math.ceil(math.sqrt(last))), last] if last >= 4 else [last]
+    middle = float(math.ceil(math.sqrt(last))) if last >= 4 else None
+    live = middle is not None and v.workload.live_records
+    factors = [middle, last] if middle is not None and not live else [last]
     runs = 1 + sum(2 * f for f in factors)
+    read = f", read at {middle:g}x as it runs" if live else ""
     beyond = (f"; about {need:.0f}x would be needed, beyond the cap, unless the candidate's loss is quieter than "
               f"the baseline's (the first look tells)") if need > p.max_steps_factor else ""
-    return (f"if its batches differ from the baseline's and its loss line is as noisy, expected: pairs at "
-            f"{', '.join(f'{f:g}x' for f in factors)} ({runs:g} runs of the profile's length, "
-            f"~{fmt_duration(v.seconds(runs))}){beyond}")
+    pairs = f"{'a pair' if live else 'pairs'} at {', '.join(f'{f:g}x' for f in factors)}{read}"
+    return (f"if its batches differ from the baseline's and its loss line is as noisy, expected: {pairs} "
+            f"({runs:g} runs of the profile's length, ~{fmt_duration(v.seconds(runs))}){beyond}")
 
 
 def _steps_gathered(v: Looking, ev: ParityEvidence, planned: int, stop: LooksStop, factor: float) -> Gathered:
@@ -141,12 +348,22 @@ def _steps_ended(v: Looking, m: Measurements, ev: ParityEvidence, line: str, fac
         if factor > 1 and (advice := _advice(v, m, factor)):  # decided, but on runs longer than the profile's
             v.say(f"the proof took runs {factor:g}x the profile's length{advice}")
         return _steps_gathered(v, ev, planned, LooksStop.DECIDED, factor)
-    if any(x.fades for x in ev.measures) or grows(ev):
-        why = ("a gap shown growing over the window blocks approval" if grows(ev) else
-               f"a difference shown beyond noise at {factor:g}x blocks approval at any longer look")
-        v.say(f"{line}; {why}: stopped")
+    if _blocks(m, ev):
+        v.say(f"{line}; {_block_why(ev, factor)}: stopped")
         return _steps_gathered(v, ev, planned, LooksStop.TREND if grows(ev) else LooksStop.DECIDED, factor)
     return None
+
+
+def _blocks(m: Measurements, ev: ParityEvidence) -> bool:
+    """An undecided look that blocks approval at every later one: a difference shown beyond noise on runs
+    longer than the profile's (the fade rule), or a gap shown growing."""
+    return ev.outcome == ParityOutcome.INCONCLUSIVE and not m.problems and \
+        (any(x.fades for x in ev.measures) or grows(ev))
+
+
+def _block_why(ev: ParityEvidence, factor: float) -> str:
+    return ("a gap shown growing over the window blocks approval" if grows(ev) else
+            f"a difference shown beyond noise at {factor:g}x blocks approval at any longer look")
 
 
 def _steps_need(v: Looking, m: Measurements, factor: float, level: float) -> tuple[float, str]:

@@ -40,6 +40,7 @@ from recipetune.core.errors import ConfigError
 from recipetune.core.filenames import RESULT, STORE_FILE
 from recipetune.core.files import FileLock, write_atomic
 from recipetune.core.measure import RunResult
+from recipetune.core.process import STOP_FILE
 from recipetune.core.recipe import Recipe
 from recipetune.execute.executor import Executor, LocalExecutor
 from recipetune.workloads.base import Workload
@@ -47,6 +48,7 @@ from recipetune.workloads.fingerprint import changes
 
 _LOCK = threading.Lock()
 _INFLIGHT: dict[Path, Future[RunResult]] = {}  # runs being trained for some verdict of this process
+_JOINED: set[Path] = set()  # of those, the runs another verdict of this process waits for too
 FINGERPRINT_FILE = "fingerprint.json"  # in a stored run: the fingerprint it was made with
 MANIFESTS = "manifests"  # fingerprint -> its manifest, to say what changed since
 POLL_S = 0.5  # how often a run waiting for another process's looks again
@@ -93,6 +95,7 @@ class Runs:
         self._missed: dict[str, int] = {}  # what changed, in words -> stored runs it kept from reuse
         self._set_aside: list[str] = []
         self._counts = threading.Lock()
+        self._trained: dict[Path, int] = {}  # where each run this verdict submitted trains -> its steps
 
     @property
     def notes(self) -> list[str]:
@@ -132,12 +135,29 @@ class Runs:
             future = _INFLIGHT.get(path)
             if future is not None and not future.done():
                 self._count(reused=1)
+                _JOINED.add(path)
             else:
                 future = self._claim(recipe, steps, repeat, path)
                 if not future.done():
                     _INFLIGHT[path] = future
+                    _JOINED.discard(path)
         _link(out_dir, path)
         return future
+
+    def stop(self, out_dir: Path, why: str, reached: int) -> bool:
+        """Stop a run this verdict trains (``out_dir``: its name in the verdict's folder) at about step
+        ``reached``, because its evidence is no longer needed: its stop file, the word every runner
+        heeds (core/process.py: STOP_FILE; on a shared folder, on any node). The run ends unfinished
+        and is not stored; its steps past ``reached`` leave the verdict's budget. A run found stored,
+        or one another verdict waits for too, is not stopped (False)."""
+        path = out_dir.resolve()
+        with _LOCK:
+            steps = self._trained.get(path)
+            if steps is None or path in _JOINED:
+                return False
+        write_atomic(path / STOP_FILE, json.dumps({"why": why, "step": reached}))
+        self._count(steps=-max(0, steps - reached))
+        return True
 
     def _claim(self, recipe: Recipe, steps: int, repeat: int, path: Path) -> Future[RunResult]:
         done = stored(path, recipe)
@@ -249,6 +269,8 @@ class Runs:
 
     def _submit(self, recipe: Recipe, steps: int, path: Path) -> Future[RunResult]:
         self._count(launched=1, steps=steps)
+        with self._counts:
+            self._trained[path.resolve()] = steps
         future = self.executor.submit(self.workload, recipe, steps, path, self.timeout_s, measured=False)
         future.add_done_callback(self._timed)
         return future

@@ -115,13 +115,20 @@ class Workload(ABC):
         progress: ProgressFn | None = None,
     ) -> RunResult: ...
 
+    live_records = True  # records_so_far reads a run as it goes (not only once it has ended)
+
     def steps_so_far(self, recipe: Recipe, steps: int, out_dir: Path) -> list[StepRecord]:
-        """The step records of a run still going (its metrics stream as far as it is written): what a
-        search's pruner reads. The reference trainer's ``metrics.jsonl`` by default."""
+        """The step records of a run still going: what a search's pruner reads."""
+        return self.records_so_far(recipe, steps, out_dir)[0]
+
+    def records_so_far(self, recipe: Recipe, steps: int, out_dir: Path) -> tuple[list[StepRecord], list[EvalRecord]]:
+        """The step and validation records of a run still going (its metrics stream as far as it is
+        written): what a search's pruner and the guard's middle look read. The reference trainer's
+        ``metrics.jsonl`` by default; nothing where it cannot be read yet."""
         try:
-            return read_metrics_stream(out_dir / "metrics.jsonl")[0]
+            return read_metrics_stream(out_dir / "metrics.jsonl")
         except (OSError, ValueError):
-            return []
+            return [], []
 
     def relations(self) -> Relations:
         """Derived knobs and relations that must hold (recipetune.core.relations): the knobs' own

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from recipetune.core import clock, expr, meanings
 from recipetune.core.filenames import RESULT
-from recipetune.core.measure import RunResult, StepRecord
+from recipetune.core.measure import RunResult
 from recipetune.core.process import STOP_FILE, run_process
 from recipetune.core.recipe import Knob, KnobError, KnobSet, Recipe
 from recipetune.workloads import csv_metrics, fingerprint, log_formats
@@ -439,12 +439,12 @@ class CommandWorkload(Workload):
             result.save(out_dir / RESULT)
         return result
 
-    def steps_so_far(self, recipe: Recipe, steps: int, out_dir: Path) -> list[StepRecord]:
-        """A running trial's step records, as far as they are written."""
+    def records_so_far(self, recipe: Recipe, steps: int, out_dir: Path) -> log_formats.Records:
+        """A running run's step and validation records, as far as they are written."""
         try:
-            return self.read_metrics(recipe, steps, out_dir)[0]
+            return self.read_metrics(recipe, steps, out_dir)
         except (log_formats.MetricsError, OSError, ValueError):
-            return []  # a stream still being written that cannot be read yet: nothing to judge
+            return [], []  # a stream still being written that cannot be read yet: nothing to judge
 
 
 class LogFollower:
