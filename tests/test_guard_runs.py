@@ -160,6 +160,28 @@ def test_two_verdicts_asking_for_one_run_at_once_train_it_once(tmp_path):
     assert (one.launched, two.launched, two.reused) == (1, 0, 1)
 
 
+def test_a_run_a_verdict_no_longer_needs_is_stopped_unless_another_verdict_waits_for_it(tmp_path):
+    # guard/looks_steps.py stops a longer pair whose middle look decided: through the run's stop file, as a
+    # search's pruner does; a stopped run is not stored, and its untrained steps leave the verdict's budget
+    wl = workload(tmp_path)
+    store = tmp_path / "guard-runs"
+    stuck = wl.resolve({"name": "s", "partner": "never"})
+    runs = Runs(wl, folder=store)
+    future = runs.start(stuck, 12, tmp_path / "v1" / "x")
+    while not (tmp_path / "s.started").exists():
+        threading.Event().wait(0.02)
+    assert runs.stop(tmp_path / "v1" / "x", "the middle look decided", 4)
+    result = future.result()
+    assert result.status == "pruned" and runs.steps_launched == 4 and not Runs(wl, folder=store).has(stuck, 12)
+    # one another verdict of this process waits for too runs on; a run found stored is not this verdict's
+    shared = wl.resolve({"name": "w", "partner": "go"})
+    one, two = Runs(wl, folder=store), Runs(wl, folder=store)
+    f1, f2 = one.start(shared, 12, tmp_path / "v2" / "x"), two.start(shared, 12, tmp_path / "v3" / "x")
+    assert not one.stop(tmp_path / "v2" / "x", "no longer needed", 0) and not two.stop(tmp_path / "v3" / "x", "", 0)
+    (tmp_path / "go.started").touch()
+    assert f1.result().ok and f2.result().ok
+
+
 def test_a_failed_run_is_not_reused(tmp_path):
     wl = workload(tmp_path)
     store = tmp_path / "guard-runs"
