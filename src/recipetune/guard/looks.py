@@ -16,11 +16,12 @@ look, and says what it expects to spend:
 - **steps** (identical repeats: no seed knob, a constant seed inside; also repeats that differ by float
   noise only, guard/loss.py: replicas): only longer runs add evidence.
   One candidate run at the profile's length; if it cannot tell, pairs up to the length the plan says
-  resolves T (at most ``parity.max_steps_factor`` times), one at the geometric middle first when that
-  length is 4x or more (an effect that fades with training still shows there), the rest of alpha
-  split between them (core/sequential.py: SeparateLooks, Bonferroni: the looks are separate runs, not a
-  growing sample); a look whose longest allowed pair would most likely not tell stops for futility
-  (guard/looks_steps.py).
+  resolves T (at most ``parity.max_steps_factor`` times), with a look at the geometric middle when that
+  length is 4x or more (an effect that fades with training still shows there): read from the pair as it
+  runs where its records can be read, else a pair of its own; the rest of alpha split between the looks
+  (core/sequential.py: SeparateLooks, Bonferroni, which holds whatever the looks' dependence); a look
+  whose longest allowed pair would most likely not tell stops for futility (guard/looks_steps.py,
+  guard/pair.py).
 
 This module holds ``gather`` and the seeds design; guard/look.py what every look shares. Every run of
 a look goes to the executor at once (guard/runs.py), stored and reused by key;

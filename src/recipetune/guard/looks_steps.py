@@ -1,25 +1,26 @@
 """The steps design (guard/looks.py's docstring: **steps**): a trainer whose repeats are identical (no seed
 knob, a constant seed inside; also repeats that differ by float noise only) adds evidence only with longer
 runs. One candidate run at the profile's length; if it cannot tell, pairs up to the length the plan says
-resolves T (at most ``parity.max_steps_factor`` times), one at the geometric middle first when that length
-is 4x or more, the rest of alpha split between them (core/sequential.py: ``SeparateLooks``, Bonferroni); a
-look whose longest allowed pair would most likely not tell stops for futility, and a proof too long says
-what would shorten it."""
+resolves T (at most ``parity.max_steps_factor`` times), with a look at the geometric middle when that
+length is 4x or more: read from the pair as it runs where its records can be read (guard/pair.py), else a
+pair of its own first; the rest of alpha split between the looks (core/sequential.py: ``SeparateLooks``,
+Bonferroni). A look whose longest allowed pair would most likely not tell stops for futility, and a proof
+too long says what would shorten it."""
 
 from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 from recipetune.core.fmt import fmt_duration
-from recipetune.core.measure import RunResult, StepRecord
+from recipetune.core.measure import RunResult
 from recipetune.core.sequential import SeparateLooks, factor_needed, predictive_power
 from recipetune.core.stats import paired, quantile
 from recipetune.core.words import LooksStop, ParityOutcome
 from recipetune.guard.look import Gathered, Looking, Stop, Wanted, grows, look_line, not_shown, stopped
 from recipetune.guard.loss import MIN_TAIL
+from recipetune.guard.pair import Pair, follow, halt, halted, read_at
 from recipetune.guard.parity import (
     Measurements,
     ParityEvidence,
@@ -51,7 +52,7 @@ class _Steps:
     m: Measurements | None = None
     ev: ParityEvidence | None = None
     line: str = ""
-    running: _Pair | None = None  # the longer pair in flight, read at its middle so far
+    running: Pair | None = None  # the longer pair in flight, read at its middle so far
     blocked: Gathered | None = None  # a middle look that blocked approval while its pair runs on
 
     def run(self) -> Gathered:
@@ -72,7 +73,7 @@ class _Steps:
                     return failed
                 continue
             if (ended := _steps_ended(v, m, ev, self.line, self.factor, self.planned)) is not None:
-                return _halted(v, self.running, ended, "the middle look decided")
+                return halted(v, self.running, ended, "the middle look decided")
             need, what = _steps_need(v, m, self.factor, split.at_later)
             # The plan never shrinks (as the seeds' plan): the first look's error sized it, and a middle look
             # that reads smaller by chance would otherwise end the looks short of it, at a last look too short
@@ -137,7 +138,7 @@ class _Steps:
         assert pair is not None
         v = self.v
         if v.workload.live_records:
-            _follow(v, pair, self.look + 1)
+            follow(v, pair, self.look + 1)
         got = v.gather(pair.wanted, self.look + 1, pair.futures)
         if isinstance(got, str):
             return self._failed(got)
@@ -168,16 +169,16 @@ class _Steps:
         self.planned = round(self.planned + 2 * length)
         v.say(_plan_line(v, self.line, target, own, length, mid if live else None, cost))
         if self.running is not None:
-            _halt(v, self.running, f"the plan grew to {target:g}x the steps")
+            halt(v, self.running, f"the plan grew to {target:g}x the steps")
             self.running = None
         wanted = _longer_pair(v, length, _name(v))
-        pair = _Pair(wanted, v.start(wanted), length, mid if live else None)
+        pair = Pair(wanted, v.start(wanted), length, mid if live else None)
         if pair.mid is None:
             self.running = pair
             return self._end()
-        got = _read_at(v, pair, self.look + 1)
+        got = read_at(v, pair, self.look + 1)
         if isinstance(got, str):
-            return _halted(v, pair, self._failed(got), "a candidate run failed")
+            return halted(v, pair, self._failed(got), "a candidate run failed")
         self.look, self.factor, self.running = self.look + 1, pair.mid, pair
         self._judge([got["candidate", 0]], [got["baseline", 0]], _split(v).at_later,
                     f"{pair.mid:g}x the steps, read as the {length:g}x pair runs")
@@ -186,95 +187,6 @@ class _Steps:
 
 def _name(v: Looking) -> str:
     return "repeat-0" if v.seed(0) is None else f"seed-{v.seed(0)}"
-
-
-@dataclass(frozen=True)
-class _Pair:
-    """A longer pair started: its runs, their futures, and its length in profile lengths."""
-
-    wanted: list[Wanted]
-    futures: dict[tuple[str, int], Future[RunResult]]
-    factor: float
-    mid: float | None  # where it is read as it runs (None: only at its end)
-
-    def cut(self, w: Wanted) -> int:
-        """``w``'s step at the middle look."""
-        return round(w.steps * self.mid / self.factor) if self.mid is not None else 0
-
-
-def _read_at(v: Looking, pair: _Pair, look: int) -> dict[tuple[str, int], RunResult] | str:
-    """The pair's runs cut at ``mid`` times the profile's length: read as they run, where the trainer's
-    records can be read while it trains (the workload's ``records_so_far``), else from the ended runs.
-    The cut runs are a prefix of the pair's, so this look and the pair's end are not independent; the
-    split of alpha between them is Bonferroni's, which holds whatever their dependence."""
-    cut = {(w.side, w.k): pair.cut(w) for w in pair.wanted}
-    v.say(f"parity look {look}: at step {cut['candidate', 0]} of the {pair.factor:g}x pair as it runs", note=False)
-    while True:
-        got: dict[tuple[str, int], RunResult] = {}
-        for w in pair.wanted:
-            key, future = (w.side, w.k), pair.futures[w.side, w.k]
-            if future.done():
-                if (failed := v.failed(w, future.result())) is not None:
-                    return failed
-                got[key] = _prefix(future.result(), cut[key])
-                continue
-            steps, evals = v.workload.records_so_far(w.recipe, w.steps, w.out)
-            if steps and steps[-1].step >= _last_step(steps, cut[key]):  # the middle is written: the prefix is whole
-                live = RunResult(recipe=dict(w.recipe), recipe_id=w.recipe.id, status="ok", steps=steps, evals=evals,
-                                 out_dir=str(w.out))
-                got[key] = _prefix(live, cut[key])
-        if len(got) == len(pair.wanted):
-            return got
-        wait([f for f in pair.futures.values() if not f.done()], timeout=_poll_s(v, pair), return_when=FIRST_COMPLETED)
-
-
-def _poll_s(v: Looking, pair: _Pair) -> float:
-    """How often a pair read as it runs is read: some fifty times before its middle."""
-    return max(0.01, v.run_s * (pair.mid or pair.factor) / 50)
-
-
-def _follow(v: Looking, pair: _Pair, look: int) -> None:
-    """Wait for a pair read as it runs to end, saying how far its candidate run is."""
-    w = next(w for w in pair.wanted if w.side == "candidate")
-    while not all(f.done() for f in pair.futures.values()):
-        steps = v.workload.records_so_far(w.recipe, w.steps, w.out)[0]
-        if steps:
-            v.say(f"parity look {look}: the {pair.factor:g}x pair at step {steps[-1].step} of {w.steps}", note=False)
-        wait([f for f in pair.futures.values() if not f.done()], timeout=_poll_s(v, pair), return_when=FIRST_COMPLETED)
-
-
-def _last_step(steps: list[StepRecord], cut: int) -> int:
-    """The number of a run's ``cut``-th step: ``cut`` where it counts its steps from 1, ``cut - 1`` from 0
-    (its first record says which)."""
-    return cut - 1 if steps and steps[0].step == 0 else cut
-
-
-def _prefix(run: RunResult, cut: int) -> RunResult:
-    """``run`` as far as its ``cut``-th step: what a run of that length would have logged, on the longer
-    run's schedule."""
-    last = _last_step(run.steps, cut)
-    return run.model_copy(update={"steps": [s for s in run.steps if s.step <= last],
-                                  "evals": [e for e in run.evals if e.step <= last]})
-
-
-def _halt(v: Looking, pair: _Pair, why: str) -> None:
-    """Stop the pair's runs still going (their evidence is no longer needed), and wait for them to end, so
-    that their time is counted and their devices are free for what comes next."""
-    going = [w for w in pair.wanted if not pair.futures[w.side, w.k].done()]
-    for w in going:
-        read = v.workload.records_so_far(w.recipe, w.steps, w.out)[0]
-        reached = max([s.step for s in read] + [pair.cut(w)])
-        if v.runs.stop(w.out, why, reached):
-            v.say(f"stopped the {w.side}'s {pair.factor:g}x run at about step {reached} of {w.steps}: {why}")
-    wait([pair.futures[w.side, w.k] for w in going])
-
-
-def _halted(v: Looking, pair: _Pair | None, gathered: Gathered, why: str) -> Gathered:
-    """``gathered``, after stopping the pair in flight (if any): the verdict needs no more of it."""
-    if pair is not None:
-        _halt(v, pair, why)
-        gathered.runs, gathered.reused = v.runs.launched, v.runs.reused
-    return gathered
 
 
 def _kept(own: float, target: float) -> str:
