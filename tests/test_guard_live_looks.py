@@ -218,3 +218,25 @@ def test_a_fading_effect_blocked_at_the_middle_is_never_approved():
         got = gather(wl, profile, BASE, CAND, 100, cfg, Path(tempfile.mkdtemp()), equal_tokens=False)
         assert got.evidence.outcome != "holds", got.looks
         assert any("blocks approval" in n for n in got.looks), got.looks
+
+
+class BaselineDies(LiveReplica):
+    """LiveReplica whose baseline dies at the start of any run longer than the profile's."""
+
+    def run(self, recipe, steps, out_dir, timeout_s=None, progress=None) -> RunResult:
+        if int(recipe["batch_size"]) == 2 and steps > 100:
+            return RunResult(recipe=dict(recipe), recipe_id=recipe.id, status="oom", cause="CUDA out of memory")
+        return super().run(recipe, steps, out_dir, timeout_s, progress)
+
+
+def test_a_baseline_run_that_fails_ends_the_verdict_and_stops_its_partner():
+    from recipetune.guard.baseline import GuardError
+
+    cfg = settings(seeds=3)
+    wl = BaselineDies(0)
+    profile = build_profile(wl, BASE, [ReplicaWorkload.run(wl, BASE, 100, None) for _ in range(3)], [None] * 3, 100,
+                            cfg)
+    wl.launched = []
+    with pytest.raises(GuardError, match="baseline run failed"):
+        gather(wl, profile, BASE, CAND, 100, cfg, Path(tempfile.mkdtemp()), equal_tokens=False)
+    assert [(b, s) for b, s, _ in wl.stopped] == [(32, wl.launched[-1][1])]  # the candidate's run, not trained on

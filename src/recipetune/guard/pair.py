@@ -9,6 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 from recipetune.core.measure import RunResult, StepRecord
+from recipetune.guard.baseline import GuardError
 from recipetune.guard.look import Gathered, Looking, Wanted
 
 
@@ -38,7 +39,12 @@ def read_at(v: Looking, pair: Pair, look: int) -> dict[tuple[str, int], RunResul
         for w in pair.wanted:
             key, future = (w.side, w.k), pair.futures[w.side, w.k]
             if future.done():
-                if (failed := v.failed(w, future.result())) is not None:
+                try:
+                    failed = v.failed(w, future.result())
+                except GuardError:  # the baseline's run failed: the verdict ends, and its partner with it
+                    halt(v, pair, "the baseline's run failed")
+                    raise
+                if failed is not None:
                     return failed
                 got[key] = prefix(future.result(), cut[key])
                 continue
