@@ -60,7 +60,7 @@ class _Steps:
         _say_steps_plan(v)
         got = v.gather([Wanted("candidate", 0, v.candidate, v.cand_steps, v.out_dir / "parity" / _name(v))], 1)
         if isinstance(got, str):
-            return Gathered(None, got, v.runs.launched, v.notes, v.runs.reused, 1, LooksStop.FAILED)
+            return self._failed(got)
         self._judge(list(got.values()), v.profile.runs[:1], split.at_first, "1x the steps")
         while True:
             m, ev = self.m, self.ev
@@ -103,7 +103,7 @@ class _Steps:
     def _judge(self, candidates: list[RunResult], baselines: list[RunResult], level: float, what: str) -> None:
         p = self.v.settings.parity
         self.m = measure(self.v.profile, candidates, p, self.v.equal_tokens, baselines)
-        self.ev = judge(self.m, p, level, longer=self.factor) if self.factor > 1 else judge(self.m, p, level)
+        self.ev = judge(self.m, p, level, longer=self.factor)
         self.line = look_line(self.look, what, level, self.ev)
 
     def _gathered(self, stop: LooksStop) -> Gathered:
@@ -152,21 +152,20 @@ class _Steps:
         of its own first. A pair in flight that the plan outgrew is stopped, unless the longer pair would not
         fit the budget: then it runs on."""
         v = self.v
-        mid = float(math.ceil(math.sqrt(target))) if self.look == 1 and target >= 4 else None
-        live = mid is not None and v.workload.live_records
+        mid, live = _middle(v, target) if self.look == 1 else (None, False)
         length = target if live or mid is None else mid
         cost = v.cost(v.baseline, round(v.profile.steps * length)) + v.cost(v.candidate, round(v.cand_steps * length))
         back = 0.0 if self.running is None else \
             sum(w.steps - self.running.cut(w) for w in self.running.wanted) / v.profile.steps
         assert self.ev is not None
-        if (over := _steps_over_budget(v, self.ev, self.line, length, cost - back, what)) is not None:
-            if self.running is not None:
-                v.say(f"{over.line.removesuffix(': stopped')}: the {self.running.factor:g}x pair runs on")
-                return self._end()
-            stopped(v, self.ev, over)
-            self.planned = round(self.planned + 2 * length)
-            return self._gathered(LooksStop.BUDGET)
+        over = _steps_over_budget(v, self.ev, self.line, length, cost - back, what)
+        if over is not None and self.running is not None:
+            v.say(f"{over.line.removesuffix(': stopped')}: the {self.running.factor:g}x pair runs on")
+            return self._end()
         self.planned = round(self.planned + 2 * length)
+        if over is not None:
+            stopped(v, self.ev, over)
+            return self._gathered(LooksStop.BUDGET)
         v.say(_plan_line(v, self.line, target, own, length, mid if live else None, cost))
         if self.running is not None:
             halt(v, self.running, f"the plan grew to {target:g}x the steps")
@@ -183,6 +182,14 @@ class _Steps:
         self._judge([got["candidate", 0]], [got["baseline", 0]], _split(v).at_later,
                     f"{pair.mid:g}x the steps, read as the {length:g}x pair runs")
         return None
+
+
+def _middle(v: Looking, length: float) -> tuple[float | None, bool]:
+    """Where a pair ``length`` times the profile's is looked at before its end (the geometric middle, when it
+    is 4x or more), and whether that look is read from the pair as it runs (the trainer's records can be
+    read while it trains) rather than trained as a pair of its own."""
+    mid = float(math.ceil(math.sqrt(length))) if length >= 4 else None
+    return mid, mid is not None and v.workload.live_records
 
 
 def _name(v: Looking) -> str:
@@ -234,8 +241,7 @@ def _steps_forecast(v: Looking) -> str:
     if need <= 1.0:
         return f"the first run is expected to decide (~{fmt_duration(v.seconds(1))})"
     last = float(min(p.max_steps_factor, max(2, math.ceil(need))))
-    middle = float(math.ceil(math.sqrt(last))) if last >= 4 else None
-    live = middle is not None and v.workload.live_records
+    middle, live = _middle(v, last)
     factors = [middle, last] if middle is not None and not live else [last]
     runs = 1 + sum(2 * f for f in factors)
     read = f", read at {middle:g}x as it runs" if live else ""

@@ -103,5 +103,4 @@ def halted(v: Looking, pair: Pair | None, gathered: Gathered, why: str) -> Gathe
     """``gathered``, after stopping the pair in flight (if any): the verdict needs no more of it."""
     if pair is not None:
         halt(v, pair, why)
-        gathered.runs, gathered.reused = v.runs.launched, v.runs.reused
     return gathered
